@@ -1,0 +1,42 @@
+"""codesearch: semantic code search and RAG retrieval over whole repositories.
+
+The top-level names load lazily, so ``import codesearch`` (and ``codesearch --help``)
+does not import torch.
+
+Example
+-------
+>>> from codesearch import CodeSearch
+>>> with CodeSearch("path/to/repo") as cs:          # doctest: +SKIP
+...     cs.index()
+...     for hit in cs.search("where do we retry failed HTTP requests", k=5):
+...         print(hit.path, hit.start_line, hit.end_line, round(hit.score, 3))
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from codesearch.errors import CodeSearchError
+
+__version__ = "0.1.0"
+
+__all__ = ["CodeSearch", "SearchHit", "Chunk", "CodeSearchError", "__version__"]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from codesearch.api import CodeSearch
+    from codesearch.indexer.chunking import Chunk
+    from codesearch.indexer.search import SearchHit
+
+_LAZY = {
+    "CodeSearch": "codesearch.api",
+    "SearchHit": "codesearch.indexer.search",
+    "Chunk": "codesearch.indexer.chunking",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'codesearch' has no attribute {name!r}")

@@ -1,0 +1,31 @@
+"""Shared fixtures: tiny random checkpoints on disk, built once per session."""
+
+from __future__ import annotations
+
+import pytest
+
+from fixtures import models
+
+
+@pytest.fixture(scope="session")
+def modernbert_dir(tmp_path_factory):
+    """A bare ModernBERT checkpoint, legacy config form."""
+    return models.make_modernbert(tmp_path_factory.mktemp("modernbert_legacy"), form="legacy")
+
+
+@pytest.fixture(scope="session")
+def modernbert_new_dir(tmp_path_factory):
+    """The same architecture with the newer `layer_types` + `rope_parameters` config form."""
+    return models.make_modernbert(tmp_path_factory.mktemp("modernbert_new"), form="new")
+
+
+@pytest.fixture(scope="session")
+def single_vector_dir(tmp_path_factory):
+    """A sentence-transformers ModernBERT with CLS pooling and L2 normalisation."""
+    return models.make_single_vector(tmp_path_factory.mktemp("single_vector"))
+
+
+@pytest.fixture(scope="session")
+def colbert_dir(tmp_path_factory):
+    """A PyLate ColBERT ModernBERT (1_Dense to 32 dims, [Q]/[D] prefixes)."""
+    return models.make_colbert(tmp_path_factory.mktemp("colbert"))
