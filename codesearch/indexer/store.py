@@ -1,0 +1,697 @@
+"""The SQLite store: the source of truth of an index.
+
+Every derived index (lexical, dense, PLAID) can be rebuilt from what is here, and the
+vectors cache means a rebuild never re-encodes. The tables:
+
+``files``    one row per indexed file: path, content hash (xxh3_128), size, mtime_ns, ...
+``chunks``   one row per chunk: position, symbol, header, exact text, hash of the text
+``meta``     key/value: root, chunk budget, generation, derived-index generations, ...
+``models``   role (``dense`` | ``colbert``) -> model name, identity, vector size
+``vectors``  the cache: (model identity, kind, text hash) -> float16 array
+
+The class reads like sqlite-utils: ``Store(":memory:")`` in tests, WAL on disk, every
+write inside ``with store.transaction():``, the schema version in ``PRAGMA user_version``
+with numbered migrations applied on open.
+
+Example
+-------
+>>> store = Store(":memory:")
+>>> with store.transaction():
+...     fid = store.upsert_file("a.py", hash="h", size=3, mtime_ns=1, language="python", n_lines=1)
+>>> store.file_paths()
+{1: 'a.py'}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import sqlite3
+import struct
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from codesearch.errors import IndexCorruptError, IndexLockedError
+
+STORE_FILE = "store.sqlite"
+LOCK_FILE = "lock"
+
+#: Vector kinds in the cache, and the model role whose identity keys each of them.
+KIND_ROLE = {"dense": "dense", "file": "dense", "colbert": "colbert"}
+
+# Numbered migrations: MIGRATIONS[i] takes the schema from version i to version i + 1.
+# Never edit a released entry; append a new one (it runs on open, inside one transaction).
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE files (
+        id INTEGER PRIMARY KEY,
+        path TEXT NOT NULL UNIQUE,
+        hash TEXT NOT NULL,              -- xxh3_128 hex of the raw bytes
+        size INTEGER NOT NULL,
+        mtime_ns INTEGER NOT NULL,
+        language TEXT NOT NULL,
+        n_lines INTEGER NOT NULL
+    );
+    CREATE INDEX files_hash ON files(hash);
+    CREATE TABLE chunks (
+        id INTEGER PRIMARY KEY,
+        file_id INTEGER NOT NULL REFERENCES files(id) ON DELETE CASCADE,
+        start_line INTEGER NOT NULL,
+        end_line INTEGER NOT NULL,
+        start_byte INTEGER NOT NULL,
+        end_byte INTEGER NOT NULL,
+        language TEXT NOT NULL,
+        symbol TEXT,
+        kind TEXT NOT NULL,
+        scope TEXT,
+        header TEXT NOT NULL,
+        text TEXT NOT NULL,
+        text_hash TEXT NOT NULL          -- xxh3_128 hex of text: the vectors cache key
+    );
+    CREATE INDEX chunks_file ON chunks(file_id);
+    CREATE INDEX chunks_text_hash ON chunks(text_hash);
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE models (
+        role TEXT PRIMARY KEY CHECK (role IN ('dense', 'colbert')),
+        name TEXT NOT NULL,
+        identity TEXT NOT NULL,
+        dim INTEGER NOT NULL
+    );
+    CREATE TABLE vectors (
+        model TEXT NOT NULL,             -- the encoder's identity (name + weights hash)
+        kind TEXT NOT NULL CHECK (kind IN ('dense', 'colbert', 'file')),
+        text_hash TEXT NOT NULL,
+        dim INTEGER NOT NULL,
+        n INTEGER NOT NULL,              -- rows: 1 for single vectors, tokens for ColBERT
+        data BLOB NOT NULL,              -- float16, C order, (n, dim)
+        PRIMARY KEY (model, kind, text_hash)
+    ) WITHOUT ROWID;
+    """,
+]
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+_CORRUPT_MARKERS = ("not a database", "malformed", "disk image", "file is encrypted")
+
+
+@dataclass(frozen=True, slots=True)
+class FileRecord:
+    """One indexed file."""
+
+    id: int
+    path: str
+    hash: str
+    size: int
+    mtime_ns: int
+    language: str
+    n_lines: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkRecord:
+    """One chunk as search results show it (the shared contract)."""
+
+    id: int
+    file_id: int
+    path: str
+    start_line: int
+    end_line: int
+    language: str
+    symbol: str | None
+    kind: str
+    scope: str | None
+    header: str
+    text: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkRow:
+    """A full ``chunks`` row, with the byte range and the text hash the pipeline needs."""
+
+    id: int
+    file_id: int
+    start_line: int
+    end_line: int
+    start_byte: int
+    end_byte: int
+    language: str
+    symbol: str | None
+    kind: str
+    scope: str | None
+    header: str
+    text: str
+    text_hash: str
+
+    @property
+    def encoder_text(self) -> str:
+        """What the encoder sees: the same ``header + "\\n" + text`` as ``Chunk.encoder_text``."""
+        return self.header + "\n" + self.text
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRecord:
+    """The model an index was built with, for one role (``dense`` or ``colbert``)."""
+
+    role: str
+    name: str
+    identity: str
+    dim: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_CHUNK_RECORD_SQL = (
+    "SELECT c.id, c.file_id, f.path, c.start_line, c.end_line, c.language, c.symbol, c.kind,"
+    " c.scope, c.header, c.text FROM chunks c JOIN files f ON f.id = c.file_id"
+)
+_CHUNK_ROW_COLS = (
+    "id, file_id, start_line, end_line, start_byte, end_byte, language, symbol, kind, scope,"
+    " header, text, text_hash"
+)
+
+
+def _chunked(seq: Sequence[Any], size: int = 900) -> Iterator[Sequence[Any]]:
+    # SQLite caps bound parameters (999 on old builds); stay under it.
+    for i in range(0, len(seq), size):
+        yield seq[i : i + size]
+
+
+def encode_array(array: np.ndarray) -> tuple[int, int, bytes]:
+    """(n, dim, float16 bytes) of a 1-D or 2-D float array."""
+    a = np.asarray(array, dtype=np.float32)
+    if a.ndim == 1:
+        a = a[None, :]
+    if a.ndim != 2:
+        raise ValueError(f"expected a 1-D or 2-D array, got shape {a.shape}")
+    return a.shape[0], a.shape[1], np.ascontiguousarray(a, dtype=np.float16).tobytes()
+
+
+def decode_array(n: int, dim: int, data: bytes) -> np.ndarray:
+    """The float32 (n, dim) array stored by :func:`encode_array`."""
+    return np.frombuffer(data, dtype=np.float16).reshape(n, dim).astype(np.float32)
+
+
+def _corrupt(path: str, detail: object) -> IndexCorruptError:
+    return IndexCorruptError(
+        f"Index store {path} cannot be read ({detail}); run 'codesearch index --rebuild' to recreate it"
+    )
+
+
+def _check_header(path: Path) -> None:
+    """Refuse a file that is not SQLite or is shorter than its header says (truncated)."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return
+    if size == 0:
+        return  # a fresh file sqlite will initialise
+    with open(path, "rb") as fh:
+        header = fh.read(100)
+    if len(header) < 100 or not header.startswith(b"SQLite format 3\x00"):
+        raise _corrupt(str(path), "not an SQLite database")
+    page_size = struct.unpack(">H", header[16:18])[0]
+    page_size = 65536 if page_size == 1 else page_size
+    n_pages = struct.unpack(">I", header[28:32])[0]
+    change_counter, valid_for = struct.unpack(">I", header[24:28])[0], struct.unpack(">I", header[92:96])[0]
+    # The in-header page count is only trustworthy when "version-valid-for" matches the
+    # change counter (SQLite file format, section 1.3.7).
+    if change_counter == valid_for and size < n_pages * page_size:
+        raise _corrupt(str(path), f"truncated: {size} bytes, header says {n_pages * page_size}")
+
+
+class Store:
+    """SQLite store of one index (files, chunks, meta, models, vectors cache).
+
+    Parameters
+    ----------
+    path
+        The database file, or ``":memory:"`` (tests).
+    readonly
+        Open without writing anything (no migration); a store of an older schema then
+        raises :class:`IndexCorruptError` asking for ``codesearch index``.
+
+    Notes
+    -----
+    On disk the journal is WAL, so readers never block the writer and always see the last
+    committed state. One writer at a time is enforced by :class:`IndexLock`, not here.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] = ":memory:", *, readonly: bool = False):
+        self.path = str(path)
+        self.readonly = readonly
+        self._depth = 0
+        memory = self.path == ":memory:"
+        if not memory:
+            _check_header(Path(self.path))
+            if readonly and not Path(self.path).exists():
+                raise _corrupt(self.path, "file does not exist")
+        try:
+            if readonly and not memory:
+                uri = Path(self.path).resolve().as_uri() + "?mode=ro"
+                self.conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+            else:
+                self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self.conn.execute("PRAGMA busy_timeout = 10000")
+            self.conn.execute("PRAGMA foreign_keys = ON")
+            if not memory and not readonly:
+                self.conn.execute("PRAGMA journal_mode = WAL")
+                # NORMAL in WAL mode is durable against process crashes (kill -9); only a
+                # power loss can drop the last commits, never corrupt the file.
+                self.conn.execute("PRAGMA synchronous = NORMAL")
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            with contextlib.suppress(Exception):
+                self.conn.close()
+            raise _corrupt(self.path, exc) from exc
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        with contextlib.suppress(Exception):
+            self.conn.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def schema_version(self) -> int:
+        return self.conn.execute("PRAGMA user_version").fetchone()[0]
+
+    def _migrate(self) -> None:
+        version = self.schema_version
+        if version > SCHEMA_VERSION:
+            raise IndexCorruptError(
+                f"Index store {self.path} has schema version {version}, newer than this codesearch "
+                f"understands ({SCHEMA_VERSION}); upgrade codesearch or run 'codesearch index --rebuild'"
+            )
+        if version == SCHEMA_VERSION:
+            return
+        if self.readonly:
+            raise IndexCorruptError(
+                f"Index store {self.path} has schema version {version}, older than {SCHEMA_VERSION}; "
+                "run 'codesearch index' once to upgrade it"
+            )
+        for target in range(version + 1, SCHEMA_VERSION + 1):
+            # One script per step, with its version bump, in one transaction: a crash leaves
+            # either the old version or the new one.
+            self.conn.executescript(
+                f"BEGIN IMMEDIATE;\n{MIGRATIONS[target - 1]}\nPRAGMA user_version = {target};\nCOMMIT;"
+            )
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Store]:
+        """Group writes atomically; nested calls join the outer transaction (savepoints).
+
+        Example
+        -------
+        >>> store = Store(":memory:")
+        >>> with store.transaction():
+        ...     store.set_meta("root", "/repo")
+        """
+        if self._depth == 0:
+            self._exec("BEGIN IMMEDIATE")
+        else:
+            self._exec(f"SAVEPOINT sp{self._depth}")
+        self._depth += 1
+        try:
+            yield self
+        except BaseException:
+            self._depth -= 1
+            if self._depth == 0:
+                self.conn.execute("ROLLBACK")
+            else:
+                self.conn.execute(f"ROLLBACK TO sp{self._depth}")
+                self.conn.execute(f"RELEASE sp{self._depth}")
+            raise
+        self._depth -= 1
+        if self._depth == 0:
+            self._exec("COMMIT")
+        else:
+            self._exec(f"RELEASE sp{self._depth}")
+
+    def _exec(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+        try:
+            return self.conn.execute(sql, params)
+        except sqlite3.DatabaseError as exc:
+            if any(m in str(exc).lower() for m in _CORRUPT_MARKERS):
+                raise _corrupt(self.path, exc) from exc
+            raise
+
+    def _write(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+        # Every write goes through a transaction; a bare call opens (and commits) its own.
+        if self._depth == 0:
+            with self.transaction():
+                return self._exec(sql, params)
+        return self._exec(sql, params)
+
+    def _writemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        with self.transaction():
+            try:
+                self.conn.executemany(sql, rows)
+            except sqlite3.DatabaseError as exc:
+                if any(m in str(exc).lower() for m in _CORRUPT_MARKERS):
+                    raise _corrupt(self.path, exc) from exc
+                raise
+
+    # -- meta ------------------------------------------------------------------------------
+
+    def get_meta(self, key: str, default: str | None = None) -> str | None:
+        row = self._exec("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return default if row is None else row[0]
+
+    def set_meta(self, key: str, value: object) -> None:
+        self._write("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, str(value)))
+
+    def delete_meta(self, key: str) -> None:
+        self._write("DELETE FROM meta WHERE key = ?", (key,))
+
+    def meta(self) -> dict[str, str]:
+        return dict(self._exec("SELECT key, value FROM meta").fetchall())
+
+    @property
+    def generation(self) -> int:
+        """Bumped by every committed index run; derived indexes record the one they hold."""
+        return int(self.get_meta("generation", "0") or 0)
+
+    # -- models ----------------------------------------------------------------------------
+
+    def models(self) -> dict[str, ModelRecord]:
+        """Role -> the model recorded for it."""
+        rows = self._exec("SELECT role, name, identity, dim FROM models").fetchall()
+        return {r[0]: ModelRecord(*r) for r in rows}
+
+    def set_model(self, role: str, name: str, identity: str, dim: int) -> None:
+        self._write(
+            "INSERT OR REPLACE INTO models(role, name, identity, dim) VALUES (?, ?, ?, ?)",
+            (role, name, identity, int(dim)),
+        )
+
+    def model_identity(self, kind: str) -> str | None:
+        """The identity of the model whose vectors of ``kind`` the index uses, or None."""
+        rec = self.models().get(KIND_ROLE[kind])
+        return rec.identity if rec else None
+
+    # -- files -----------------------------------------------------------------------------
+
+    def files(self) -> dict[str, FileRecord]:
+        """Path -> file record, for every indexed file."""
+        rows = self._exec("SELECT id, path, hash, size, mtime_ns, language, n_lines FROM files")
+        return {r[1]: FileRecord(*r) for r in rows}
+
+    def file_paths(self) -> dict[int, str]:
+        """File id -> relative path."""
+        return dict(self._exec("SELECT id, path FROM files").fetchall())
+
+    def file_record(self, file_id: int) -> FileRecord | None:
+        row = self._exec(
+            "SELECT id, path, hash, size, mtime_ns, language, n_lines FROM files WHERE id = ?", (file_id,)
+        ).fetchone()
+        return FileRecord(*row) if row else None
+
+    def upsert_file(
+        self, path: str, *, hash: str, size: int, mtime_ns: int, language: str, n_lines: int
+    ) -> int:
+        """Insert or update a file row (keyed by path); returns its id, stable across updates."""
+        with self.transaction():
+            row = self._exec("SELECT id FROM files WHERE path = ?", (path,)).fetchone()
+            if row:
+                self._exec(
+                    "UPDATE files SET hash = ?, size = ?, mtime_ns = ?, language = ?, n_lines = ? WHERE id = ?",
+                    (hash, size, mtime_ns, language, n_lines, row[0]),
+                )
+                return row[0]
+            cur = self._exec(
+                "INSERT INTO files(path, hash, size, mtime_ns, language, n_lines) VALUES (?, ?, ?, ?, ?, ?)",
+                (path, hash, size, mtime_ns, language, n_lines),
+            )
+            return int(cur.lastrowid)
+
+    def touch_file(self, file_id: int, *, size: int, mtime_ns: int) -> None:
+        """Record a new stat for a file whose content did not change."""
+        self._write("UPDATE files SET size = ?, mtime_ns = ? WHERE id = ?", (size, mtime_ns, file_id))
+
+    def delete_files(self, file_ids: Sequence[int]) -> None:
+        """Delete files and (cascade) their chunks."""
+        with self.transaction():
+            for part in _chunked(list(file_ids)):
+                marks = ",".join("?" * len(part))
+                self._exec(f"DELETE FROM chunks WHERE file_id IN ({marks})", part)
+                self._exec(f"DELETE FROM files WHERE id IN ({marks})", part)
+
+    # -- chunks ----------------------------------------------------------------------------
+
+    def chunk_records(self, ids: Sequence[int]) -> list[ChunkRecord]:
+        """The records of ``ids``, in the order of ``ids`` (missing ids are left out)."""
+        ids = [int(i) for i in ids]
+        found: dict[int, ChunkRecord] = {}
+        for part in _chunked(ids):
+            marks = ",".join("?" * len(part))
+            for r in self._exec(f"{_CHUNK_RECORD_SQL} WHERE c.id IN ({marks})", part):
+                found[r[0]] = ChunkRecord(*r)
+        return [found[i] for i in ids if i in found]
+
+    def iter_chunk_records(self) -> Iterator[ChunkRecord]:
+        """Every chunk, by id."""
+        for r in self._exec(f"{_CHUNK_RECORD_SQL} ORDER BY c.id"):
+            yield ChunkRecord(*r)
+
+    def file_chunk_ids(self, file_id: int) -> list[int]:
+        """Ids of a file's chunks, in file order."""
+        rows = self._exec("SELECT id FROM chunks WHERE file_id = ? ORDER BY start_byte, id", (file_id,))
+        return [r[0] for r in rows]
+
+    def chunk_rows(self, file_id: int | None = None) -> list[ChunkRow]:
+        """Full chunk rows, of one file or of all."""
+        if file_id is None:
+            rows = self._exec(f"SELECT {_CHUNK_ROW_COLS} FROM chunks ORDER BY id")
+        else:
+            rows = self._exec(
+                f"SELECT {_CHUNK_ROW_COLS} FROM chunks WHERE file_id = ? ORDER BY start_byte, id", (file_id,)
+            )
+        return [ChunkRow(*r) for r in rows]
+
+    def chunk_hashes(self) -> dict[int, str]:
+        """Chunk id -> text hash, for every chunk."""
+        return dict(self._exec("SELECT id, text_hash FROM chunks").fetchall())
+
+    def insert_chunk(self, file_id: int, c: Any, text_hash: str) -> int:
+        """Insert one chunk (anything with the ``Chunk`` fields); returns its id."""
+        cur = self._write(
+            "INSERT INTO chunks(file_id, start_line, end_line, start_byte, end_byte, language, symbol,"
+            " kind, scope, header, text, text_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (file_id, c.start_line, c.end_line, c.start_byte, c.end_byte, c.language, c.symbol,
+             c.kind, c.scope, c.header, c.text, text_hash),
+        )
+        return int(cur.lastrowid)
+
+    def update_chunk_position(self, chunk_id: int, c: Any) -> None:
+        """Move a kept chunk (same header and text) to its new place in an edited file."""
+        self._write(
+            "UPDATE chunks SET start_line = ?, end_line = ?, start_byte = ?, end_byte = ?, language = ?,"
+            " symbol = ?, kind = ?, scope = ? WHERE id = ?",
+            (c.start_line, c.end_line, c.start_byte, c.end_byte, c.language, c.symbol, c.kind, c.scope,
+             chunk_id),
+        )
+
+    def delete_chunks(self, ids: Sequence[int]) -> None:
+        with self.transaction():
+            for part in _chunked([int(i) for i in ids]):
+                self._exec(f"DELETE FROM chunks WHERE id IN ({','.join('?' * len(part))})", part)
+
+    def count(self, table: str) -> int:
+        if table not in ("files", "chunks", "vectors"):
+            raise ValueError(table)
+        return self._exec(f"SELECT count(*) FROM {table}").fetchone()[0]
+
+    # -- vectors cache ---------------------------------------------------------------------
+
+    def cached_hashes(self, model: str, kind: str) -> set[str]:
+        """Text hashes that have a cached vector for this model identity and kind."""
+        rows = self._exec("SELECT text_hash FROM vectors WHERE model = ? AND kind = ?", (model, kind))
+        return {r[0] for r in rows}
+
+    def put_vectors(self, model: str, kind: str, items: Iterable[tuple[str, np.ndarray]]) -> int:
+        """Cache vectors (float16 on disk); returns how many were written."""
+        rows = []
+        for text_hash, array in items:
+            n, dim, blob = encode_array(array)
+            rows.append((model, kind, text_hash, dim, n, blob))
+        self._writemany(
+            "INSERT OR REPLACE INTO vectors(model, kind, text_hash, dim, n, data) VALUES (?, ?, ?, ?, ?, ?)",
+            rows,
+        )
+        return len(rows)
+
+    def get_vectors(self, model: str, kind: str, hashes: Sequence[str]) -> dict[str, np.ndarray]:
+        """Text hash -> float32 (n, dim) array, for the hashes that are cached."""
+        out: dict[str, np.ndarray] = {}
+        for part in _chunked(list(hashes)):
+            marks = ",".join("?" * len(part))
+            rows = self._exec(
+                f"SELECT text_hash, n, dim, data FROM vectors WHERE model = ? AND kind = ?"
+                f" AND text_hash IN ({marks})",
+                (model, kind, *part),
+            )
+            for h, n, dim, data in rows:
+                out[h] = decode_array(n, dim, data)
+        return out
+
+    def vectors_for(self, ids: Sequence[int], kind: str) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Vectors of chunks (kind ``dense`` | ``colbert``) or files (kind ``file``) by id.
+
+        Returns ``(found_ids int64, arrays)`` in the order of ``ids``, leaving out ids with
+        no cached vector for the recorded model. Each array is float32 ``(n, dim)``: one row
+        for ``dense``/``file``, one per token for ``colbert``.
+        """
+        model = self.model_identity(kind)
+        ids = [int(i) for i in ids]
+        if model is None or not ids:
+            return np.zeros(0, dtype=np.int64), []
+        table, col = ("files", "hash") if kind == "file" else ("chunks", "text_hash")
+        found: dict[int, np.ndarray] = {}
+        for part in _chunked(ids):
+            marks = ",".join("?" * len(part))
+            rows = self._exec(
+                f"SELECT t.id, v.n, v.dim, v.data FROM {table} t JOIN vectors v ON v.text_hash = t.{col}"
+                f" AND v.model = ? AND v.kind = ? WHERE t.id IN ({marks})",
+                (model, kind, *part),
+            )
+            for i, n, dim, data in rows:
+                found[i] = decode_array(n, dim, data)
+        keep = [i for i in ids if i in found]
+        return np.asarray(keep, dtype=np.int64), [found[i] for i in keep]
+
+    def iter_vectors(self, kind: str, batch: int = 4096) -> Iterator[tuple[np.ndarray, list[np.ndarray]]]:
+        """Every (id, vector) of ``kind`` for the recorded model, in id order, in batches."""
+        model = self.model_identity(kind)
+        if model is None:
+            return
+        table, col = ("files", "hash") if kind == "file" else ("chunks", "text_hash")
+        cur = self._exec(
+            f"SELECT t.id, v.n, v.dim, v.data FROM {table} t JOIN vectors v ON v.text_hash = t.{col}"
+            f" AND v.model = ? AND v.kind = ? ORDER BY t.id",
+            (model, kind),
+        )
+        while rows := cur.fetchmany(batch):
+            yield (np.asarray([r[0] for r in rows], dtype=np.int64),
+                   [decode_array(n, dim, data) for _, n, dim, data in rows])
+
+    def count_with_vectors(self, kind: str) -> int:
+        """How many chunks (or files, kind ``file``) have a cached vector of ``kind``."""
+        model = self.model_identity(kind)
+        if model is None:
+            return 0
+        table, col = ("files", "hash") if kind == "file" else ("chunks", "text_hash")
+        return self._exec(
+            f"SELECT count(*) FROM {table} t JOIN vectors v ON v.text_hash = t.{col}"
+            f" AND v.model = ? AND v.kind = ?",
+            (model, kind),
+        ).fetchone()[0]
+
+    def prune_vectors(self, *, keep_unreferenced: int = 0) -> int:
+        """Drop cached vectors nothing refers to; returns how many were dropped.
+
+        Vectors of models the index no longer records always go. Unreferenced vectors of the
+        recorded models (old versions of edited code) are kept while there are at most
+        ``keep_unreferenced`` of them, so switching branches back and forth stays cheap.
+        """
+        models = {m.identity for m in self.models().values()}
+        with self.transaction():
+            marks = ",".join("?" * len(models))
+            dropped = self._exec(
+                f"DELETE FROM vectors WHERE model NOT IN ({marks})" if models else "DELETE FROM vectors",
+                tuple(models),
+            ).rowcount
+            unref_sql = (
+                "FROM vectors v WHERE NOT EXISTS (SELECT 1 FROM chunks c WHERE c.text_hash = v.text_hash)"
+                " AND NOT EXISTS (SELECT 1 FROM files f WHERE f.hash = v.text_hash)"
+            )
+            n_unref = self._exec(f"SELECT count(*) {unref_sql}").fetchone()[0]
+            if n_unref > keep_unreferenced:
+                dropped += self._exec(
+                    "DELETE FROM vectors WHERE (model, kind, text_hash) IN (SELECT v.model, v.kind, v.text_hash "
+                    + unref_sql
+                    + ")"
+                ).rowcount
+        return dropped
+
+    def clear(self) -> None:
+        """Forget every file, chunk, model and meta entry (the vectors cache stays)."""
+        with self.transaction():
+            self._exec("DELETE FROM chunks")
+            self._exec("DELETE FROM files")
+            self._exec("DELETE FROM models")
+            self._exec("DELETE FROM meta")
+
+
+class IndexLock:
+    """The one-writer lock of an index folder: ``fcntl.flock`` on ``<index_dir>/lock``.
+
+    Non-blocking: a second writer fails at once with :class:`IndexLockedError` naming the
+    pid that holds it. The kernel drops the lock when the holder dies, even by kill -9, so
+    a stale lock file never blocks anyone.
+
+    Example
+    -------
+    >>> with IndexLock(index_dir):                   # doctest: +SKIP
+    ...     ...  # write the index
+    """
+
+    def __init__(self, index_dir: str | os.PathLike[str]):
+        self.path = Path(index_dir) / LOCK_FILE
+        self._fd: int | None = None
+
+    def acquire(self) -> IndexLock:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            finally:
+                os.close(fd)
+            raise IndexLockedError(
+                f"Index at {self.path.parent} is being written by another codesearch process "
+                f"(pid {holder}); wait for it to finish or stop it, then run again"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, 0)
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def __enter__(self) -> IndexLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

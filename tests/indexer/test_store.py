@@ -1,0 +1,209 @@
+"""The SQLite store: schema, records, vectors cache, migrations, corruption, the writer lock."""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from codesearch.errors import IndexCorruptError, IndexLockedError
+from codesearch.indexer import store as store_mod
+from codesearch.indexer.store import ChunkRecord, IndexLock, Store
+
+
+@dataclass(frozen=True)
+class FakeChunk:
+    """Just the Chunk fields the store reads (the real Chunk lives in chunking.py)."""
+
+    start_line: int
+    end_line: int
+    start_byte: int
+    end_byte: int
+    language: str = "python"
+    symbol: str | None = "f"
+    kind: str = "function"
+    scope: str | None = None
+    header: str = "a.py > def f"
+    text: str = "def f(): pass"
+
+
+def _file(store, path="a.py", **kw):
+    args = dict(hash="h-" + path, size=10, mtime_ns=1, language="python", n_lines=3) | kw
+    return store.upsert_file(path, **args)
+
+
+def test_fresh_store_is_at_latest_schema():
+    s = Store(":memory:")
+    assert s.schema_version == store_mod.SCHEMA_VERSION >= 1
+    assert s.generation == 0
+    assert s.file_paths() == {}
+
+
+def test_chunk_records_keep_the_order_of_ids():
+    s = Store(":memory:")
+    with s.transaction():
+        fa, fb = _file(s, "a.py"), _file(s, "b.py")
+        ids = [
+            s.insert_chunk(fa, FakeChunk(1, 2, 0, 10, symbol="f"), "t1"),
+            s.insert_chunk(fb, FakeChunk(3, 9, 11, 90, symbol="g", header="b.py > def g"), "t2"),
+            s.insert_chunk(fa, FakeChunk(4, 5, 20, 30, symbol=None, kind="block"), "t3"),
+        ]
+    recs = s.chunk_records([ids[2], ids[0], 999, ids[1]])
+    assert [r.id for r in recs] == [ids[2], ids[0], ids[1]]
+    assert recs[2] == ChunkRecord(ids[1], fb, "b.py", 3, 9, "python", "g", "function", None,
+                                  "b.py > def g", "def f(): pass")
+    assert recs[0].to_dict()["symbol"] is None
+    assert [r.id for r in s.iter_chunk_records()] == sorted(ids)
+    assert s.file_chunk_ids(fa) == [ids[0], ids[2]]
+    assert s.file_paths() == {fa: "a.py", fb: "b.py"}
+
+
+def test_upsert_keeps_the_file_id_and_delete_cascades_to_chunks():
+    s = Store(":memory:")
+    fid = _file(s)
+    s.insert_chunk(fid, FakeChunk(1, 1, 0, 5), "t")
+    assert _file(s, hash="new") == fid
+    assert s.files()["a.py"].hash == "new"
+    s.delete_files([fid])
+    assert s.count("files") == 0 and s.count("chunks") == 0
+
+
+def test_failed_transaction_rolls_back_everything():
+    s = Store(":memory:")
+    with pytest.raises(RuntimeError), s.transaction():
+        _file(s, "a.py")
+        s.set_meta("generation", 5)
+        raise RuntimeError("boom")
+    assert s.file_paths() == {} and s.generation == 0
+
+
+def test_nested_transaction_rolls_back_only_the_inner_part():
+    s = Store(":memory:")
+    with s.transaction():
+        _file(s, "a.py")
+        with pytest.raises(KeyError), s.transaction():
+            _file(s, "b.py")
+            raise KeyError
+    assert list(s.files()) == ["a.py"]
+
+
+@pytest.mark.parametrize("shape", [(8,), (1, 8), (5, 8)])
+def test_vectors_round_trip_as_float16(shape):
+    s = Store(":memory:")
+    rng = np.random.default_rng(0)
+    v = rng.standard_normal(shape).astype(np.float32)
+    s.put_vectors("m@1", "colbert", [("t1", v)])
+    got = s.get_vectors("m@1", "colbert", ["t1", "absent"])
+    assert list(got) == ["t1"]
+    np.testing.assert_allclose(got["t1"], v.reshape(-1, 8), rtol=1e-3, atol=1e-3)
+    assert got["t1"].dtype == np.float32
+    assert s.cached_hashes("m@1", "colbert") == {"t1"}
+    assert s.cached_hashes("other", "colbert") == set()
+
+
+def test_vectors_for_joins_chunks_and_files_through_the_recorded_model():
+    s = Store(":memory:")
+    s.set_model("dense", "tiny", "tiny@abc", 4)
+    fid = _file(s, hash="filehash")
+    c1 = s.insert_chunk(fid, FakeChunk(1, 1, 0, 5), "same")
+    c2 = s.insert_chunk(fid, FakeChunk(2, 2, 6, 9), "same")  # identical text: one cached vector
+    c3 = s.insert_chunk(fid, FakeChunk(3, 3, 10, 15), "uncached")
+    s.put_vectors("tiny@abc", "dense", [("same", np.ones(4))])
+    s.put_vectors("tiny@abc", "file", [("filehash", np.full(4, 2.0))])
+    s.put_vectors("other@x", "dense", [("uncached", np.ones(4))])  # wrong model: ignored
+    ids, arrays = s.vectors_for([c3, c2, c1], "dense")
+    assert ids.tolist() == [c2, c1] and all(a.shape == (1, 4) for a in arrays)
+    fids, farr = s.vectors_for([fid], "file")
+    assert fids.tolist() == [fid] and farr[0][0, 0] == 2.0
+    assert s.vectors_for([c1], "colbert")[0].size == 0  # no colbert model recorded
+    assert s.count_with_vectors("dense") == 2
+    batches = list(s.iter_vectors("dense", batch=1))
+    assert [b[0].tolist() for b in batches] == [[c1], [c2]]
+
+
+def test_prune_drops_unreferenced_and_foreign_model_vectors():
+    s = Store(":memory:")
+    s.set_model("dense", "tiny", "tiny@abc", 4)
+    fid = _file(s, hash="fh")
+    s.insert_chunk(fid, FakeChunk(1, 1, 0, 5), "used")
+    s.put_vectors("tiny@abc", "dense", [("used", np.ones(4)), ("stale1", np.ones(4)), ("stale2", np.ones(4))])
+    s.put_vectors("gone@1", "dense", [("used", np.ones(4))])
+    assert s.prune_vectors(keep_unreferenced=5) == 1  # only the foreign model's
+    assert s.prune_vectors(keep_unreferenced=1) == 2
+    assert s.cached_hashes("tiny@abc", "dense") == {"used"}
+
+
+def test_on_disk_store_uses_wal_and_readers_see_commits(tmp_path):
+    path = tmp_path / "store.sqlite"
+    w = Store(path)
+    assert w.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    r = Store(path, readonly=True)
+    with w.transaction():
+        _file(w, "a.py")
+        # A reader during an open write transaction sees the last committed state, unblocked.
+        assert r.file_paths() == {}
+    assert list(r.file_paths().values()) == ["a.py"]
+    w.close(), r.close()
+
+
+def test_migrations_run_from_version_zero_and_keep_data(tmp_path, monkeypatch):
+    path = tmp_path / "store.sqlite"
+    sqlite3.connect(path).close()  # an empty database: user_version 0
+    s = Store(path)
+    assert s.schema_version == len(store_mod.MIGRATIONS)
+    _file(s, "kept.py")
+    s.close()
+    # A later release appends a migration: it runs on open, in one transaction, data kept.
+    monkeypatch.setattr(
+        store_mod, "MIGRATIONS", [*store_mod.MIGRATIONS, "ALTER TABLE files ADD COLUMN owner TEXT;"]
+    )
+    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", len(store_mod.MIGRATIONS))
+    s = Store(path)
+    assert s.schema_version == store_mod.SCHEMA_VERSION
+    assert list(s.file_paths().values()) == ["kept.py"]
+    assert s.conn.execute("SELECT owner FROM files").fetchone() == (None,)
+    s.close()
+
+
+def test_newer_schema_asks_to_upgrade(tmp_path):
+    path = tmp_path / "store.sqlite"
+    Store(path).close()
+    con = sqlite3.connect(path)
+    con.execute(f"PRAGMA user_version = {store_mod.SCHEMA_VERSION + 1}")
+    con.close()
+    with pytest.raises(IndexCorruptError, match="upgrade codesearch or run 'codesearch index --rebuild'"):
+        Store(path)
+
+
+def test_not_a_database_is_corrupt(tmp_path):
+    path = tmp_path / "store.sqlite"
+    path.write_bytes(b"this is not sqlite at all, just some bytes" * 100)
+    with pytest.raises(IndexCorruptError, match=r"store\.sqlite.*codesearch index --rebuild"):
+        Store(path)
+
+
+def test_truncated_store_is_corrupt(tmp_path):
+    path = tmp_path / "store.sqlite"
+    s = Store(path)
+    with s.transaction():
+        for i in range(300):
+            fid = _file(s, f"f{i}.py")
+            s.insert_chunk(fid, FakeChunk(1, 1, 0, 5, text="x" * 500), f"t{i}")
+    s.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    s.close()
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(IndexCorruptError, match="codesearch index --rebuild"):
+        s = Store(path)
+        list(s.iter_chunk_records())
+
+
+def test_second_writer_gets_a_clear_lock_error(tmp_path):
+    with IndexLock(tmp_path):
+        with pytest.raises(IndexLockedError, match=r"pid \d+.*run again"):
+            IndexLock(tmp_path).acquire()
+    # Released: the next writer gets it.
+    with IndexLock(tmp_path) as lock:
+        assert lock.held
