@@ -1,0 +1,586 @@
+"""The Python API: one `CodeSearch` object per repository, used by the CLI, the server and
+RAG apps alike.
+
+`CodeSearch` holds the settings (which models, which files), loads the encoders lazily and
+once, and shares them between indexing and searching. A lexical search never loads a model,
+so it never imports torch.
+
+Example
+-------
+>>> from codesearch import CodeSearch
+>>> with CodeSearch("path/to/repo", model=None, multi_model=None) as cs:   # doctest: +SKIP
+...     summary = cs.index()
+...     for hit in cs.search("retry failed http requests", k=3, mode="lexical"):
+...         print(f"{hit.path}:{hit.start_line}-{hit.end_line}", round(hit.score, 3))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from codesearch.errors import CodeSearchError, NotIndexedError, PathError, QueryError
+from codesearch.indexer import pipeline
+from codesearch.indexer.pipeline import DEFAULT, IndexSummary, ProgressEvent
+
+if TYPE_CHECKING:  # pragma: no cover
+    from codesearch.indexer.search import SearchHit, SearchResult
+
+__all__ = [
+    "CodeSearch",
+    "DEFAULT",
+    "IndexStatus",
+    "ModelInfo",
+    "SCHEMA_VERSION",
+    "find_index_root",
+    "hit_document",
+    "list_models",
+    "model_info",
+    "pull_model",
+    "result_document",
+]
+
+SCHEMA_VERSION = 1
+"""Version of the JSON documents `codesearch query --json/--jsonl` prints (and the server
+returns). Bumped only when a field changes meaning or disappears; new fields may be added."""
+
+MODES = ("hybrid", "lexical", "dense", "colbert")
+STORE_FILE = "store.sqlite"
+
+
+def find_index_root(start: str | Path = ".") -> Path:
+    """Return the nearest folder at or above `start` that holds ``.codesearch/store.sqlite``.
+
+    Parameters
+    ----------
+    start : str or Path
+        Where to start walking up (usually the current folder).
+
+    Raises
+    ------
+    NotIndexedError
+        When no folder on the way up to the file-system root has an index.
+    """
+    here = Path(start).resolve()
+    for folder in (here, *here.parents):
+        if (pipeline.default_index_dir(folder) / STORE_FILE).is_file():
+            return folder
+    raise NotIndexedError(
+        f"no index found in {str(here)!r} or any parent folder "
+        "(run 'codesearch index PATH' first, or pass --path)"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class IndexStatus:
+    """What an index holds and how it compares with the files on disk.
+
+    Attributes
+    ----------
+    root, index_dir : str
+        The indexed folder and where its index lives (absolute paths).
+    indexed : bool
+        False when there is no index yet (every count is then 0).
+    files, chunks : int
+        Files and chunks in the store.
+    languages : dict[str, int]
+        Files per language, most common first.
+    models : dict[str, str | None]
+        ``{"dense": identity, "multi": identity}`` of the encoders the vectors came from;
+        None where that index is absent (lexical-only).
+    stale : dict[str, int]
+        Files ``added``, ``changed`` and ``removed`` since the last index run.
+    disk_bytes : dict[str, int]
+        Size on disk of each index file or folder, and ``total``.
+    """
+
+    root: str
+    index_dir: str
+    indexed: bool
+    files: int = 0
+    chunks: int = 0
+    languages: dict[str, int] = field(default_factory=dict)
+    models: dict[str, str | None] = field(default_factory=dict)
+    stale: dict[str, int] = field(default_factory=dict)
+    disk_bytes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def is_stale(self) -> bool:
+        """True when some file was added, changed or removed since the last index run."""
+        return any(self.stale.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (``codesearch status --json``)."""
+        return {"schema_version": SCHEMA_VERSION, **dataclasses.asdict(self), "is_stale": self.is_stale}
+
+
+def hit_document(hit: SearchHit) -> dict[str, Any]:
+    """One hit as the stable JSON schema: path (relative to the indexed root), start_line,
+    end_line (1-based, inclusive), score, language, symbol, kind, text."""
+    return {
+        "path": hit.path,
+        "start_line": hit.start_line,
+        "end_line": hit.end_line,
+        "score": float(hit.score),
+        "language": hit.language,
+        "symbol": hit.symbol,
+        "kind": hit.kind,
+        "text": hit.text,
+    }
+
+
+def result_document(result: SearchResult) -> dict[str, Any]:
+    """A whole search as the stable JSON schema (``codesearch query --json``)."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "query": result.query,
+        "mode": result.mode,
+        "indexes_used": list(result.indexes_used),
+        "notices": list(result.notices),
+        "results": [hit_document(h) for h in result.hits],
+    }
+
+
+class CodeSearch:
+    """Index and search one repository.
+
+    Parameters
+    ----------
+    path : str or Path
+        The repository folder.
+    index_dir : str or Path, optional
+        Where the index lives; default ``<path>/.codesearch``.
+    model : str or None
+        Dense (single-vector) model: a hub id or a local checkpoint folder. `DEFAULT` picks
+        the model the index was built with, or the default model for a new index; None
+        disables dense vectors.
+    multi_model : str or None
+        Multi-vector (ColBERT) model, same conventions as `model`.
+    device : str
+        ``"auto"``, ``"cpu"`` or ``"cuda"``: where the encoders run.
+    include, exclude : sequence of str
+        Glob patterns of files to index or to skip (on top of .gitignore).
+    max_file_bytes : int
+        Files larger than this are skipped.
+
+    Notes
+    -----
+    Encoders load on first use (an `index()` run, or a dense/colbert/hybrid search) and are
+    then shared. Searches may run from several threads at once; an index run (including the
+    refresh a ``refresh=True`` search triggers) waits for running searches and blocks new
+    ones until it is done.
+
+    Examples
+    --------
+    >>> with CodeSearch("path/to/repo") as cs:          # doctest: +SKIP
+    ...     cs.index()
+    ...     hits = cs.search("where is the config parsed", k=5)
+    """
+
+    def __init__(
+        self,
+        path: str | Path = ".",
+        *,
+        index_dir: str | Path | None = None,
+        model: str | None | object = DEFAULT,
+        multi_model: str | None | object = DEFAULT,
+        device: str = "auto",
+        include: Sequence[str] = (),
+        exclude: Sequence[str] = (),
+        max_file_bytes: int = 1_000_000,
+    ) -> None:
+        root = Path(path).expanduser()
+        if not root.exists():
+            raise PathError(f"path {str(path)!r} does not exist (pass the folder of a repository)")
+        if not root.is_dir():
+            raise PathError(f"path {str(path)!r} is not a folder (pass the folder of a repository)")
+        self.root = root.resolve()
+        self.index_dir = (
+            Path(index_dir).expanduser().resolve() if index_dir is not None else pipeline.default_index_dir(self.root)
+        )
+        self.model = model
+        self.multi_model = multi_model
+        self.device = device
+        self.include = tuple(include)
+        self.exclude = tuple(exclude)
+        self.max_file_bytes = int(max_file_bytes)
+        self._encoders: pipeline.Encoders | None = None
+        self._searcher: Any = None
+        self._state_lock = threading.Lock()  # guards lazy creation of encoders and searcher
+        self._rw = _ReadWriteLock()  # searches read, index runs write
+        self._closed = False
+
+    # -- life cycle --------------------------------------------------------------------
+
+    def __enter__(self) -> CodeSearch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the searcher and the encoders. Idempotent."""
+        with self._rw.writing(), self._state_lock:
+            self._close_searcher()
+            self._encoders = None
+            self._closed = True
+
+    def __repr__(self) -> str:
+        return f"CodeSearch({str(self.root)!r}, index_dir={str(self.index_dir)!r})"
+
+    # -- indexing ------------------------------------------------------------------------
+
+    def index(
+        self, *, rebuild: bool = False, progress: Callable[[ProgressEvent], None] | None = None
+    ) -> IndexSummary:
+        """Bring the index up to date with the files (incremental unless `rebuild`).
+
+        Parameters
+        ----------
+        rebuild : bool
+            Drop the existing index first and embed everything again.
+        progress : callable, optional
+            Called with each `ProgressEvent` (files, chunks, tokens done so far).
+
+        Returns
+        -------
+        IndexSummary
+            Files indexed/unchanged/removed, skipped files by reason, chunks, tokens, time,
+            models and notices (e.g. "default model not cached: lexical-only index").
+
+        Raises
+        ------
+        NothingToIndexError, IndexLockedError, ModelUnavailableError, IndexCorruptError
+        """
+        self._check_open()
+        with self._rw.writing():
+            summary = pipeline.build_index(
+                self.root,
+                index_dir=self.index_dir,
+                encoders=self._get_encoders(),
+                include=self.include,
+                exclude=self.exclude,
+                max_file_bytes=self.max_file_bytes,
+                rebuild=rebuild,
+                progress=progress,
+            )
+            # The searcher caches loaded indexes; the next search opens the new generation.
+            with self._state_lock:
+                self._close_searcher()
+        return summary
+
+    # -- searching -----------------------------------------------------------------------
+
+    def query(
+        self,
+        query: str,
+        k: int = 10,
+        *,
+        mode: str = "hybrid",
+        language: str | None = None,
+        glob: str | None = None,
+        files_only: bool = False,
+        refresh: bool = False,
+    ) -> SearchResult:
+        """Search and return the hits together with how they were found.
+
+        Parameters
+        ----------
+        query : str
+            Natural language or code.
+        k : int
+            How many hits (or files, with `files_only`).
+        mode : {"hybrid", "lexical", "dense", "colbert"}
+            Which indexes rank the hits. ``hybrid`` fuses every index that exists.
+        language : str, optional
+            Only hits in this language (``"python"``, ``"go"``, ...).
+        glob : str, optional
+            Only hits whose path matches this glob (``"src/**/*.py"``).
+        files_only : bool
+            One hit per file, best chunk first.
+        refresh : bool
+            When files changed since the last index run, index them first; the result's
+            notices then say so.
+
+        Returns
+        -------
+        SearchResult
+            ``hits``, ``mode``, ``indexes_used`` and ``notices``.
+
+        Raises
+        ------
+        QueryError
+            An empty query, an unknown mode, or k < 1.
+        NotIndexedError
+            When the folder has no index yet.
+        """
+        self._check_open()
+        if not query or not query.strip():
+            raise QueryError("the query is empty (pass some words or code to search for)")
+        if mode not in MODES:
+            raise QueryError(f"unknown mode {mode!r} (use one of: {', '.join(MODES)})")
+        if k < 1:
+            raise QueryError(f"k must be at least 1, got {k} (pass -k 10 for example)")
+        self._require_index()
+        notices: list[str] = []
+        if refresh:
+            notices.extend(self._refresh())
+        with self._rw.reading():
+            searcher = self._get_searcher()
+            result = searcher.search(query, k, mode=mode, language=language, glob=glob, files_only=files_only)
+        if notices:
+            result = dataclasses.replace(result, notices=[*notices, *result.notices])
+        return result
+
+    def search(
+        self,
+        query: str,
+        k: int = 10,
+        *,
+        mode: str = "hybrid",
+        language: str | None = None,
+        glob: str | None = None,
+        files_only: bool = False,
+        refresh: bool = False,
+    ) -> list[SearchHit]:
+        """Search and return the hits, best first. Same parameters as `query`.
+
+        Examples
+        --------
+        >>> for hit in cs.search("open the database", k=3):   # doctest: +SKIP
+        ...     print(hit.path, hit.start_line, hit.score)
+        """
+        return list(
+            self.query(
+                query, k, mode=mode, language=language, glob=glob, files_only=files_only, refresh=refresh
+            ).hits
+        )
+
+    def with_context(self, result: SearchResult, lines: int) -> SearchResult:
+        """Widen each hit by `lines` lines above and below, read from the current files.
+
+        A hit whose file is gone or shorter than the indexed version is left as it is.
+        """
+        hits = [_widen(hit, self.root, lines) for hit in result.hits]
+        return dataclasses.replace(result, hits=hits)
+
+    # -- status --------------------------------------------------------------------------
+
+    def status(self) -> IndexStatus:
+        """Describe the index: files, chunks, languages, models, staleness, size on disk."""
+        self._check_open()
+        store_path = self.index_dir / STORE_FILE
+        base = {"root": str(self.root), "index_dir": str(self.index_dir)}
+        if not store_path.is_file():
+            return IndexStatus(**base, indexed=False)
+        with self._rw.reading():
+            info = pipeline.index_info(self.index_dir)
+            stale = pipeline.staleness(
+                self.root,
+                index_dir=self.index_dir,
+                include=self.include,
+                exclude=self.exclude,
+                max_file_bytes=self.max_file_bytes,
+            )
+        return IndexStatus(
+            **base,
+            indexed=True,
+            files=info.files,
+            chunks=info.chunks,
+            languages=dict(info.languages),
+            models={"dense": info.dense_model, "multi": info.multi_model},
+            stale={"added": len(stale.added), "changed": len(stale.changed), "removed": len(stale.removed)},
+            disk_bytes=_disk_usage(self.index_dir),
+        )
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CodeSearchError("this CodeSearch is closed (create a new one)")
+
+    def _require_index(self) -> None:
+        if not (self.index_dir / STORE_FILE).is_file():
+            raise NotIndexedError(
+                f"{str(self.root)!r} is not indexed yet (run 'codesearch index {self.root}' first)"
+            )
+
+    def _get_encoders(self) -> pipeline.Encoders:
+        # Resolving is cheap (names, the index's recorded models); the weights load inside
+        # Encoders on first encode, so a lexical search never imports torch.
+        with self._state_lock:
+            if self._encoders is None:
+                self._encoders = pipeline.resolve_encoders(
+                    self.model, self.multi_model, device=self.device, index_dir=self.index_dir
+                )
+            return self._encoders
+
+    def _get_searcher(self) -> Any:
+        encoders = self._get_encoders()
+        with self._state_lock:
+            if self._searcher is None:
+                from codesearch.indexer.search import Searcher
+
+                self._searcher = Searcher(self.index_dir, encoders=encoders)
+            return self._searcher
+
+    def _close_searcher(self) -> None:
+        searcher, self._searcher = self._searcher, None
+        if searcher is not None and hasattr(searcher, "close"):
+            searcher.close()
+
+    def _refresh(self) -> list[str]:
+        stale = pipeline.staleness(
+            self.root,
+            index_dir=self.index_dir,
+            include=self.include,
+            exclude=self.exclude,
+            max_file_bytes=self.max_file_bytes,
+        )
+        changed = len(stale.added) + len(stale.changed) + len(stale.removed)
+        if not changed:
+            return []
+        start = time.perf_counter()
+        summary = self.index()
+        return [
+            f"index refreshed: {changed} file(s) changed since the last run "
+            f"({time.perf_counter() - start:.1f}s)",
+            *summary.notices,
+        ]
+
+
+def _widen(hit: SearchHit, root: Path, lines: int) -> SearchHit:
+    try:
+        source = (root / hit.path).read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    except OSError:
+        return hit
+    if hit.end_line > len(source) or lines <= 0:
+        return hit
+    start = max(1, hit.start_line - lines)
+    end = min(len(source), hit.end_line + lines)
+    text = "".join(source[start - 1 : end])
+    return dataclasses.replace(hit, start_line=start, end_line=end, text=text)
+
+
+def _disk_usage(index_dir: Path) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    for entry in sorted(index_dir.iterdir()):
+        if entry.is_dir():
+            sizes[entry.name] = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
+        elif entry.name not in {".gitignore", "lock"}:
+            sizes[entry.name] = entry.stat().st_size
+    sizes["total"] = sum(sizes.values())
+    return sizes
+
+
+class _ReadWriteLock:
+    """Many readers (searches) or one writer (an index run); writers are not starved."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writer = False
+        self._waiting_writers = 0
+
+    class _Ctx:
+        def __init__(self, enter: Callable[[], None], exit_: Callable[[], None]) -> None:
+            self._enter, self._exit = enter, exit_
+
+        def __enter__(self) -> None:
+            self._enter()
+
+        def __exit__(self, *exc: object) -> None:
+            self._exit()
+
+    def reading(self) -> _ReadWriteLock._Ctx:
+        return self._Ctx(self._acquire_read, self._release_read)
+
+    def writing(self) -> _ReadWriteLock._Ctx:
+        return self._Ctx(self._acquire_write, self._release_write)
+
+    def _acquire_read(self) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._writer and not self._waiting_writers)
+            self._readers += 1
+
+    def _release_read(self) -> None:
+        with self._cond:
+            self._readers -= 1
+            self._cond.notify_all()
+
+    def _acquire_write(self) -> None:
+        with self._cond:
+            self._waiting_writers += 1
+            self._cond.wait_for(lambda: not self._writer and not self._readers)
+            self._waiting_writers -= 1
+            self._writer = True
+
+    def _release_write(self) -> None:
+        with self._cond:
+            self._writer = False
+            self._cond.notify_all()
+
+
+# -- models ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """Details of one encoder checkpoint (``codesearch models info``)."""
+
+    name: str
+    identity: str
+    multivector: bool
+    dim: int
+    max_length: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def list_models() -> list[dict[str, Any]]:
+    """The models in the local cache, each as a dict (name, path, size, default role)."""
+    from codesearch.encoder import DEFAULT_DENSE_MODEL, DEFAULT_MULTI_MODEL
+    from codesearch.encoder.loading import cached_models
+
+    roles = {DEFAULT_DENSE_MODEL: "default dense", DEFAULT_MULTI_MODEL: "default multi-vector"}
+    rows = [_as_dict(m) for m in cached_models()]
+    for row in rows:
+        row.setdefault("role", roles.get(row.get("name", ""), ""))
+    cached = {row.get("name") for row in rows}
+    for name, role in roles.items():
+        if name not in cached:
+            rows.append({"name": name, "role": role, "cached": False})
+    return rows
+
+
+def pull_model(name: str) -> Path:
+    """Download `name` from the hub into the local cache and return its folder."""
+    from codesearch.encoder.loading import pull
+
+    return Path(pull(name))
+
+
+def model_info(name: str, *, device: str = "cpu") -> ModelInfo:
+    """Load `name` (hub id or local folder) and describe it. Imports torch."""
+    from codesearch.encoder import load
+
+    enc = load(name, device=device)
+    return ModelInfo(
+        name=enc.name, identity=enc.identity, multivector=enc.multivector, dim=enc.dim, max_length=enc.max_length
+    )
+
+
+def _as_dict(obj: Any) -> dict[str, Any]:
+    if isinstance(obj, dict):
+        return dict(obj)
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    if dataclasses.is_dataclass(obj):
+        return dataclasses.asdict(obj)
+    return {"name": str(obj)}

@@ -1,0 +1,234 @@
+"""The `codesearch` Typer app: each command parses options, makes one call into
+`codesearch.api`, and hands the result to `codesearch.cli.render`.
+
+Nothing heavy is imported at module level: `codesearch --help` must start in a blink and a
+lexical query must never import torch, so `codesearch.api` is imported inside the commands.
+Results go to stdout; progress, notices and errors go to stderr.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import click
+import typer
+from typer.core import TyperGroup
+
+from codesearch.errors import CodeSearchError
+
+
+class _Group(TyperGroup):
+    """The one place where a `CodeSearchError` becomes `Error: ...` and exit status 1.
+
+    Sub-groups (`models`) run inside their parent's `invoke`, so catching here covers every
+    command, under `CliRunner` as well as from the console script. Anything else is a bug
+    and keeps its traceback.
+    """
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CodeSearchError as exc:
+            click.echo(f"Error: {exc}", err=True)
+            raise click.exceptions.Exit(1) from None
+
+
+app = typer.Typer(
+    cls=_Group,
+    name="codesearch",
+    help="Semantic code search and RAG retrieval over whole repositories.",
+    epilog="Example: codesearch index . && codesearch query 'where do we retry failed requests'",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+models_app = typer.Typer(
+    cls=_Group,
+    help="List, download and inspect encoder models.",
+    epilog="Example: codesearch models info lightonai/LateOn-Code-edge",
+    no_args_is_help=True,
+)
+app.add_typer(models_app, name="models")
+
+
+class Mode(str, Enum):
+    hybrid = "hybrid"
+    lexical = "lexical"
+    dense = "dense"
+    colbert = "colbert"
+
+
+class Device(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+def _model_option(value: Optional[str]) -> Any:
+    """`None` (option not given) -> the default model; "none" -> no model (disabled)."""
+    from codesearch.api import DEFAULT
+
+    if value is None:
+        return DEFAULT
+    return None if value.strip().lower() == "none" else value
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "m": 1024**2, "mb": 1024**2, "g": 1024**3, "gb": 1024**3}
+
+
+def _parse_size(value: str) -> int:
+    """'1000000', '500k', '2MB' -> bytes; anything else is a usage error (exit 2)."""
+    text = value.strip().lower()
+    number = text.rstrip("kmgb")
+    unit = text[len(number) :]
+    try:
+        size = int(float(number) * _SIZE_UNITS[unit])
+    except (ValueError, KeyError):
+        raise typer.BadParameter(f"{value!r} is not a size; use bytes or a suffix: 500k, 2MB") from None
+    if size <= 0:
+        raise typer.BadParameter(f"{value!r} must be positive")
+    return size
+
+
+PathArg = Annotated[
+    Path, typer.Argument(help="Repository folder.", show_default=True)
+]
+IndexDirOpt = Annotated[
+    Optional[Path],
+    typer.Option("--index-dir", help="Where the index lives (default: PATH/.codesearch)."),
+]
+
+
+@app.command(epilog="Example: codesearch index ./repo --model none --exclude 'tests/**'")
+def index(
+    path: PathArg = Path("."),
+    model: Annotated[Optional[str], typer.Option(help="Dense model: hub id or local folder; 'none' disables.", show_default="gte-modernbert-base")] = None,
+    multi_model: Annotated[Optional[str], typer.Option("--multi-model", help="ColBERT model: hub id or local folder; 'none' disables.", show_default="LateOn-Code-edge")] = None,
+    device: Annotated[Device, typer.Option(help="Where the encoder runs.")] = Device.auto,
+    index_dir: IndexDirOpt = None,
+    rebuild: Annotated[bool, typer.Option("--rebuild", help="Drop the index and build it again.")] = False,
+    include: Annotated[Optional[list[str]], typer.Option("--include", help="Only index files matching GLOB (repeatable).", metavar="GLOB")] = None,
+    exclude: Annotated[Optional[list[str]], typer.Option("--exclude", help="Skip files matching GLOB (repeatable).", metavar="GLOB")] = None,
+    max_file_size: Annotated[str, typer.Option("--max-file-size", help="Skip files larger than this (bytes, or 500k, 2MB).")] = "1MB",
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar, no summary.")] = False,
+) -> None:
+    """Index a repository (incremental: unchanged files cost a stat)."""
+    from codesearch.api import CodeSearch
+    from codesearch.cli import render
+
+    size = _parse_size(max_file_size)
+    with CodeSearch(path, index_dir=index_dir, model=_model_option(model), multi_model=_model_option(multi_model),
+                    device=device.value, include=tuple(include or ()), exclude=tuple(exclude or ()),
+                    max_file_bytes=size) as cs:
+        with render.IndexProgress(enabled=not quiet) as progress:
+            summary = cs.index(rebuild=rebuild, progress=progress)
+    if not quiet:
+        render.index_summary(summary)
+
+
+@app.command("query", epilog="Example: codesearch query 'parse the config file' -p ./repo -k 5 --mode lexical --json")
+def query_command(
+    query: Annotated[str, typer.Argument(help="What to look for, in words or code.")],
+    path: Annotated[Optional[Path], typer.Option("--path", "-p", help="Indexed repository (default: nearest indexed parent of the current folder).")] = None,
+    top_k: Annotated[int, typer.Option("--top-k", "-k", min=1, help="How many results.")] = 10,
+    mode: Annotated[Mode, typer.Option(help="Which indexes rank the results.")] = Mode.hybrid,
+    lang: Annotated[Optional[str], typer.Option("--lang", help="Only this language (python, go, ...).")] = None,
+    glob: Annotated[Optional[str], typer.Option("--glob", help="Only paths matching this glob.")] = None,
+    context: Annotated[int, typer.Option("--context", "-C", min=0, help="Extra lines around each snippet.")] = 0,
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+    jsonl_out: Annotated[bool, typer.Option("--jsonl", help="One JSON hit per line on stdout.")] = False,
+    files_only: Annotated[bool, typer.Option("--files-only", "-l", help="Only the matching files, best first.")] = False,
+    no_refresh: Annotated[bool, typer.Option("--no-refresh", help="Do not update a stale index first.")] = False,
+    index_dir: IndexDirOpt = None,
+) -> None:
+    """Search an indexed repository."""
+    from codesearch.api import CodeSearch, find_index_root
+    from codesearch.cli import render
+
+    if json_out and jsonl_out:
+        raise typer.BadParameter("use --json or --jsonl, not both", param_hint="--json/--jsonl")
+    root = path if path is not None or index_dir is not None else find_index_root(Path.cwd())
+    with CodeSearch(root or Path("."), index_dir=index_dir) as cs:
+        result = cs.query(query, top_k, mode=mode.value, language=lang, glob=glob,
+                          files_only=files_only, refresh=not no_refresh)
+        if context:
+            result = cs.with_context(result, context)
+    render.notices(result.notices)
+    render.search_result(result, as_json=json_out, as_jsonl=jsonl_out, files_only=files_only)
+
+
+@app.command(epilog="Example: codesearch status ./repo --json")
+def status(
+    path: PathArg = Path("."),
+    index_dir: IndexDirOpt = None,
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+) -> None:
+    """Show what is indexed, with which models, how stale it is and its size on disk."""
+    from codesearch.api import CodeSearch
+    from codesearch.cli import render
+
+    with CodeSearch(path, index_dir=index_dir) as cs:
+        info = cs.status()
+    render.index_status(info, as_json=json_out)
+
+
+@models_app.command("list", epilog="Example: codesearch models list --json")
+def models_list(
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+) -> None:
+    """List the models in the local cache (and the defaults)."""
+    from codesearch import api
+    from codesearch.cli import render
+
+    render.model_list(api.list_models(), as_json=json_out)
+
+
+@models_app.command("pull", epilog="Example: codesearch models pull lightonai/LateOn-Code-edge")
+def models_pull(
+    name: Annotated[str, typer.Argument(help="Hugging Face hub id.")],
+) -> None:
+    """Download a model into the local cache (needs the network once)."""
+    from codesearch import api
+
+    path = api.pull_model(name)
+    typer.echo(str(path))
+
+
+@models_app.command("info", epilog="Example: codesearch models info ./my-checkpoint --json")
+def models_info(
+    name: Annotated[str, typer.Argument(help="Hub id or local checkpoint folder.")],
+    device: Annotated[Device, typer.Option(help="Where to load it.")] = Device.cpu,
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+) -> None:
+    """Load a model and show its details: dims, multivector, max length, identity."""
+    from codesearch import api
+    from codesearch.cli import render
+
+    render.model_info(api.model_info(name, device=device.value), as_json=json_out)
+
+
+def _register_serve() -> None:
+    """Add `codesearch serve` once the server's CLI module exists (helper G's file).
+
+    It may register itself on `app` when imported (`@app.command()`), or expose a plain
+    `serve` function for us to register; both work. A real error inside it is not hidden.
+    """
+    if importlib.util.find_spec("codesearch.cli.serve") is None:
+        return
+    module = importlib.import_module("codesearch.cli.serve")
+    registered = {info.name or getattr(info.callback, "__name__", "") for info in app.registered_commands}
+    if "serve" not in registered and callable(getattr(module, "serve", None)):
+        app.command("serve")(module.serve)
+
+
+_register_serve()
+
+
+def run() -> None:
+    """Run the app as the console script does (exit status: 0 ok, 1 user error, 2 usage)."""
+    app(prog_name="codesearch")

@@ -1,0 +1,285 @@
+"""How CLI results look: rich tables and syntax highlighting on a terminal, plain text or
+JSON otherwise. Results go to stdout; progress, summaries and notices go to stderr.
+
+Consoles are created per call (not at import time) so that CliRunner's captured streams and
+a changed `sys.stdout` are honoured.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+
+def stdout() -> Console:
+    # soft_wrap: long paths and JSON are printed as they are, never folded at 80 columns.
+    return Console(file=sys.stdout, soft_wrap=True, highlight=False)
+
+
+def stderr() -> Console:
+    return Console(file=sys.stderr, soft_wrap=True, highlight=False)
+
+
+def write_json(doc: Any) -> None:
+    sys.stdout.write(json.dumps(doc, ensure_ascii=False, indent=2) + "\n")
+
+
+def notices(lines: list[str]) -> None:
+    """Notices (index refreshed, lexical-only fallback, ...) as one stderr line each."""
+    for line in lines:
+        sys.stderr.write(f"Notice: {line}\n")
+
+
+# -- query -------------------------------------------------------------------------------
+
+
+def search_result(result: Any, *, as_json: bool, as_jsonl: bool, files_only: bool) -> None:
+    """Print a `SearchResult` as JSON, JSON lines, file names, or hits with snippets."""
+    from codesearch.api import SCHEMA_VERSION, hit_document, result_document
+
+    if as_json:
+        write_json(result_document(result))
+        return
+    if as_jsonl:
+        for hit in result.hits:
+            line = {"schema_version": SCHEMA_VERSION, **hit_document(hit)}
+            sys.stdout.write(json.dumps(line, ensure_ascii=False) + "\n")
+        return
+    if files_only:
+        for hit in result.hits:
+            sys.stdout.write(f"{hit.path}\n")
+        return
+    console = stdout()
+    if not console.is_terminal:
+        _plain_hits(result.hits)
+        return
+    root = Path(getattr(result, "root", None) or ".").resolve()
+    for hit in result.hits:
+        _rich_hit(console, hit, root)
+    if not result.hits:
+        sys.stderr.write("No results.\n")
+
+
+def _location(hit: Any) -> str:
+    return f"{hit.path}:{hit.start_line}-{hit.end_line}"
+
+
+def _describe(hit: Any) -> str:
+    bits = [f"{hit.score:.4f}"]
+    if hit.symbol:
+        bits.append(f"{hit.symbol} ({hit.kind})" if hit.kind else hit.symbol)
+    elif hit.kind:
+        bits.append(hit.kind)
+    return "  ".join(bits)
+
+
+def _plain_hits(hits: list[Any]) -> None:
+    # Pipes and files get grep-like text: a location line, then the snippet, then a blank.
+    out = sys.stdout
+    for hit in hits:
+        out.write(f"{_location(hit)}  {_describe(hit)}\n")
+        text = hit.text if hit.text.endswith("\n") else hit.text + "\n"
+        out.write(text)
+        out.write("\n")
+
+
+def _rich_hit(console: Console, hit: Any, root: Path) -> None:
+    from rich.syntax import Syntax
+
+    # `path:start-end` is a terminal hyperlink to the file (most terminals open it on click).
+    uri = (root / hit.path).as_uri() if root.is_absolute() else ""
+    location = escape(_location(hit))
+    link = f"[link={uri}]{location}[/link]" if uri else location
+    console.print(f"[bold cyan]{link}[/]  [green]{escape(_describe(hit))}[/]")
+    lexer = hit.language if hit.language and hit.language != "text" else "text"
+    console.print(
+        Syntax(
+            hit.text.rstrip("\n"),
+            lexer,
+            line_numbers=True,
+            start_line=hit.start_line,
+            word_wrap=False,
+            background_color="default",
+        )
+    )
+    console.print()
+
+
+# -- index -------------------------------------------------------------------------------
+
+
+class IndexProgress:
+    """A rich progress bar on stderr fed with the pipeline's `ProgressEvent`s.
+
+    Silent when disabled (``--quiet``) or when stderr is not a terminal. Use as a context
+    manager and pass the object itself as the ``progress`` callback.
+    """
+
+    def __init__(self, *, enabled: bool = True) -> None:
+        self.enabled = enabled and sys.stderr.isatty()
+        self._progress: Any = None
+        self._task: Any = None
+        self._start = time.perf_counter()
+
+    def __enter__(self) -> IndexProgress:
+        if self.enabled:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            self._progress = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("files  {task.fields[chunks]} chunks  {task.fields[rate]} tok/s"),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=stderr(),
+                transient=True,
+            )
+            self._progress.__enter__()
+            self._task = self._progress.add_task("indexing", total=None, chunks=0, rate="-")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+            self._progress = None
+
+    def __call__(self, event: Any) -> None:
+        if self._progress is None:
+            return
+        elapsed = max(time.perf_counter() - self._start, 1e-6)
+        tokens = getattr(event, "tokens_done", 0) or 0
+        self._progress.update(
+            self._task,
+            description=getattr(event, "stage", "indexing"),
+            completed=getattr(event, "files_done", 0),
+            total=getattr(event, "files_total", None) or None,
+            chunks=getattr(event, "chunks_done", 0),
+            rate=f"{tokens / elapsed:,.0f}" if tokens else "-",
+        )
+
+
+def index_summary(summary: Any) -> None:
+    """The summary table of an index run, on stderr."""
+    d = summary.to_dict() if hasattr(summary, "to_dict") else dict(vars(summary))
+    table = Table(title="codesearch index", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in d.items():
+        if key == "notices":
+            continue
+        table.add_row(key.replace("_", " "), _cell(value))
+    console = stderr()
+    console.print(table)
+    notices(list(d.get("notices", [])))
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.2f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {_cell(v)}" for k, v in value.items()) or "-"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value)) or "-"
+    return escape("-" if value is None else str(value))
+
+
+# -- status ------------------------------------------------------------------------------
+
+
+def index_status(info: Any, *, as_json: bool) -> None:
+    """`codesearch status`: a two-column table, or the JSON document."""
+    doc = info.to_dict()
+    if as_json:
+        write_json(doc)
+        return
+    if not info.indexed:
+        sys.stdout.write(f"{info.root}: not indexed (run 'codesearch index {info.root}')\n")
+        return
+    rows = [
+        ("root", info.root),
+        ("index", info.index_dir),
+        ("files", _cell(info.files)),
+        ("chunks", _cell(info.chunks)),
+        ("languages", _cell(info.languages)),
+        ("dense model", info.models.get("dense") or "none"),
+        ("multi-vector model", info.models.get("multi") or "none"),
+        ("stale", _cell(info.stale) if info.is_stale else "up to date"),
+        ("size on disk", ", ".join(f"{k}: {_bytes(v)}" for k, v in info.disk_bytes.items())),
+    ]
+    _key_values(rows)
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)  # pragma: no cover
+
+
+def _key_values(rows: list[tuple[str, str]]) -> None:
+    console = stdout()
+    if console.is_terminal:
+        table = Table(show_header=False, box=None)
+        table.add_column(style="bold")
+        table.add_column()
+        for key, value in rows:
+            table.add_row(key, escape(str(value)))
+        console.print(table)
+    else:
+        for key, value in rows:
+            sys.stdout.write(f"{key}: {value}\n")
+
+
+# -- models ------------------------------------------------------------------------------
+
+
+def model_list(rows: list[dict[str, Any]], *, as_json: bool) -> None:
+    if as_json:
+        write_json({"schema_version": 1, "models": rows})
+        return
+    console = stdout()
+    columns = ["name", "role", "cached", "size_bytes", "path"]
+    if console.is_terminal:
+        table = Table(*columns)
+        for row in rows:
+            table.add_row(*(escape(_model_cell(row, c)) for c in columns))
+        console.print(table)
+    else:
+        for row in rows:
+            sys.stdout.write("\t".join(_model_cell(row, c) for c in columns) + "\n")
+
+
+def _model_cell(row: dict[str, Any], column: str) -> str:
+    value = row.get(column, True if column == "cached" else "")
+    if column == "size_bytes" and isinstance(value, int):
+        return _bytes(value)
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return "" if value is None else str(value)
+
+
+def model_info(info: Any, *, as_json: bool) -> None:
+    doc = info.to_dict()
+    if as_json:
+        write_json({"schema_version": 1, **doc})
+        return
+    _key_values([(k.replace("_", " "), str(v)) for k, v in doc.items()])
