@@ -1,0 +1,38 @@
+"""Retriever adapters for RAG frameworks, each behind its own optional extra.
+
+- `codesearch.integrations.langchain.CodeSearchRetriever` (``pip install "codesearch[langchain]"``)
+- `codesearch.integrations.llamaindex.CodeSearchRetriever` (``pip install "codesearch[llamaindex]"``)
+
+Both wrap a `codesearch.CodeSearch` and put the same metadata on every result (see
+`hit_metadata`), so a prompt can cite ``path:start-end`` whichever framework built it.
+They live in their own sub-package, away from `codesearch.api`, so that importing the core
+never imports a framework and a missing framework fails only where it is used.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from codesearch.errors import MissingDependencyError
+
+
+def hit_metadata(hit: Any) -> dict[str, Any]:
+    """The metadata every adapter attaches to a hit: where it is and how it scored."""
+    return {
+        "path": hit.path,
+        "start_line": hit.start_line,
+        "end_line": hit.end_line,
+        "score": float(hit.score),
+        "language": hit.language,
+        "symbol": hit.symbol,
+        "kind": hit.kind,
+        "source": f"{hit.path}:{hit.start_line}-{hit.end_line}",
+    }
+
+
+def missing(extra: str, module: str) -> MissingDependencyError:
+    """The error raised when an adapter's framework is not installed."""
+    return MissingDependencyError(
+        f"the {extra} retriever needs {module!r}, which is not installed "
+        f'(pip install "codesearch[{extra}]")'
+    )
