@@ -14,7 +14,6 @@ from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
-import click
 import typer
 from typer.core import TyperGroup
 
@@ -29,12 +28,12 @@ class _Group(TyperGroup):
     and keeps its traceback.
     """
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: typer.Context) -> Any:  # type: ignore[override]
         try:
             return super().invoke(ctx)
         except CodeSearchError as exc:
-            click.echo(f"Error: {exc}", err=True)
-            raise click.exceptions.Exit(1) from None
+            typer.echo(f"Error: {exc}", err=True)
+            raise typer.Exit(1) from None
 
 
 app = typer.Typer(
@@ -118,10 +117,10 @@ def index(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar, no summary.")] = False,
 ) -> None:
     """Index a repository (incremental: unchanged files cost a stat)."""
+    size = _parse_size(max_file_size)
     from codesearch.api import CodeSearch
     from codesearch.cli import render
 
-    size = _parse_size(max_file_size)
     with CodeSearch(path, index_dir=index_dir, model=_model_option(model), multi_model=_model_option(multi_model),
                     device=device.value, include=tuple(include or ()), exclude=tuple(exclude or ()),
                     max_file_bytes=size) as cs:
@@ -147,11 +146,11 @@ def query_command(
     index_dir: IndexDirOpt = None,
 ) -> None:
     """Search an indexed repository."""
+    if json_out and jsonl_out:
+        raise typer.BadParameter("use --json or --jsonl, not both", param_hint="--json/--jsonl")
     from codesearch.api import CodeSearch, find_index_root
     from codesearch.cli import render
 
-    if json_out and jsonl_out:
-        raise typer.BadParameter("use --json or --jsonl, not both", param_hint="--json/--jsonl")
     root = path if path is not None or index_dir is not None else find_index_root(Path.cwd())
     with CodeSearch(root or Path("."), index_dir=index_dir) as cs:
         result = cs.query(query, top_k, mode=mode.value, language=lang, glob=glob,
