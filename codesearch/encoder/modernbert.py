@@ -1,0 +1,367 @@
+"""ModernBERT, written to be read top to bottom.
+
+The model of Warner et al. (2024), "Smarter, Better, Faster, Longer: A Modern Bidirectional
+Encoder", as the Hugging Face checkpoints lay it out, in the order a reader of the paper meets
+it: config, embeddings, rotary positions, attention, GeGLU MLP, pre-norm layer, model.
+
+Everything runs on one packed token stream (no padding): a batch of sequences is a single
+``(total_tokens, hidden)`` tensor plus ``cu_seqlens``, the offsets where each sequence starts.
+Embeddings, projections, MLPs and norms are per-token, so they never see a pad token; only
+attention needs to know where sequences begin and end, and that is the job of the backend
+chosen once at load time (``attention.py``). Device, dtype and batching belong to
+``runtime.py``; this file only describes the network.
+
+Weight names are the checkpoint's own (``embeddings.tok_embeddings``, ``layers.N.attn.Wqkv``,
+``mlp.Wi``, ``final_norm`` ...), so loading is a dict copy with shape checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from codesearch.errors import CheckpointError
+
+GLOBAL, LOCAL = "global", "local"
+
+# `hidden_activation` values seen in ModernBERT configs -> the function they name.
+ACTIVATIONS = {
+    "gelu": lambda x: F.gelu(x),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_fast": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu,
+    "swish": F.silu,
+    "relu": F.relu,
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Config
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModernBertConfig:
+    """Architecture hyper-parameters; nothing about device, dtype or batching."""
+
+    vocab_size: int  # rows of the token embedding table
+    hidden_size: int  # width of the residual stream
+    intermediate_size: int  # width of the GeGLU hidden layer (Wi produces twice this)
+    num_layers: int  # transformer layers
+    num_heads: int  # attention heads; head_dim = hidden_size // num_heads
+    max_position_embeddings: int  # longest sequence the rotary tables cover (8192)
+    layer_types: tuple[str, ...]  # GLOBAL or LOCAL per layer
+    local_attention: int = 128  # local window width; a token sees |i - j| <= local_attention // 2
+    global_rope_theta: float = 160_000.0  # rotary base on global layers
+    local_rope_theta: float = 10_000.0  # rotary base on local layers
+    norm_eps: float = 1e-5  # LayerNorm epsilon
+    norm_bias: bool = False  # LayerNorms carry a bias (False in released checkpoints)
+    attention_bias: bool = False  # Wqkv / Wo carry a bias
+    mlp_bias: bool = False  # Wi / Wo carry a bias
+    activation: str = "gelu"  # GeGLU gate activation, a key of ACTIVATIONS
+    pad_token_id: int | None = None  # only used by the padded reference paths
+    model_type: str = "modernbert"
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def window(self) -> int:
+        """Tokens seen on each side by a local layer (inclusive): 64 for local_attention=128."""
+        return self.local_attention // 2
+
+    @classmethod
+    def from_hf_dict(cls, d: dict[str, Any]) -> ModernBertConfig:
+        """Read a checkpoint's ``config.json`` in either the legacy or the newer form.
+
+        Legacy: ``global_attn_every_n_layers``, ``global_rope_theta``, ``local_rope_theta``.
+        Newer (transformers >= 5): ``layer_types`` (``full_attention``/``sliding_attention``)
+        and ``rope_parameters`` keyed by those names. Unknown keys are ignored.
+
+        Raises
+        ------
+        CheckpointError
+            A required key is missing or a value is inconsistent.
+        """
+        try:
+            num_layers = int(d["num_hidden_layers"])
+            hidden = int(d["hidden_size"])
+            heads = int(d["num_attention_heads"])
+            cfg_kw = dict(
+                vocab_size=int(d["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(d["intermediate_size"]),
+                num_layers=num_layers,
+                num_heads=heads,
+                max_position_embeddings=int(d.get("max_position_embeddings", 8192)),
+                local_attention=int(d.get("local_attention", 128)),
+                norm_eps=float(d.get("norm_eps", 1e-5)),
+                norm_bias=bool(d.get("norm_bias", False)),
+                attention_bias=bool(d.get("attention_bias", False)),
+                mlp_bias=bool(d.get("mlp_bias", False)),
+                activation=str(d.get("hidden_activation", "gelu")),
+                pad_token_id=d.get("pad_token_id"),
+            )
+        except KeyError as e:
+            raise CheckpointError(
+                f"config.json has no {e.args[0]!r}; it is not a ModernBERT config "
+                "(re-download the checkpoint or pass a ModernBERT model directory)"
+            ) from None
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"config.json has a malformed value ({e}); fix or re-download it") from None
+
+        types = d.get("layer_types")
+        if types is not None:
+            names = {"full_attention": GLOBAL, "sliding_attention": LOCAL, GLOBAL: GLOBAL, LOCAL: LOCAL}
+            if len(types) != num_layers or any(t not in names for t in types):
+                raise CheckpointError(
+                    f"config.json layer_types {types!r} must list {num_layers} entries of "
+                    "'full_attention' or 'sliding_attention'"
+                )
+            layer_types = tuple(names[t] for t in types)
+        else:
+            every = int(d.get("global_attn_every_n_layers", 3))
+            if every < 1:
+                raise CheckpointError(f"config.json global_attn_every_n_layers={every} must be >= 1")
+            layer_types = tuple(GLOBAL if i % every == 0 else LOCAL for i in range(num_layers))
+
+        rope = d.get("rope_parameters") or {}
+        g_theta = d.get("global_rope_theta", (rope.get("full_attention") or {}).get("rope_theta", 160_000.0))
+        l_theta = d.get("local_rope_theta", (rope.get("sliding_attention") or {}).get("rope_theta", 10_000.0))
+        for kind in ("full_attention", "sliding_attention"):
+            rope_type = (rope.get(kind) or {}).get("rope_type", "default")
+            if rope_type != "default":
+                raise CheckpointError(
+                    f"config.json rope_parameters[{kind!r}] uses rope_type {rope_type!r}; only "
+                    "'default' is supported (use a checkpoint without RoPE scaling)"
+                )
+        if d.get("rope_scaling"):
+            raise CheckpointError("config.json sets rope_scaling; only unscaled RoPE is supported")
+        cfg_kw.update(layer_types=layer_types, global_rope_theta=float(g_theta), local_rope_theta=float(l_theta))
+
+        if hidden <= 0 or heads <= 0 or hidden % heads:
+            raise CheckpointError(
+                f"config.json hidden_size={hidden} is not a multiple of num_attention_heads={heads}"
+            )
+        if (hidden // heads) % 2:
+            raise CheckpointError(f"config.json head size {hidden // heads} must be even for RoPE")
+        if cfg_kw["local_attention"] < 2:
+            raise CheckpointError(f"config.json local_attention={cfg_kw['local_attention']} must be >= 2")
+        if cfg_kw["activation"] not in ACTIVATIONS:
+            raise CheckpointError(
+                f"config.json hidden_activation {cfg_kw['activation']!r} is not one of {sorted(ACTIVATIONS)}"
+            )
+        return cls(**cfg_kw)
+
+
+# --------------------------------------------------------------------------------------------
+# A packed batch: the only input the model takes
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PackedBatch:
+    """Sequences laid end to end in one stream.
+
+    ``n_keys`` (optional, one per sequence) limits which tokens other tokens may attend to:
+    only the first ``n_keys[i]`` tokens of sequence ``i`` are keys, the rest only ask. That is
+    ColBERT query expansion with ``attend_to_expansion_tokens=False``: the [MASK] tokens read
+    the query but nobody reads them (PyLate zeroes their attention mask).
+    """
+
+    input_ids: torch.Tensor  # (total_tokens,) int64
+    position_ids: torch.Tensor  # (total_tokens,) int64, restarting at 0 in every sequence
+    cu_seqlens: torch.Tensor  # (batch + 1,) int32 offsets, cu_seqlens[-1] == total_tokens
+    lengths: tuple[int, ...]  # tokens per sequence
+    n_keys: tuple[int, ...] | None = None  # tokens per sequence that may be attended to
+
+    @property
+    def max_seqlen(self) -> int:
+        return max(self.lengths) if self.lengths else 0
+
+    @classmethod
+    def from_ids(
+        cls, ids: list[list[int]], device: torch.device | str = "cpu", n_keys: list[int] | None = None
+    ) -> PackedBatch:
+        """Pack token id lists (each non-empty) into one stream."""
+        lengths = tuple(len(x) for x in ids)
+        assert all(n > 0 for n in lengths), "every sequence needs at least one token"
+        flat = [t for x in ids for t in x]
+        input_ids = torch.tensor(flat, dtype=torch.long)
+        # positions restart at every sequence: arange(total) - start of the token's sequence
+        cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+        cu[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int32), 0)
+        starts = torch.repeat_interleave(cu[:-1].long(), torch.tensor(lengths))
+        position_ids = torch.arange(len(flat)) - starts
+        keys = None
+        if n_keys is not None and any(k != n for k, n in zip(n_keys, lengths)):
+            keys = tuple(int(k) for k in n_keys)
+        return cls(input_ids.to(device), position_ids.to(device), cu.to(device), lengths, keys)
+
+
+# --------------------------------------------------------------------------------------------
+# Embeddings: token lookup and LayerNorm (no absolute positions: RoPE does that)
+# --------------------------------------------------------------------------------------------
+
+
+class Embeddings(nn.Module):
+    def __init__(self, cfg: ModernBertConfig):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.norm_bias)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.tok_embeddings(input_ids))  # (T, hidden)
+
+
+# --------------------------------------------------------------------------------------------
+# Rotary position embedding (Su et al.), "rotate half" layout as in the checkpoints
+# --------------------------------------------------------------------------------------------
+
+
+def rope_tables(theta: float, head_dim: int, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of position * theta^(-2i/d), shape (max_positions, head_dim // 2), fp32.
+
+    Precomputed once per theta and gathered by position id: a packed batch has positions that
+    restart per sequence, so a table lookup is simpler and cheaper than recomputing them.
+    """
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    return freqs.cos(), freqs.sin()
+
+
+def apply_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Rotate q and k of a packed ``(T, 3, heads, head_dim)`` tensor in place.
+
+    With halves x1, x2 of each head: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), the same
+    as ``x * cat(cos, cos) + rotate_half(x) * cat(sin, sin)``. Computed in fp32 (as the
+    reference does) and written back in the stream's dtype; cos/sin are (T, 1, 1, head_dim/2).
+    """
+    half = qkv.shape[-1] // 2
+    qk = qkv[:, :2].float()  # (T, 2, heads, head_dim)
+    x1, x2 = qk[..., :half], qk[..., half:]
+    qkv[:, :2] = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(qkv.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Attention: fused Wqkv, RoPE, then the backend (global or local window), then Wo
+# --------------------------------------------------------------------------------------------
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModernBertConfig, layer: int):
+        super().__init__()
+        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.is_local = cfg.layer_types[layer] == LOCAL
+        self.Wqkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=cfg.attention_bias)
+        self.Wo = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.attention_bias)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], backend, plan) -> torch.Tensor:
+        total = x.shape[0]
+        qkv = self.Wqkv(x).view(total, 3, self.num_heads, self.head_dim)  # (T, 3, heads, head_dim)
+        apply_rope(qkv, *rope)
+        out = backend(qkv, plan, self.is_local)  # (T, heads, head_dim)
+        return self.Wo(out.reshape(total, self.num_heads * self.head_dim))  # (T, hidden)
+
+
+# --------------------------------------------------------------------------------------------
+# MLP: GeGLU, Wi produces [input | gate]; act(input) * gate; Wo back to hidden
+# --------------------------------------------------------------------------------------------
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModernBertConfig):
+        super().__init__()
+        self.act = ACTIVATIONS[cfg.activation]
+        self.Wi = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.Wo = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        inp, gate = self.Wi(x).chunk(2, dim=-1)  # 2 x (T, intermediate)
+        return self.Wo(self.act(inp) * gate)  # (T, hidden)
+
+
+# --------------------------------------------------------------------------------------------
+# Layer: pre-norm residual blocks; layer 0 has no attn_norm (the embedding norm precedes it)
+# --------------------------------------------------------------------------------------------
+
+
+class Layer(nn.Module):
+    def __init__(self, cfg: ModernBertConfig, layer: int):
+        super().__init__()
+        self.attn_norm = (
+            nn.Identity() if layer == 0 else nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.norm_bias)
+        )
+        self.attn = Attention(cfg, layer)
+        self.mlp_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.norm_bias)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, rope, backend, plan) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), rope, backend, plan)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+# --------------------------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------------------------
+
+
+class ModernBert(nn.Module):
+    """The encoder body: ``forward(PackedBatch) -> (total_tokens, hidden)`` last hidden states.
+
+    The attention backend is set once with :meth:`use_backend` (``runtime.py`` does it at
+    load); the forward pass calls through it without testing the device on every call.
+    """
+
+    def __init__(self, cfg: ModernBertConfig):
+        super().__init__()
+        self.config = cfg
+        self.embeddings = Embeddings(cfg)
+        self.layers = nn.ModuleList(Layer(cfg, i) for i in range(cfg.num_layers))
+        self.final_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.norm_bias)
+        self.init_rope()
+        self.backend = None
+
+    def init_rope(self, device: torch.device | str | None = None) -> None:
+        """(Re)build the rotary tables; needed after building the model on the meta device."""
+        cfg = self.config
+        for name, theta in ((GLOBAL, cfg.global_rope_theta), (LOCAL, cfg.local_rope_theta)):
+            cos, sin = rope_tables(theta, cfg.head_dim, cfg.max_position_embeddings)
+            # not weights: rebuilt from the config, never saved or loaded, kept in fp32
+            self.register_buffer(f"{name}_cos", cos.to(device) if device else cos, persistent=False)
+            self.register_buffer(f"{name}_sin", sin.to(device) if device else sin, persistent=False)
+
+    def use_backend(self, backend) -> None:
+        """Attach the attention backend (an object from ``attention.BACKENDS``)."""
+        self.backend = backend
+
+    def _rope(self, kind: str, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos = getattr(self, f"{kind}_cos")[position_ids]  # (T, head_dim/2)
+        sin = getattr(self, f"{kind}_sin")[position_ids]
+        return cos[:, None, None, :], sin[:, None, None, :]  # (T, 1, 1, head_dim/2)
+
+    def forward(self, batch: PackedBatch) -> torch.Tensor:
+        assert self.backend is not None, "call use_backend() first"
+        if int(batch.position_ids.max()) >= self.config.max_position_embeddings:
+            raise ValueError(
+                f"a sequence is longer than max_position_embeddings={self.config.max_position_embeddings}"
+            )
+        plan = self.backend.plan(batch, self.config.window)
+        ropes = {kind: self._rope(kind, batch.position_ids) for kind in (GLOBAL, LOCAL)}
+        x = self.embeddings(batch.input_ids)  # (T, hidden)
+        for layer, kind in zip(self.layers, self.config.layer_types):
+            x = layer(x, ropes[kind], self.backend, plan)
+        return self.final_norm(x)  # (T, hidden)
+
+
+def expected_shapes(cfg: ModernBertConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor a checkpoint must provide, by its checkpoint name, with its shape."""
+    with torch.device("meta"):  # shapes only: no memory, no random init
+        model = ModernBert(cfg)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
