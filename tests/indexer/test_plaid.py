@@ -1,0 +1,251 @@
+"""PlaidIndex against brute-force MaxSim on clustered token vectors shaped like ColBERT output."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from codesearch.errors import IndexCorruptError
+from codesearch.indexer.plaid import PlaidIndex, ResidualCodec, maxsim_search
+
+DIM = 32
+N_TOPICS = 60
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float32)
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def corpus(n_docs: int = 300, *, seed: int = 0, topics: np.ndarray | None = None):
+    """Documents of 10-50 tokens, each drawn around 3 of N_TOPICS topic directions."""
+    rng = np.random.default_rng(seed)
+    if topics is None:
+        topics = np.random.default_rng(1234).standard_normal((N_TOPICS, DIM))
+    docs = []
+    for _ in range(n_docs):
+        n = int(rng.integers(10, 50))
+        picked = rng.choice(rng.integers(0, len(topics), 3), n)
+        docs.append(_unit(topics[picked] + 0.5 * rng.standard_normal((n, DIM))))
+    return docs
+
+
+def queries_for(docs, n: int = 40, *, seed: int = 1):
+    """8-token queries made of noisy tokens of one target document each."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in rng.integers(0, len(docs), n):
+        d = docs[i]
+        out.append(_unit(d[rng.choice(len(d), 8)] + 0.3 * rng.standard_normal((8, DIM))))
+    return out
+
+
+def oracle(queries, ids, docs, k):
+    """Brute-force MaxSim written out longhand, independent of the index code."""
+    out = []
+    for q in queries:
+        scores = np.array([(q @ d.T).max(axis=1).sum() for d in docs], dtype=np.float32)
+        order = np.argsort(-scores, kind="stable")[:k]
+        out.append((ids[order], scores[order]))
+    return out
+
+
+def recall(results, truth, k: int = 10) -> float:
+    return float(np.mean([len(set(r[0][:k].tolist()) & set(t[0][:k].tolist())) / k for r, t in zip(results, truth)]))
+
+
+IDS = np.arange(1000, 1300, dtype=np.int64)
+
+
+@pytest.fixture(scope="module")
+def docs():
+    return corpus()
+
+
+@pytest.fixture(scope="module")
+def queries(docs):
+    return queries_for(docs)
+
+
+@pytest.fixture(scope="module")
+def truth(docs, queries):
+    return oracle(queries, IDS, docs, 10)
+
+
+def make(kind: str, docs, nbits: int = 4) -> PlaidIndex:
+    index = PlaidIndex(DIM, nbits=nbits, mode=kind)
+    index.add(IDS[: len(docs)], docs)
+    assert index.kind == kind
+    return index
+
+
+def test_oracle_agrees_with_library_brute_force(docs, queries, truth):
+    got = maxsim_search(queries, IDS, docs, 10)
+    for (a_ids, a_scores), (b_ids, b_scores) in zip(got, truth):
+        np.testing.assert_array_equal(a_ids, b_ids)
+        np.testing.assert_allclose(a_scores, b_scores, rtol=1e-5)
+
+
+def test_exact_path_matches_brute_force(docs, queries, truth):
+    results = make("exact", docs).search(queries, 10)
+    # float16 storage moves scores by ~1e-3: same top 10 in nearly all places.
+    assert recall(results, truth) >= 0.98
+    for (_, got), (_, want) in zip(results, truth):
+        np.testing.assert_allclose(got, want, atol=2e-2)
+
+
+@pytest.mark.parametrize(("nbits", "bound"), [(4, 0.9), (2, 0.8)])
+def test_plaid_recall_at_10_vs_exact_maxsim(docs, queries, truth, nbits, bound):
+    index = make("plaid", docs, nbits)
+    assert recall(index.search(queries, 10), truth) >= bound
+
+
+def test_auto_mode_switches_at_token_threshold_and_override_holds(docs):
+    n_tokens = sum(len(d) for d in docs)
+    auto = PlaidIndex(DIM, exact_threshold=n_tokens // 2)
+    auto.add(IDS[:100], docs[:100])
+    assert auto.kind == "exact"
+    auto.add(IDS[100:], docs[100:])
+    assert auto.kind == "plaid" and len(auto) == len(IDS) and auto.n_tokens == n_tokens
+    forced = PlaidIndex(DIM, exact_threshold=n_tokens // 2, mode="exact")
+    forced.add(IDS, docs)
+    assert forced.kind == "exact"
+
+
+@pytest.mark.parametrize("kind", ["exact", "plaid"])
+def test_removed_ids_never_come_back(docs, kind):
+    index = make(kind, docs)
+    gone = IDS[::2]
+    index.remove(gone)  # half the tokens: compaction runs on the way
+    assert len(index) == len(IDS) - len(gone)
+    assert not np.isin(index.ids(), gone).any()
+    # Query with the removed documents' own tokens: the strongest pull towards them.
+    for got_ids, _ in index.search([d[:8] for d in docs[::2][:30]], 20):
+        assert len(got_ids) and not np.isin(got_ids, gone).any()
+    index.remove(np.array([-1, 10**12]))  # unknown ids: no-op
+    assert len(index) == len(IDS) - len(gone)
+
+
+@pytest.mark.parametrize("kind", ["exact", "plaid"])
+def test_docs_added_after_build_are_found_without_rebuild(docs, kind):
+    index = make(kind, docs[:250])
+    codec = index._codec
+    new_ids = IDS[250:]
+    index.add(new_ids, docs[250:])
+    assert index._codec is codec  # same centroids and buckets, no retraining
+    top1 = [int(r[0][0]) for r in index.search([d[:10] for d in docs[250:]], 1)]
+    assert np.mean(np.array(top1) == new_ids) >= 0.9
+    # Upsert: re-adding an id replaces the document.
+    index.add(new_ids[:1], [docs[0]])
+    assert len(index) == 300
+    assert int(index.search([docs[0]], 2)[0][0][:2].tolist().count(int(new_ids[0]))) == 1
+
+
+def test_needs_rebuild_tracks_drift_and_rebuild_clears_it(docs):
+    index = make("plaid", docs[:200])
+    index.add(IDS[200:250], docs[200:250])  # same distribution
+    assert not index.needs_rebuild
+    assert index.added_error == pytest.approx(index.build_error, rel=0.2)
+    # Documents around topics the centroids never saw.
+    shifted = corpus(50, seed=7, topics=np.random.default_rng(99).standard_normal((N_TOPICS, DIM)))
+    index.add(np.arange(5000, 5050), shifted)
+    assert index.needs_rebuild
+    index.rebuild(np.arange(5000, 5050), shifted)  # originals for the new ones
+    assert not index.needs_rebuild and len(index) == 300 and index.kind == "plaid"
+    found = [int(r[0][0]) for r in index.search([d[:10] for d in shifted], 1)]
+    assert np.mean(np.array(found) == np.arange(5000, 5050)) >= 0.9
+
+
+def test_rebuild_of_small_auto_index_goes_back_to_exact(docs):
+    index = PlaidIndex(DIM, exact_threshold=1000)
+    index.add(IDS[:100], docs[:100])
+    assert index.kind == "plaid"
+    index.remove(IDS[20:100])
+    index.rebuild()
+    assert index.kind == "exact" and sorted(index.ids().tolist()) == IDS[:20].tolist()
+
+
+@pytest.mark.parametrize("kind", ["exact", "plaid"])
+@pytest.mark.parametrize("target", ["plaid", "plaid_index.npz"])
+def test_save_load_round_trip_gives_identical_results(docs, queries, tmp_path, kind, target):
+    index = make(kind, docs)
+    index.remove(IDS[:5])
+    before = index.search(queries, 10)
+    index.save(tmp_path / target)
+    loaded = PlaidIndex.load(tmp_path / target)
+    assert (loaded.kind, loaded.dim, len(loaded), loaded.n_tokens) == (kind, DIM, len(index), index.n_tokens)
+    for (a_ids, a_scores), (b_ids, b_scores) in zip(before, loaded.search(queries, 10)):
+        np.testing.assert_array_equal(a_ids, b_ids)
+        np.testing.assert_array_equal(a_scores, b_scores)
+    loaded.add(np.array([9999]), [docs[0]])  # still writable, with the same codec
+    assert len(loaded) == len(index) + 1
+    assert not any(p.name.startswith(".") for p in tmp_path.rglob("*"))  # no temp left
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip_byte", "garbage", "missing"])
+def test_damaged_file_raises_index_corrupt_naming_rebuild(docs, tmp_path, damage):
+    make("plaid", docs[:100]).save(tmp_path / "plaid")
+    file = tmp_path / "plaid" / "index.npz"
+    data = bytearray(file.read_bytes())
+    if damage == "truncate":
+        file.write_bytes(data[: len(data) // 2])
+    elif damage == "flip_byte":
+        data[len(data) // 3] ^= 0xFF  # inside an array's bytes: the zip CRC catches it
+        file.write_bytes(bytes(data))
+    elif damage == "garbage":
+        file.write_bytes(b"PK\x03\x04 nonsense" * 20)
+    else:
+        file.unlink()
+    with pytest.raises(IndexCorruptError) as err:
+        PlaidIndex.load(tmp_path / "plaid")
+    assert "codesearch index --rebuild" in str(err.value)
+    assert str(file) in str(err.value)
+
+
+@pytest.mark.parametrize("kind", ["exact", "plaid"])
+def test_empty_index_and_k_larger_than_size(docs, kind):
+    empty = PlaidIndex(DIM, mode=kind)
+    assert [len(ids) for ids, _ in empty.search([docs[0]], 5)] == [0]
+    index = make(kind, docs[:30])
+    ids, scores = index.search([docs[3]], 500)[0]
+    if kind == "exact":
+        assert sorted(ids.tolist()) == IDS[:30].tolist()  # every document once
+    else:  # only the candidates the probed centroids reach, each once
+        assert len(set(ids.tolist())) == len(ids) and set(ids.tolist()) <= set(IDS[:30].tolist())
+    assert np.all(np.diff(scores) <= 0) and ids[0] == IDS[3]
+    index.remove(IDS[:30])
+    assert [len(ids) for ids, _ in index.search([docs[0]], 5)] == [0]
+
+
+@pytest.mark.parametrize("dim", [32, 33, 48])
+def test_codec_round_trip_and_4_bits_beat_2_bits(dim):
+    x = _unit(np.random.default_rng(0).standard_normal((2000, dim)))
+    errors = {}
+    for nbits in (2, 4):
+        codec, codes, _ = ResidualCodec.train(x, nbits=nbits, n_centroids=32)
+        codes, packed = codec.compress(x, codes)
+        assert packed.shape == (2000, -(-dim * nbits // 8)) and packed.dtype == np.uint8
+        # Unpacking reproduces the buckets exactly: decode == centroid + weights[bucket].
+        buckets = np.searchsorted(codec.cutoffs, x - codec.centroids[codes], side="right")
+        expected = _unit(codec.centroids[codes] + codec.weights[buckets])
+        np.testing.assert_allclose(codec.decompress(codes, packed), expected, atol=1e-6)
+        errors[nbits] = np.linalg.norm(x - expected, axis=1).mean()
+    assert errors[4] < 0.6 * errors[2]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda ix: ix.add(np.arange(2), [np.zeros((3, DIM), np.float32)]),
+        lambda ix: ix.add(np.array([1, 1]), [np.zeros((3, DIM), np.float32)] * 2),
+        lambda ix: ix.add(np.arange(1), [np.zeros((3, DIM + 1), np.float32)]),
+        lambda ix: ix.search([np.zeros((3, DIM + 1), np.float32)], 3),
+        lambda ix: ix.search([np.zeros((3, DIM), np.float32)], 0),
+        lambda ix: PlaidIndex(DIM, nbits=3),
+        lambda ix: PlaidIndex(DIM, mode="fast"),
+    ],
+    ids=["count_mismatch", "duplicate_ids", "wrong_dim", "query_dim", "k_zero", "nbits", "mode"],
+)
+def test_bad_arguments_raise_value_error(call):
+    with pytest.raises(ValueError):
+        call(PlaidIndex(DIM))
