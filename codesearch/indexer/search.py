@@ -1,0 +1,596 @@
+"""Query time: candidates from every available index, fused, re-ranked for code.
+
+A query is scored against every chunk by a few signals, each normalised to [0, 1]:
+
+- ``lexical``: chunk BM25 (:mod:`codesearch.indexer.lexical`);
+- ``file_lexical``: BM25 of the chunk's whole file (chunk term frequencies summed per
+  file), so a chunk of the file that is *about* the query outranks a stray mention;
+- ``dense`` / ``file_dense``: cosine of the query vector with the chunk vector and with
+  the long-context whole-file vector (when the index has a model);
+- ``colbert``: MaxSim over the multi-vector (PLAID) index;
+- ``path``: share of the query's words found in the file's name and folder;
+- ``symbol``: the query names the chunk's symbol (``Engine`` -> ``type Engine struct``).
+
+The fused score is a weighted sum, multiplied by a demotion for tests, docs, examples and
+benchmarks when the query does not ask for them. Hits are then picked greedily with a
+per-file decay (so the top 10 spans several files), overlapping chunks dropped and a hard
+cap on hits per file. Every weight was chosen on the dev split of the semble benchmark
+(``benchmarks/quality.py``); see BENCHMARKS.md "Search quality" for the ablations.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass, field, replace
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from codesearch.errors import NotIndexedError, QueryError
+from codesearch.indexer.lexical import BM25Matrix, LexicalIndex, query_tokens, split_identifier, _stem
+
+__all__ = ["SearchHit", "SearchResult", "Searcher", "MODES", "RankingParams"]
+
+MODES = ("hybrid", "lexical", "dense", "colbert")
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    """One ranked chunk.
+
+    ``sources`` names the indexes that proposed it (``"lexical"``, ``"dense"``, ...).
+    """
+
+    path: str
+    start_line: int
+    end_line: int
+    score: float
+    language: str
+    symbol: str | None
+    kind: str
+    scope: str | None
+    text: str
+    chunk_id: int
+    sources: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of every field."""
+        return {
+            "path": self.path,
+            "start_line": self.start_line,
+            "end_line": self.end_line,
+            "score": round(float(self.score), 6),
+            "language": self.language,
+            "symbol": self.symbol,
+            "kind": self.kind,
+            "scope": self.scope,
+            "text": self.text,
+            "chunk_id": self.chunk_id,
+            "sources": list(self.sources),
+        }
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The hits of one query, with the indexes used and any notice for the user."""
+
+    query: str
+    mode: str
+    hits: list[SearchHit]
+    indexes_used: tuple[str, ...]
+    notices: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (hits as dicts)."""
+        return {
+            "query": self.query,
+            "mode": self.mode,
+            "hits": [h.to_dict() for h in self.hits],
+            "indexes_used": list(self.indexes_used),
+            "notices": list(self.notices),
+        }
+
+
+@dataclass(frozen=True)
+class RankingParams:
+    """Weights of the ranking signals (defaults chosen on the benchmark's dev split)."""
+
+    w_lexical: float = 1.0  # chunk BM25, max-normalised
+    w_file_lexical: float = 0.6  # whole-file BM25, max-normalised
+    w_dense: float = 1.0  # chunk cosine, min-max over the candidates
+    w_file_dense: float = 0.5  # whole-file cosine, min-max over the candidates
+    w_colbert: float = 1.0  # MaxSim, min-max over the candidates
+    w_path: float = 0.5  # share of query words in the file's name / folder
+    w_symbol: float = 1.0  # the query names the chunk's symbol
+    demote: float = 0.3  # multiplier for tests/docs/examples/benchmarks not asked for
+    file_decay: float = 0.5  # each further hit from one file is multiplied by this
+    max_per_file: int = 3  # hard cap on hits from one file
+    dense_candidates: int = 200  # chunks taken from the dense / colbert indexes
+
+
+# ---- query analysis ---------------------------------------------------------------------
+
+_IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:(?:::|\.|->|\\)[A-Za-z_][A-Za-z0-9_]*)*")
+_CODEY_RE = re.compile(r"[a-z][A-Z]|[A-Z].*[a-z].*[A-Z]|_|::|\.|->|^[A-Z]")
+_TEST_WORDS = frozenset({"test", "tests", "testing", "spec", "specs", "mock", "mocks", "fixture", "fixtures"})
+_DOC_WORDS = frozenset({"doc", "docs", "documentation", "example", "examples", "readme", "tutorial", "sample"})
+_BENCH_WORDS = frozenset({"bench", "benchmark", "benchmarks", "perf"})
+
+_TEST_PATH_RE = re.compile(
+    r"(?:^|/)(?:tests?|__tests__|spec|specs|testing|testdata|test_?utils?)(?:/|$)"
+    r"|(?:^|/)test_[^/]*$|_test\.[a-z]+$|_spec\.[a-z]+$|\.(?:test|spec)\.[a-z]+$"
+    r"|(?:^|/)[^/]*(?:Tests?|Spec|Suite)\.[A-Za-z]+$"
+)
+_DOC_PATH_RE = re.compile(r"(?:^|/)(?:docs?|_?examples?|samples?|tutorials?|docs_src)(?:/|$)|\.(?:md|rst|txt)$")
+_BENCH_PATH_RE = re.compile(r"(?:^|/)(?:bench|benches|benchmarks?)(?:/|$)")
+
+
+@dataclass(frozen=True)
+class _Query:
+    text: str
+    tokens: list[str]  # stemmed, stopwords removed (lexical terms)
+    identifiers: list[str]  # lower-cased identifiers that look like code, or the lone word
+    wants_tests: bool
+    wants_docs: bool
+    wants_bench: bool
+
+
+def _analyse(query: str) -> _Query:
+    words = [w.lower() for w in re.findall(r"[A-Za-z]+", query)]
+    raw = _IDENT_RE.findall(query)
+    single = len(query.split()) == 1
+    idents: list[str] = []
+    for r in raw:
+        if single or _CODEY_RE.search(r):
+            last = re.split(r"::|\.|->|\\", r)[-1]
+            idents.extend({r.lower(), last.lower()})
+    return _Query(
+        text=query,
+        tokens=query_tokens(query),
+        identifiers=list(dict.fromkeys(idents)),
+        wants_tests=any(w in _TEST_WORDS for w in words),
+        wants_docs=any(w in _DOC_WORDS for w in words),
+        wants_bench=any(w in _BENCH_WORDS for w in words),
+    )
+
+
+def _path_tokens(path: str) -> frozenset[str]:
+    """Stemmed words of a file's name and its parent folder ("binding/json.go" -> json, binding)."""
+    p = PurePosixPath(path)
+    parts = [p.stem] + ([p.parent.name] if p.parent.name else [])
+    toks: set[str] = set()
+    for part in parts:
+        for w in re.findall(r"[A-Za-z0-9]+", part):
+            toks.add(_stem(w.lower()))
+            toks.update(_stem(s) for s in split_identifier(w))
+    return frozenset(t for t in toks if len(t) > 1)
+
+
+# ---- corpus: per-chunk metadata as arrays -----------------------------------------------
+
+
+@dataclass
+class _Corpus:
+    """Metadata of every chunk, rows aligned with the lexical index's rows."""
+
+    ids: np.ndarray  # (n,) int64 chunk ids
+    file_idx: np.ndarray  # (n,) int32 index into files
+    start: np.ndarray  # (n,) int32
+    end: np.ndarray  # (n,) int32
+    language: np.ndarray  # (n,) object
+    symbol: list[str | None]  # lower-cased symbol name per chunk
+    files: list[str]  # file paths
+    file_ids: np.ndarray  # (n_files,) int64 store file ids
+    file_kind: np.ndarray  # (n_files,) int8: 0 code, 1 test, 2 doc/example, 3 bench
+    path_tokens: list[frozenset[str]]
+
+    @classmethod
+    def build(cls, rows: list[tuple[int, int, str, int, int, str, str | None]]) -> _Corpus:
+        """From ``(chunk_id, file_id, path, start, end, language, symbol)`` tuples."""
+        file_index: dict[int, int] = {}
+        files: list[str] = []
+        fids: list[int] = []
+        fidx = np.empty(len(rows), dtype=np.int32)
+        for i, (_, file_id, path, *_rest) in enumerate(rows):
+            j = file_index.get(file_id)
+            if j is None:
+                j = file_index[file_id] = len(files)
+                files.append(path)
+                fids.append(file_id)
+            fidx[i] = j
+        kinds = np.array([_file_kind(p) for p in files], dtype=np.int8)
+        return cls(
+            ids=np.array([r[0] for r in rows], dtype=np.int64),
+            file_idx=fidx,
+            start=np.array([r[3] for r in rows], dtype=np.int32),
+            end=np.array([r[4] for r in rows], dtype=np.int32),
+            language=np.array([r[5] for r in rows], dtype=object),
+            symbol=[(r[6] or "").lower() or None for r in rows],
+            files=files,
+            file_ids=np.array(fids, dtype=np.int64),
+            file_kind=kinds,
+            path_tokens=[_path_tokens(p) for p in files],
+        )
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def _file_kind(path: str) -> int:
+    if _TEST_PATH_RE.search(path):
+        return 1
+    if _DOC_PATH_RE.search(path):
+        return 2
+    if _BENCH_PATH_RE.search(path):
+        return 3
+    return 0
+
+
+def _minmax(x: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """Scale the present entries to [0, 1]; absent entries are 0."""
+    out = np.zeros_like(x, dtype=np.float32)
+    if not present.any():
+        return out
+    lo, hi = float(x[present].min()), float(x[present].max())
+    out[present] = (x[present] - lo) / (hi - lo) if hi > lo else 1.0
+    return out
+
+
+def _maxnorm(x: np.ndarray) -> np.ndarray:
+    m = float(x.max()) if len(x) else 0.0
+    return x / m if m > 0 else x
+
+
+# ---- the ranking core (no store, no model: arrays in, rows out) --------------------------
+
+
+class _Ranker:
+    """Fuses the signals over a corpus; shared by :class:`Searcher` and the benchmark."""
+
+    def __init__(self, corpus: _Corpus, lexical: LexicalIndex, params: RankingParams | None = None) -> None:
+        self.corpus = corpus
+        self.lexical = lexical
+        self.params = params or RankingParams()
+        n, nf = len(corpus), len(corpus.files)
+        # Lexical rows -> corpus rows (the corpus is built in lexical order, but a lexical
+        # index may hold ids the store no longer has, or miss some).
+        row_of = {int(i): r for r, i in enumerate(corpus.ids.tolist())}
+        lex_rows = np.array([row_of.get(int(i), -1) for i in lexical.ids.tolist()], dtype=np.int64)
+        ok = lex_rows >= 0
+        self._lex_src = np.flatnonzero(ok)
+        self._lex_dst = lex_rows[ok]
+        # Whole-file term frequencies = chunk rows summed per file: (files x chunks) @ tf.
+        tf = lexical.tf[self._lex_src]
+        g = sp.csr_matrix(
+            (np.ones(len(self._lex_dst), np.float32), (corpus.file_idx[self._lex_dst], np.arange(len(self._lex_dst)))),
+            shape=(nf, len(self._lex_dst)),
+        )
+        self.file_bm25 = BM25Matrix(g @ tf, k1=lexical.k1, b=lexical.b)
+        self._n = n
+        self._row_of = row_of
+
+    def rows_of(self, ids: np.ndarray) -> np.ndarray:
+        return np.array([self._row_of.get(int(i), -1) for i in ids.tolist()], dtype=np.int64)
+
+    def score(
+        self,
+        q: _Query,
+        *,
+        use_lexical: bool,
+        dense: tuple[np.ndarray, np.ndarray] | None = None,
+        file_dense: tuple[np.ndarray, np.ndarray] | None = None,
+        colbert: tuple[np.ndarray, np.ndarray] | None = None,
+        mask: np.ndarray | None = None,
+        params: RankingParams | None = None,
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Fused score per corpus row, and the raw per-source scores (for ``sources``).
+
+        ``dense``/``colbert`` are ``(rows, scores)`` of candidates; ``file_dense`` is
+        ``(file indexes, scores)``.
+        """
+        p = params or self.params
+        c = self.corpus
+        n = self._n
+        total = np.zeros(n, dtype=np.float32)
+        sources: dict[str, np.ndarray] = {}
+        term_ids = [self.lexical._vocab[t] for t in q.tokens if t in self.lexical._vocab]
+        if use_lexical:
+            lex = np.zeros(n, dtype=np.float32)
+            lex[self._lex_dst] = self.lexical.bm25.scores(term_ids)[self._lex_src]
+            sources["lexical"] = lex
+            total += p.w_lexical * _maxnorm(lex)
+            if p.w_file_lexical:
+                flex = _maxnorm(self.file_bm25.scores(term_ids))
+                total += p.w_file_lexical * flex[c.file_idx]
+            if p.w_path and q.tokens:
+                qt = set(q.tokens)
+                share = np.fromiter(
+                    (len(qt & pt) / len(qt) for pt in c.path_tokens), dtype=np.float32, count=len(c.files)
+                )
+                total += p.w_path * share[c.file_idx]
+            if p.w_symbol and q.identifiers:
+                idents = set(q.identifiers)
+                sym = np.fromiter((s in idents for s in c.symbol), dtype=bool, count=n)
+                total += p.w_symbol * sym
+        for name, cand, w in (("dense", dense, p.w_dense), ("colbert", colbert, p.w_colbert)):
+            if cand is None or not len(cand[0]):
+                continue
+            rows, scores = cand
+            keep = rows >= 0
+            raw = np.zeros(n, dtype=np.float32)
+            present = np.zeros(n, dtype=bool)
+            raw[rows[keep]] = scores[keep]
+            present[rows[keep]] = True
+            sources[name] = np.where(present, raw, 0)
+            total += w * _minmax(raw, present)
+        if file_dense is not None and len(file_dense[0]) and p.w_file_dense:
+            fidx, scores = file_dense
+            keep = fidx >= 0
+            raw = np.zeros(len(c.files), dtype=np.float32)
+            present = np.zeros(len(c.files), dtype=bool)
+            raw[fidx[keep]] = scores[keep]
+            present[fidx[keep]] = True
+            total += p.w_file_dense * _minmax(raw, present)[c.file_idx]
+        if p.demote < 1.0:
+            factor = np.ones(4, dtype=np.float32)
+            factor[1] = 1.0 if q.wants_tests else p.demote
+            factor[2] = 1.0 if q.wants_docs else p.demote
+            factor[3] = 1.0 if q.wants_bench else p.demote
+            total *= factor[c.file_kind][c.file_idx]
+        if mask is not None:
+            total = np.where(mask, total, 0.0).astype(np.float32)
+        return total, sources
+
+    def select(
+        self, total: np.ndarray, k: int, *, files_only: bool = False, params: RankingParams | None = None
+    ) -> list[tuple[int, float]]:
+        """Greedy top-k with per-file decay, overlap removal and a per-file cap."""
+        p = params or self.params
+        c = self.corpus
+        pos = np.flatnonzero(total > 0)
+        if not len(pos):
+            return []
+        pool = max(k * 8, 64)
+        if len(pos) > pool:
+            pos = pos[np.argpartition(-total[pos], pool - 1)[:pool]]
+        order = pos[np.lexsort((pos, -total[pos]))]
+        cap = 1 if files_only else p.max_per_file
+        taken: dict[int, list[int]] = {}
+        chosen: list[tuple[float, int]] = []
+        for r in order.tolist():
+            s = float(total[r])
+            # Decay only lowers scores, so once the k-th best beats the next raw score, stop.
+            if len(chosen) >= k and s <= chosen[k - 1][0]:
+                break
+            f = int(c.file_idx[r])
+            prev = taken.setdefault(f, [])
+            if len(prev) >= cap:
+                continue
+            if any(c.start[r] <= c.end[o] and c.start[o] <= c.end[r] for o in prev):
+                continue
+            prev.append(r)
+            chosen.append((s * p.file_decay ** (len(prev) - 1), r))
+            chosen.sort(key=lambda t: -t[0])
+        return [(r, s) for s, r in chosen[:k]]
+
+
+# ---- the searcher -----------------------------------------------------------------------
+
+
+class Searcher:
+    """Searches one index folder; safe to share between threads.
+
+    Parameters
+    ----------
+    index_dir : path
+        The ``.codesearch`` folder (``store.sqlite`` and the derived index files).
+    encoders : pipeline.Encoders, optional
+        Query encoders for the dense and multi-vector indexes; without them only the
+        lexical index is searched (the result's ``notices`` say so).
+
+    Examples
+    --------
+    >>> s = Searcher("repo/.codesearch")                       # doctest: +SKIP
+    >>> for hit in s.search("parse the config file", k=5).hits:  # doctest: +SKIP
+    ...     print(hit.path, hit.start_line, round(hit.score, 3))
+    """
+
+    def __init__(self, index_dir: str | Path, *, encoders: Any = None, params: RankingParams | None = None) -> None:
+        from codesearch.indexer import pipeline  # late: pipeline imports this module's peers
+        from codesearch.indexer.store import Store
+
+        self.index_dir = Path(index_dir)
+        store_path = self.index_dir / "store.sqlite"
+        if not store_path.is_file():
+            raise NotIndexedError(f"no index in {str(self.index_dir)!r} (run 'codesearch index' first)")
+        self._lock = threading.RLock()
+        self._store = Store(store_path, readonly=True)
+        derived = pipeline.load_derived(self.index_dir, self._store)
+        self._encoders = encoders
+        self._dense = _get(derived, "dense", "dense_chunks")
+        self._dense_files = _get(derived, "dense_files")
+        self._plaid = _get(derived, "plaid", "colbert")
+        lexical = _get(derived, "lexical")
+        if lexical is None:
+            lexical = LexicalIndex()
+            lexical.add(*_lexical_inputs(self._store))
+        rows = [
+            (r.id, r.file_id, r.path, r.start_line, r.end_line, r.language, r.symbol)
+            for r in self._store.iter_chunk_records()
+        ]
+        order = {int(i): n for n, i in enumerate(lexical.ids.tolist())}
+        rows.sort(key=lambda r: order.get(r[0], len(order) + r[0]))
+        self._ranker = _Ranker(_Corpus.build(rows), lexical, params)
+        self._file_row = {int(f): j for j, f in enumerate(self._ranker.corpus.file_ids.tolist())}
+
+    # -- public ----------------------------------------------------------------------------
+
+    def search(
+        self,
+        query: str,
+        k: int = 10,
+        *,
+        mode: str = "hybrid",
+        language: str | None = None,
+        glob: str | None = None,
+        files_only: bool = False,
+    ) -> SearchResult:
+        """Rank the index's chunks for ``query``.
+
+        Parameters
+        ----------
+        query : str
+            Words, an identifier, or a piece of code.
+        k : int
+            Number of hits.
+        mode : {"hybrid", "lexical", "dense", "colbert"}
+            ``hybrid`` fuses every index the folder has; the others use one index (plus
+            the code-aware signals), and fail when that index was not built.
+        language, glob : str, optional
+            Keep only chunks of this language / whose path matches this glob
+            (gitignore-style: ``*.py`` matches at any depth, ``src/**/io_*.go``).
+        files_only : bool
+            At most one hit per file.
+
+        Raises
+        ------
+        QueryError
+            Empty query, unknown mode, ``k < 1``, or a mode whose index is missing.
+        """
+        if not query or not query.strip():
+            raise QueryError("the query is empty (pass some words or code to search for)")
+        if mode not in MODES:
+            raise QueryError(f"unknown mode {mode!r} (use one of: {', '.join(MODES)})")
+        if k < 1:
+            raise QueryError(f"k must be at least 1, got {k} (pass k=10 for example)")
+        notices: list[str] = []
+        q = _analyse(query)
+        has_dense = self._dense is not None and len(self._dense) > 0 and self._encoder("dense") is not None
+        has_colbert = self._plaid is not None and len(self._plaid) > 0 and self._encoder("multi") is not None
+        if mode == "dense" and not has_dense:
+            raise QueryError(
+                "this index has no dense vectors (index with a model: 'codesearch index --model PATH_OR_ID')"
+            )
+        if mode == "colbert" and not has_colbert:
+            raise QueryError(
+                "this index has no multi-vector index (index with a ColBERT model: 'codesearch index --multi-model ID')"
+            )
+        use_lex = mode in ("hybrid", "lexical")
+        use_dense = has_dense and mode in ("hybrid", "dense")
+        use_colbert = has_colbert and mode in ("hybrid", "colbert")
+        if mode == "hybrid" and not (has_dense or has_colbert):
+            notices.append("lexical index only: no model vectors in this index (index with a model for semantic search)")
+        mask = self._mask(language, glob)
+        p = self._ranker.params
+        n_cand = max(p.dense_candidates, 4 * k)
+        dense = file_dense = colbert = None
+        used: list[str] = ["lexical"] if use_lex else []
+        if use_dense:
+            qv = np.asarray(self._encoder("dense").encode([query], kind="query"), dtype=np.float32)
+            ids, scores = self._dense.search(qv, n_cand)[0]
+            dense = (self._ranker.rows_of(ids), scores)
+            used.append("dense")
+            if self._dense_files is not None and len(self._dense_files):
+                fids, fscores = self._dense_files.search(qv, max(50, k * 5))[0]
+                file_dense = (np.array([self._file_row.get(int(f), -1) for f in fids], dtype=np.int64), fscores)
+                used.append("dense_files")
+        if use_colbert:
+            qm = self._encoder("multi").encode([query], kind="query")
+            ids, scores = self._plaid.search([qm[0]], n_cand)[0]
+            colbert = (self._ranker.rows_of(ids), scores)
+            used.append("colbert")
+        total, sources = self._ranker.score(
+            q, use_lexical=use_lex, dense=dense, file_dense=file_dense, colbert=colbert, mask=mask
+        )
+        picked = self._ranker.select(total, k, files_only=files_only)
+        hits = self._hits(picked, sources)
+        return SearchResult(query=query, mode=mode, hits=hits, indexes_used=tuple(used), notices=notices)
+
+    def close(self) -> None:
+        """Release the store connection (idempotent)."""
+        with self._lock:
+            self._store.close()
+
+    def __enter__(self) -> Searcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _encoder(self, role: str) -> Any:
+        enc = self._encoders
+        if enc is None:
+            return None
+        names = {"dense": ("dense", "dense_encoder"), "multi": ("multi", "colbert", "multi_encoder")}[role]
+        for name in names:
+            value = getattr(enc, name, None)
+            if callable(value) and not hasattr(value, "encode"):
+                value = value()
+            if value is not None:
+                return value
+        return None
+
+    def _mask(self, language: str | None, glob: str | None) -> np.ndarray | None:
+        c = self._ranker.corpus
+        mask = None
+        if language:
+            mask = c.language == language.lower()
+            if not mask.any():
+                known = ", ".join(sorted(set(c.language.tolist()))) or "none"
+                raise QueryError(f"no indexed chunk is in language {language!r} (indexed: {known})")
+        if glob:
+            import pathspec
+
+            spec = pathspec.PathSpec.from_lines("gitwildmatch", [glob])
+            fmask = np.fromiter((spec.match_file(f) for f in c.files), dtype=bool, count=len(c.files))
+            gm = fmask[c.file_idx]
+            mask = gm if mask is None else mask & gm
+        return mask
+
+    def _hits(self, picked: list[tuple[int, float]], sources: dict[str, np.ndarray]) -> list[SearchHit]:
+        c = self._ranker.corpus
+        ids = [int(c.ids[r]) for r, _ in picked]
+        with self._lock:
+            recs = {r.id: r for r in self._store.chunk_records(ids)}
+        hits = []
+        for r, s in picked:
+            rec = recs.get(int(c.ids[r]))
+            if rec is None:
+                continue
+            src = tuple(name for name, v in sources.items() if v[r] > 0)
+            hits.append(
+                SearchHit(
+                    path=rec.path,
+                    start_line=rec.start_line,
+                    end_line=rec.end_line,
+                    score=float(s),
+                    language=rec.language,
+                    symbol=rec.symbol,
+                    kind=rec.kind,
+                    scope=rec.scope,
+                    text=rec.text,
+                    chunk_id=rec.id,
+                    sources=src,
+                )
+            )
+        return hits
+
+
+def _get(obj: Any, *names: str) -> Any:
+    for name in names:
+        if isinstance(obj, dict):
+            if obj.get(name) is not None:
+                return obj[name]
+        elif getattr(obj, name, None) is not None:
+            return getattr(obj, name)
+    return None
+
+
+def _lexical_inputs(store: Any) -> tuple[np.ndarray, list[str]]:
+    recs = list(store.iter_chunk_records())
+    return np.array([r.id for r in recs], dtype=np.int64), [f"{r.header}\n{r.text}" for r in recs]
