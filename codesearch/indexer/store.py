@@ -49,7 +49,7 @@ KIND_ROLE = {"dense": "dense", "file": "dense", "colbert": "colbert"}
 MIGRATIONS: list[str] = [
     """
     CREATE TABLE files (
-        id INTEGER PRIMARY KEY,
+        id INTEGER PRIMARY KEY AUTOINCREMENT,   -- never reused: ids live on in derived indexes
         path TEXT NOT NULL UNIQUE,
         hash TEXT NOT NULL,              -- xxh3_128 hex of the raw bytes
         size INTEGER NOT NULL,
@@ -59,7 +59,7 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX files_hash ON files(hash);
     CREATE TABLE chunks (
-        id INTEGER PRIMARY KEY,
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
         file_id INTEGER NOT NULL REFERENCES files(id) ON DELETE CASCADE,
         start_line INTEGER NOT NULL,
         end_line INTEGER NOT NULL,
@@ -606,6 +606,45 @@ class Store:
             f" AND v.model = ? AND v.kind = ?",
             (model, kind),
         ).fetchone()[0]
+
+    def chunks_missing_vectors(self, model: str, kind: str) -> list[tuple[int, int, str, str]]:
+        """(chunk id, file id, text hash, encoder text) of chunks with no cached ``kind`` vector."""
+        rows = self._exec(
+            "SELECT c.id, c.file_id, c.text_hash, c.header || char(10) || c.text FROM chunks c"
+            " WHERE NOT EXISTS (SELECT 1 FROM vectors v WHERE v.model = ? AND v.kind = ?"
+            " AND v.text_hash = c.text_hash)",
+            (model, kind),
+        )
+        return [tuple(r) for r in rows]
+
+    def files_missing_vectors(self, model: str) -> list[tuple[int, str, str]]:
+        """(file id, path, hash) of files with no cached file-level vector."""
+        rows = self._exec(
+            "SELECT f.id, f.path, f.hash FROM files f WHERE NOT EXISTS (SELECT 1 FROM vectors v"
+            " WHERE v.model = ? AND v.kind = 'file' AND v.text_hash = f.hash)",
+            (model,),
+        )
+        return [tuple(r) for r in rows]
+
+    def chunk_ids_with_hashes(self, hashes: Iterable[str]) -> list[int]:
+        """Ids of the chunks whose text hash is one of ``hashes``."""
+        return self._ids_with_hashes("chunks", "text_hash", hashes)
+
+    def file_ids_with_hashes(self, hashes: Iterable[str]) -> list[int]:
+        """Ids of the files whose content hash is one of ``hashes``."""
+        return self._ids_with_hashes("files", "hash", hashes)
+
+    def _ids_with_hashes(self, table: str, col: str, hashes: Iterable[str]) -> list[int]:
+        out: list[int] = []
+        for part in _chunked(list(hashes)):
+            marks = ",".join("?" * len(part))
+            out += [r[0] for r in self._exec(f"SELECT id FROM {table} WHERE {col} IN ({marks})", part)]
+        return out
+
+    def language_counts(self) -> dict[str, int]:
+        """Language -> number of files."""
+        rows = self._exec("SELECT language, count(*) FROM files GROUP BY language ORDER BY 2 DESC")
+        return dict(rows.fetchall())
 
     def prune_vectors(self, *, keep_unreferenced: int = 0) -> int:
         """Drop cached vectors nothing refers to; returns how many were dropped.
