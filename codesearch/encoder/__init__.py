@@ -1,0 +1,40 @@
+"""The encoder: ModernBERT (our packed implementation) and heads for dense and ColBERT vectors.
+
+Nothing heavy is imported here: torch and transformers load on the first call to :func:`load`
+(or the first access to :class:`Encoder`), so ``import codesearch.encoder`` stays cheap.
+
+Example
+-------
+>>> from codesearch.encoder import load
+>>> enc = load("lightonai/LateOn-Code-edge")                    # doctest: +SKIP
+>>> docs = enc.encode(["def add(a, b):\\n    return a + b"])    # doctest: +SKIP
+>>> query = enc.encode(["add two numbers"], kind="query")       # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+DEFAULT_DENSE_MODEL = "Alibaba-NLP/gte-modernbert-base"
+DEFAULT_MULTI_MODEL = "lightonai/LateOn-Code-edge"
+
+__all__ = ["load", "Encoder", "pull", "cached_models", "DEFAULT_DENSE_MODEL", "DEFAULT_MULTI_MODEL"]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from codesearch.encoder.loading import cached_models, load, pull
+    from codesearch.encoder.runtime import Encoder
+
+_LAZY = {
+    "load": "codesearch.encoder.loading",
+    "pull": "codesearch.encoder.loading",
+    "cached_models": "codesearch.encoder.loading",
+    "Encoder": "codesearch.encoder.runtime",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'codesearch.encoder' has no attribute {name!r}")

@@ -1,0 +1,445 @@
+"""From a name to a ready :class:`~codesearch.encoder.runtime.Encoder`.
+
+``load("path/or/hub-id")`` resolves the checkpoint (a local directory, or a Hugging Face hub id:
+cache first, then a download), reads its config and tokenizer, builds the backbone (our packed
+ModernBERT for ``model_type == "modernbert"``, transformers' ``AutoModel`` for anything else),
+reads the sentence-transformers / PyLate head files, and hands them to the runtime.
+
+Every problem a user can cause ends as a one-line :class:`~codesearch.errors.CodeSearchError`:
+``ModelUnavailableError`` (not cached, hub unreachable), ``CheckpointError`` (missing tensor,
+wrong shape, bad config), ``BackendError`` (explicit device/backend that cannot run).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from codesearch.errors import CheckpointError, ModelError, ModelUnavailableError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from codesearch.encoder.runtime import Encoder
+
+log = logging.getLogger(__name__)
+
+# Files a checkpoint needs; ONNX/OpenVINO exports and duplicate .bin weights are skipped.
+HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*_Dense/*", "*_Pooling/*"]
+
+
+# --------------------------------------------------------------------------------------------
+# Resolving a name to a directory
+# --------------------------------------------------------------------------------------------
+
+
+def _unavailable(model_id: str) -> ModelUnavailableError:
+    return ModelUnavailableError(
+        f"Model '{model_id}' is not in the local cache and the hub cannot be reached; pass --model "
+        f"PATH to a local checkpoint or run 'codesearch models pull {model_id}' online"
+    )
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~", ".\\")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
+
+
+def resolve(path_or_id: str | os.PathLike) -> Path:
+    """The local directory holding the checkpoint ``path_or_id``.
+
+    A directory is used as is. Anything else is a hub id: the local huggingface_hub cache is
+    tried first, then a download (unless ``HF_HUB_OFFLINE`` is set).
+
+    Raises
+    ------
+    ModelUnavailableError
+        A hub id that is not cached while the hub cannot be reached.
+    ModelError
+        A path that does not exist, or a hub id the hub does not know.
+    """
+    name = os.fspath(path_or_id)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise ModelError(f"Model path '{name}' is a file; pass the checkpoint directory that holds config.json")
+    if _looks_like_path(name) or not name.strip():
+        raise ModelError(f"Model path '{name}' does not exist; pass a checkpoint directory or a hub id like org/name")
+    cached = _cached_snapshot(name)
+    if cached is not None:
+        return cached
+    return _download(name)
+
+
+def _cached_snapshot(model_id: str) -> Path | None:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(model_id, local_files_only=True, allow_patterns=HUB_PATTERNS))
+    except HFValidationError:
+        raise ModelError(f"Model '{model_id}' is neither a directory nor a valid hub id (org/name)") from None
+    except (LocalEntryNotFoundError, FileNotFoundError, OSError):
+        return None
+
+
+def _download(model_id: str) -> Path:
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    if constants.HF_HUB_OFFLINE:
+        raise _unavailable(model_id)
+    try:
+        return Path(snapshot_download(model_id, allow_patterns=HUB_PATTERNS))
+    except HFValidationError:
+        raise ModelError(f"Model '{model_id}' is neither a directory nor a valid hub id (org/name)") from None
+    except GatedRepoError:
+        raise ModelError(
+            f"Model '{model_id}' is gated on the hub; accept its terms and log in with 'hf auth login'"
+        ) from None
+    except (RepositoryNotFoundError, RevisionNotFoundError):
+        raise ModelError(
+            f"Model '{model_id}' does not exist on the Hugging Face hub (or is private); check the id"
+        ) from None
+    except (LocalEntryNotFoundError, OSError, ConnectionError):
+        # OSError covers requests/httpx connection failures and HfHubHTTPError (5xx, timeouts)
+        raise _unavailable(model_id) from None
+
+
+def pull(model_id: str) -> Path:
+    """Download (or update) ``model_id`` into the huggingface_hub cache; return its directory.
+
+    Raises
+    ------
+    ModelUnavailableError
+        The hub cannot be reached.
+    ModelError
+        The hub does not know ``model_id``.
+    """
+    return _download(model_id)
+
+
+@dataclass(frozen=True, slots=True)
+class CachedModel:
+    """A model in the local huggingface_hub cache."""
+
+    repo_id: str
+    path: Path  # newest snapshot directory
+    size_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["path"] = str(self.path)
+        return d
+
+
+def cached_models() -> list[CachedModel]:
+    """Models present in the local huggingface_hub cache, sorted by id (no network)."""
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound
+
+    try:
+        info = scan_cache_dir()
+    except (CacheNotFound, OSError):
+        return []
+    out = []
+    for repo in info.repos:
+        if repo.repo_type != "model" or not repo.revisions:
+            continue
+        newest = max(repo.revisions, key=lambda r: r.last_modified)
+        out.append(CachedModel(repo.repo_id, Path(newest.snapshot_path), int(repo.size_on_disk)))
+    return sorted(out, key=lambda m: m.repo_id)
+
+
+# --------------------------------------------------------------------------------------------
+# Reading checkpoint files
+# --------------------------------------------------------------------------------------------
+
+
+def read_json(path: Path, *, required: bool = True) -> dict[str, Any] | None:
+    """Parse a JSON file of a checkpoint; a malformed one is a CheckpointError naming it."""
+    if not path.is_file():
+        if required:
+            raise CheckpointError(f"Checkpoint file '{path}' is missing; re-download the model")
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"Checkpoint file '{path}' is not valid JSON ({e}); re-download the model") from None
+
+
+def weight_files(directory: Path) -> list[Path]:
+    """The files holding a checkpoint's weights: model.safetensors, its shards, or the .bin."""
+    single = directory / "model.safetensors"
+    if single.is_file():
+        return [single]
+    index = read_json(directory / "model.safetensors.index.json", required=False)
+    if index is not None:
+        return [directory / f for f in sorted(set(index.get("weight_map", {}).values()))]
+    legacy = directory / "pytorch_model.bin"
+    if legacy.is_file():
+        return [legacy]
+    raise CheckpointError(f"Checkpoint '{directory}' has no model.safetensors; re-download the model")
+
+
+def read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """All tensors of one weight file (.safetensors, or a .bin through weights_only torch.load)."""
+    import torch
+
+    if not path.is_file():
+        raise CheckpointError(f"Checkpoint file '{path}' is missing; re-download the model")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(path))
+        return torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as e:  # safetensors/pickle raise assorted types for a damaged file
+        raise CheckpointError(f"Checkpoint file '{path}' cannot be read ({type(e).__name__}); re-download it") from None
+
+
+def modernbert_state_dict(directory: Path, cfg) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors under our (= the checkpoint's) names, shape-checked.
+
+    A ``ModernBertForMaskedLM`` checkpoint prefixes the body with ``model.`` and adds ``head.``
+    and ``decoder.`` tensors; the prefix is stripped and the MLM head ignored.
+    """
+    from codesearch.encoder.modernbert import expected_shapes
+
+    tensors: dict[str, torch.Tensor] = {}
+    for f in weight_files(directory):
+        tensors.update(read_tensors(f))
+    found = {}
+    for name, t in tensors.items():
+        if name.startswith(("head.", "decoder.", "classifier.", "drop.")):
+            continue
+        found[name.removeprefix("model.")] = t
+    expected = expected_shapes(cfg)
+    for name, shape in expected.items():
+        if name not in found:
+            raise CheckpointError(
+                f"Checkpoint '{directory}' has no tensor '{name}'; it does not match its config.json "
+                "(re-download the model)"
+            )
+        if tuple(found[name].shape) != shape:
+            raise CheckpointError(
+                f"Checkpoint tensor '{name}' has shape {tuple(found[name].shape)}, config.json implies "
+                f"{shape}; the weights and config do not belong together (re-download the model)"
+            )
+    extra = sorted(set(found) - set(expected))
+    if extra:
+        log.warning("ignoring %d unexpected tensors in %s (first: %s)", len(extra), directory, extra[0])
+    return {name: found[name] for name in expected}
+
+
+def checkpoint_identity(name: str, directory: Path, extra: dict[str, Any]) -> str:
+    """``name@<12 hex>``: a hash of the config, the head settings and every weight byte.
+
+    Any change to the weights (a fine-tune with the same shapes) changes the identity, so an
+    index built with one model is never silently mixed with vectors from another.
+    """
+    import xxhash
+
+    h = xxhash.xxh3_64()
+    h.update(json.dumps(extra, sort_keys=True, default=str).encode())
+    files = [directory / "config.json", *weight_files(directory)]
+    files += sorted(p for p in directory.glob("*_Dense/*") if p.is_file())
+    for f in files:
+        with open(f, "rb") as fh:
+            while chunk := fh.read(1 << 22):
+                h.update(chunk)
+    return f"{name}@{h.hexdigest()[:12]}"
+
+
+# --------------------------------------------------------------------------------------------
+# Tokenizer
+# --------------------------------------------------------------------------------------------
+
+
+class TextTokenizer:
+    """A ``tokenizers`` tokenizer from ``tokenizer.json`` plus the special ids the heads need."""
+
+    def __init__(self, directory: Path):
+        from tokenizers import Tokenizer
+
+        path = directory / "tokenizer.json"
+        if not path.is_file():
+            raise CheckpointError(f"Checkpoint '{directory}' has no tokenizer.json; re-download the model")
+        try:
+            self._tok = Tokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises a bare Exception on a bad file
+            raise CheckpointError(f"Checkpoint file '{path}' cannot be parsed ({e}); re-download it") from None
+        self._tok.no_padding()
+        self._tok.no_truncation()
+        conf = read_json(directory / "tokenizer_config.json", required=False) or {}
+        smap = read_json(directory / "special_tokens_map.json", required=False) or {}
+        self.model_max_length = conf.get("model_max_length")
+        self.cls_id = self._special(conf, smap, "cls_token", ["[CLS]", "<s>"])
+        self.sep_id = self._special(conf, smap, "sep_token", ["[SEP]", "</s>"])
+        self.pad_id = self._special(conf, smap, "pad_token", ["[PAD]", "<pad>"])
+        self.mask_id = self._special(conf, smap, "mask_token", ["[MASK]", "<mask>"])
+        self.unk_id = self._special(conf, smap, "unk_token", ["[UNK]", "<unk>"])
+        self._specials = self._tok.num_special_tokens_to_add(False)
+
+    def _special(self, conf: dict, smap: dict, key: str, fallbacks: list[str]) -> int | None:
+        for value in (conf.get(key), smap.get(key), *fallbacks):
+            if isinstance(value, dict):
+                value = value.get("content")
+            if isinstance(value, str) and (i := self._tok.token_to_id(value)) is not None:
+                return i
+        return None
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def encode(self, texts: list[str], max_length: int | None) -> list[list[int]]:
+        """Token ids with the checkpoint's special tokens ([CLS] ... [SEP]); when longer than
+        ``max_length``, the text is cut and the final [SEP] kept."""
+        if max_length is None:
+            self._tok.no_truncation()
+        else:
+            self._tok.enable_truncation(max(max_length, self._specials + 1))
+        return [e.ids for e in self._tok.encode_batch(list(texts))]
+
+    def count(self, texts: list[str]) -> list[int]:
+        self._tok.no_truncation()
+        return [len(e.ids) for e in self._tok.encode_batch(list(texts))]
+
+
+# --------------------------------------------------------------------------------------------
+# Backbones
+# --------------------------------------------------------------------------------------------
+
+
+def build_modernbert(directory: Path, config: dict[str, Any], device, dtype):
+    """Our ModernBERT with the checkpoint's weights, on ``device`` in ``dtype``."""
+    import torch
+
+    from codesearch.encoder.modernbert import ModernBert, ModernBertConfig
+
+    cfg = ModernBertConfig.from_hf_dict(config)
+    state = modernbert_state_dict(directory, cfg)
+    with torch.device("meta"):
+        model = ModernBert(cfg)
+    # assign=True adopts the loaded tensors instead of copying into randomly initialised ones
+    model.load_state_dict(state, strict=True, assign=True)
+    model.init_rope()  # the meta-device tables hold no data
+    model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    model.init_rope(device)  # rotary tables stay fp32 whatever the weights' dtype
+    return model
+
+
+def build_transformers(directory: Path, device, dtype, attn_implementation: str):
+    """Any other encoder (BERT, MiniLM, ...) through transformers' AutoModel (padded)."""
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()  # no bars on stderr from a library call
+    try:
+        model, info = transformers.AutoModel.from_pretrained(
+            str(directory), dtype=dtype, attn_implementation=attn_implementation, output_loading_info=True
+        )
+    except (ValueError, OSError, KeyError) as e:
+        if attn_implementation == "sdpa" and "sdpa" in str(e).lower():
+            return build_transformers(directory, device, dtype, "eager")
+        raise CheckpointError(f"transformers cannot load '{directory}': {str(e).splitlines()[0]}") from None
+    missing = [k for k in info.get("missing_keys", []) if "position_ids" not in k]
+    if missing:
+        raise CheckpointError(
+            f"Checkpoint '{directory}' has no tensor '{sorted(missing)[0]}'; re-download the model"
+        )
+    mismatched = info.get("mismatched_keys") or []
+    if mismatched:
+        raise CheckpointError(f"Checkpoint tensor '{mismatched[0][0]}' has the wrong shape; re-download the model")
+    return model.to(device).eval().requires_grad_(False)
+
+
+# --------------------------------------------------------------------------------------------
+# load()
+# --------------------------------------------------------------------------------------------
+
+
+def load(
+    path_or_id: str | os.PathLike,
+    device: str = "auto",
+    dtype: str | torch.dtype = "auto",
+    backend: str = "auto",
+) -> Encoder:
+    """Load an encoder from a local checkpoint directory or a Hugging Face hub id.
+
+    Parameters
+    ----------
+    path_or_id
+        A directory with ``config.json``, ``model.safetensors`` and ``tokenizer.json`` (and,
+        optionally, sentence-transformers / PyLate files), or a hub id such as
+        ``"lightonai/LateOn-Code-edge"``.
+    device
+        ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"`` ...
+    dtype
+        ``"auto"`` (bf16 on CUDA and on CPUs with AMX/AVX512-bf16, else fp32), ``"float32"``,
+        ``"bfloat16"``, ``"float16"`` or a ``torch.dtype``.
+    backend
+        Attention backend for ModernBERT checkpoints: ``"auto"``, ``"flash"`` or ``"sdpa"``.
+
+    Returns
+    -------
+    Encoder
+
+    Raises
+    ------
+    ModelUnavailableError, ModelError, CheckpointError, BackendError
+
+    Examples
+    --------
+    >>> from codesearch.encoder import load
+    >>> enc = load("lightonai/LateOn-Code-edge")                 # doctest: +SKIP
+    >>> vecs = enc.encode(["def add(a, b): return a + b"])      # doctest: +SKIP
+    """
+    from codesearch.encoder import heads, runtime
+    from codesearch.encoder.attention import select_backend
+
+    name = os.fspath(path_or_id)
+    directory = resolve(name)
+    dev = runtime.resolve_device(device)
+    dt = runtime.resolve_dtype(dtype, dev)
+    config = read_json(directory / "config.json")
+    tokenizer = TextTokenizer(directory)
+
+    if config.get("model_type") == "modernbert":
+        model = build_modernbert(directory, config, dev, dt)
+        model.use_backend(select_backend(backend, dev, dt))
+        backbone = runtime.PackedBackbone(model, dev)
+        hidden = model.config.hidden_size
+        model_max = model.config.max_position_embeddings
+    else:
+        if backend not in ("auto", "sdpa", "flash"):
+            select_backend(backend, dev, dt)  # raises the BackendError for an unknown name
+        if backend == "flash":
+            select_backend("flash", dev, dt)
+        impl = "flash_attention_2" if backend == "flash" else "sdpa"
+        model = build_transformers(directory, dev, dt, impl)
+        backbone = runtime.PaddedBackbone(model, dev, tokenizer.pad_id or 0)
+        hidden = int(model.config.hidden_size)
+        model_max = int(getattr(model.config, "max_position_embeddings", 512))
+
+    head = heads.load_head(directory, hidden, tokenizer, model_max)
+    identity = checkpoint_identity(name, directory, {"head": head.describe(), "config": config})
+    return runtime.Encoder(
+        name=name,
+        identity=identity,
+        directory=directory,
+        backbone=backbone,
+        tokenizer=tokenizer,
+        head=head,
+        device=dev,
+        dtype=dt,
+    )
