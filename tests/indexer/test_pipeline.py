@@ -1,0 +1,343 @@
+"""The incremental pipeline on small fixture repos: real walk, tree-sitter, SQLite, indexes.
+
+Lexical-only tests need no model; the encoder tests use the tiny random checkpoints and
+count what reaches the encoder through :class:`CountingEncoder` and the summary.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+
+import pytest
+from pipeline_helpers import (
+    CountingEncoder,
+    check_consistent,
+    chunk_set,
+    function_source,
+    index_ids,
+    make_repo,
+    module_source,
+)
+
+from codesearch.errors import (
+    IndexCorruptError,
+    IndexLockedError,
+    ModelMismatchError,
+    NothingToIndexError,
+    PathError,
+)
+from codesearch.indexer import pipeline
+from codesearch.indexer.pipeline import Encoders, build_index, load_derived, staleness
+from codesearch.indexer.store import STORE_FILE, IndexLock, Store
+
+
+@pytest.fixture
+def repo(tmp_path):
+    return make_repo(tmp_path / "repo")
+
+
+def _store(repo):
+    return Store(pipeline.default_index_dir(repo) / STORE_FILE)
+
+
+def _bump_mtime(path):
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+
+
+# -- lexical-only -------------------------------------------------------------------------------
+
+
+def test_lexical_only_build_end_to_end(repo):
+    events = []
+    summary = build_index(repo, progress=events.append)
+    idir = pipeline.default_index_dir(repo)
+    assert summary.files_indexed == 5 and summary.files_unchanged == 0
+    assert summary.chunks_encoded == 0 and summary.models == {}
+    assert summary.chunks_total >= 13  # 4 modules x 3 functions, plus the README
+    assert (idir / ".gitignore").read_text() == "*\n"
+    assert {e.stage for e in events} >= {"walk", "chunk", "write", "sync"}
+    derived = check_consistent(idir)
+    assert set(derived) == {"lexical"}
+    ids, _ = derived["lexical"].search(["mod2_fn1"], k=1)[0]
+    with _store(repo) as s:
+        (hit,) = s.chunk_records(ids.tolist())
+        assert hit.path == "pkg/mod2.py" and hit.symbol == "mod2_fn1"
+    assert summary.to_dict()["index_dir"] == str(idir)
+
+
+def test_unchanged_rerun_costs_only_stats(repo):
+    build_index(repo)
+    with _store(repo) as s:
+        gen = s.generation
+    summary = build_index(repo)
+    assert (summary.files_read, summary.files_indexed, summary.chunks_encoded) == (0, 0, 0)
+    assert summary.files_unchanged == 5
+    with _store(repo) as s:
+        assert s.generation == gen  # nothing changed: no new generation, no derived rewrite
+
+
+def test_touched_file_is_read_but_not_rechunked(repo):
+    build_index(repo)
+    before = chunk_set(pipeline.default_index_dir(repo))
+    _bump_mtime(repo / "pkg/mod1.py")
+    summary = build_index(repo)
+    assert (summary.files_read, summary.files_indexed, summary.files_unchanged) == (1, 0, 5)
+    assert chunk_set(pipeline.default_index_dir(repo)) == before
+    assert build_index(repo).files_read == 0  # the new stat was recorded
+
+
+def test_edit_keeps_ids_of_moved_chunks_and_replaces_the_edited_one(repo):
+    build_index(repo)
+    with _store(repo) as s:
+        fid = {v: k for k, v in s.file_paths().items()}["pkg/mod0.py"]
+        old = {r.symbol: r.id for r in s.chunk_records(s.file_chunk_ids(fid))}
+    src = (repo / "pkg/mod0.py").read_text()
+    # Edit fn0 so it gains lines: fn1 and fn2 move down but keep their text.
+    src = src.replace(function_source("mod0_fn0"), function_source("mod0_fn0", body_word="edited", lines=15))
+    (repo / "pkg/mod0.py").write_text(src)
+    summary = build_index(repo)
+    assert summary.files_indexed == 1
+    with _store(repo) as s:
+        new = {r.symbol: r for r in s.chunk_records(s.file_chunk_ids(fid))}
+    assert new["mod0_fn1"].id == old["mod0_fn1"] and new["mod0_fn2"].id == old["mod0_fn2"]
+    assert new["mod0_fn0"].id != old["mod0_fn0"] and "edited_14" in new["mod0_fn0"].text
+    derived = check_consistent(pipeline.default_index_dir(repo))
+    assert old["mod0_fn0"] not in index_ids(derived["lexical"])
+
+
+def test_deleted_file_leaves_every_table_and_index(repo):
+    build_index(repo)
+    (repo / "pkg/mod3.py").unlink()
+    summary = build_index(repo)
+    assert summary.files_removed == 1
+    with _store(repo) as s:
+        assert "pkg/mod3.py" not in s.files()
+        assert not any(r.path == "pkg/mod3.py" for r in s.iter_chunk_records())
+    derived = check_consistent(pipeline.default_index_dir(repo))
+    ids, _ = derived["lexical"].search(["mod3_fn1"], k=5)[0]
+    with _store(repo) as s:
+        assert all(r.path != "pkg/mod3.py" for r in s.chunk_records(ids.tolist()))
+
+
+def test_staleness_reports_added_changed_removed_and_touched(repo):
+    build_index(repo)
+    (repo / "pkg/new.py").write_text(module_source("new"))
+    (repo / "pkg/mod0.py").write_text(module_source("mod0", 4))
+    (repo / "pkg/mod1.py").unlink()
+    _bump_mtime(repo / "pkg/mod2.py")
+    st = staleness(repo)
+    assert (st.added, st.changed, st.removed, st.touched) == (
+        ["pkg/new.py"], ["pkg/mod0.py"], ["pkg/mod1.py"], ["pkg/mod2.py"]
+    )
+    assert st.to_dict() == {"indexed": True, "new": 1, "changed": 1, "deleted": 1, "touched": 1}
+    build_index(repo)
+    assert not staleness(repo).stale
+
+
+def test_staleness_of_an_unindexed_folder(repo):
+    st = staleness(repo)
+    assert not st.indexed and len(st.added) == 5
+
+
+def test_new_chunk_budget_rechunks_everything(repo):
+    build_index(repo)
+    summary = build_index(repo, chunk_tokens=32)
+    assert summary.files_indexed == 5
+    with _store(repo) as s:
+        assert s.get_meta("chunk_tokens") == "32"
+    check_consistent(pipeline.default_index_dir(repo))
+
+
+@pytest.mark.parametrize("kind", ["missing", "file"])
+def test_bad_root_is_a_path_error(tmp_path, kind):
+    target = tmp_path / "nope"
+    if kind == "file":
+        target.write_text("x")
+    with pytest.raises(PathError, match="nope"):
+        build_index(target)
+
+
+def test_nothing_to_index_says_what_was_skipped(tmp_path):
+    (tmp_path / "blob.bin").write_bytes(bytes(range(256)) * 8)
+    with pytest.raises(NothingToIndexError, match="binary"):
+        build_index(tmp_path)
+
+
+def test_second_indexer_is_refused_while_the_first_holds_the_lock(repo):
+    idir = pipeline.default_index_dir(repo)
+    idir.mkdir()
+    with IndexLock(idir), pytest.raises(IndexLockedError, match=f"pid {os.getpid()}"):
+        build_index(repo)
+    build_index(repo)  # released: works
+
+
+def test_corrupt_store_asks_for_rebuild_and_rebuild_recovers(repo):
+    build_index(repo)
+    idir = pipeline.default_index_dir(repo)
+    expected = chunk_set(idir)
+    (idir / STORE_FILE).write_bytes(b"garbage" * 1000)
+    for suffix in ("-wal", "-shm"):
+        (idir / (STORE_FILE + suffix)).unlink(missing_ok=True)
+    with pytest.raises(IndexCorruptError, match="--rebuild"):
+        build_index(repo)
+    build_index(repo, rebuild=True)
+    assert chunk_set(idir) == expected
+
+
+def test_crash_between_store_commit_and_sync_is_healed(repo):
+    build_index(repo)
+    idir = pipeline.default_index_dir(repo)
+    (repo / "pkg/mod0.py").write_text(module_source("mod0", 5))
+    # Simulate a run killed after its store transaction: the store moves on, the lexical
+    # file stays at the previous generation.
+    with _store(repo) as s:
+        s.set_meta("generation", s.generation + 1)
+    with _store(repo) as s:
+        derived = load_derived(idir, s)  # rebuilt from the store, persisted
+        assert len(derived["lexical"]) == s.count("chunks")
+        assert s.get_meta("gen.lexical") == str(s.generation)
+    build_index(repo)
+    check_consistent(idir)
+
+
+def test_missing_derived_file_is_rebuilt(repo):
+    build_index(repo)
+    idir = pipeline.default_index_dir(repo)
+    (idir / "lexical.npz").unlink()
+    check_consistent(idir)
+    assert (idir / "lexical.npz").exists()
+
+
+def test_store_readers_see_the_last_commit_while_the_writer_holds_the_lock(repo):
+    build_index(repo)
+    idir = pipeline.default_index_dir(repo)
+    with IndexLock(idir), Store(idir / STORE_FILE, readonly=True) as reader:
+        assert reader.count("files") == 5
+        assert len(load_derived(idir, reader)["lexical"]) == reader.count("chunks")
+
+
+def test_old_store_without_schema_is_migrated(repo):
+    idir = pipeline.default_index_dir(repo)
+    idir.mkdir()
+    sqlite3.connect(idir / STORE_FILE).close()  # version 0
+    build_index(repo)
+    check_consistent(idir)
+
+
+# -- with encoders -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_encoders(single_vector_dir, colbert_dir):
+    enc = pytest.importorskip("codesearch.encoder")
+    if not hasattr(enc, "load"):
+        pytest.skip("codesearch.encoder.load is not there yet")
+    return enc.load(str(single_vector_dir)), enc.load(str(colbert_dir))
+
+
+@pytest.fixture
+def counting(tiny_encoders):
+    dense, multi = tiny_encoders
+    return Encoders(dense=CountingEncoder(dense), multi=CountingEncoder(multi))
+
+
+def _n_encoded(encoders):
+    return len(encoders.dense.texts) + len(encoders.multi.texts)
+
+
+def test_first_build_encodes_every_chunk_and_file_once(repo, counting):
+    summary = build_index(repo, encoders=counting)
+    n_chunks = summary.chunks_total
+    assert summary.chunks_encoded == _n_encoded(counting)
+    # Dense: one per distinct chunk text plus one per file; ColBERT: one per distinct chunk text.
+    assert len(counting.multi.texts) <= n_chunks and len(counting.dense.texts) <= n_chunks + 5
+    assert summary.tokens_encoded > 0
+    assert set(summary.models) == {"dense", "colbert"}
+    derived = check_consistent(pipeline.default_index_dir(repo))
+    assert set(derived) == {"lexical", "dense_chunks", "dense_files", "plaid"}
+    assert len(derived["dense_files"]) == 5
+
+
+def test_edit_one_function_reencodes_exactly_its_chunk(repo, counting):
+    build_index(repo, encoders=counting)
+    counting.dense.texts.clear(), counting.multi.texts.clear()
+    src = (repo / "pkg/mod1.py").read_text()
+    # One line of one function changes, whatever the tokenizer does to chunk boundaries.
+    src = src.replace("    value_3 = mod1_fn2_helper(3)", "    changed_0 = mod1_fn2_helper(3)")
+    (repo / "pkg/mod1.py").write_text(src)
+    summary = build_index(repo, encoders=counting)
+    assert summary.files_indexed == 1
+    assert len(counting.multi.texts) == 1 and "changed_0" in counting.multi.texts[0]
+    # Dense: the chunk, and the file-level vector of the edited file.
+    assert len(counting.dense.texts) == 2
+    assert sum("changed_0" in t for t in counting.dense.texts) == 2
+    assert summary.chunks_encoded == 3
+    check_consistent(pipeline.default_index_dir(repo))
+
+
+def test_rename_encodes_nothing(repo, counting):
+    build_index(repo, encoders=counting)
+    counting.dense.texts.clear(), counting.multi.texts.clear()
+    (repo / "pkg/mod2.py").rename(repo / "pkg/renamed.py")
+    summary = build_index(repo, encoders=counting)
+    assert (summary.files_renamed, summary.files_removed, summary.files_indexed) == (1, 1, 1)
+    assert summary.chunks_encoded == 0 and _n_encoded(counting) == 0
+    derived = check_consistent(pipeline.default_index_dir(repo))
+    ids, _ = derived["lexical"].search(["renamed mod2_fn1"], k=1)[0]
+    with _store(repo) as s:
+        assert s.chunk_records(ids.tolist())[0].path == "pkg/renamed.py"
+
+
+def test_unchanged_rerun_with_models_encodes_nothing(repo, counting):
+    build_index(repo, encoders=counting)
+    summary = build_index(repo, encoders=counting)
+    assert (summary.files_read, summary.chunks_encoded) == (0, 0)
+
+
+def test_deleted_file_leaves_the_vector_indexes(repo, counting):
+    build_index(repo, encoders=counting)
+    with _store(repo) as s:
+        fid = {v: k for k, v in s.file_paths().items()}["pkg/mod0.py"]
+        gone = set(s.file_chunk_ids(fid))
+    (repo / "pkg/mod0.py").unlink()
+    build_index(repo, encoders=counting)
+    derived = check_consistent(pipeline.default_index_dir(repo))
+    for name in ("lexical", "dense_chunks", "plaid"):
+        assert not gone & index_ids(derived[name]), name
+    assert fid not in index_ids(derived["dense_files"])
+
+
+def test_another_model_is_a_mismatch(repo, counting, tmp_path_factory):
+    from fixtures import models
+
+    build_index(repo, encoders=counting)
+    import codesearch.encoder as enc
+
+    other = enc.load(str(models.make_single_vector(tmp_path_factory.mktemp("other_sv"), seed=7)))
+    with pytest.raises(ModelMismatchError, match="--rebuild"):
+        build_index(repo, encoders=Encoders(dense=other))
+    summary = build_index(repo, encoders=Encoders(dense=other), rebuild=True)
+    assert summary.chunks_encoded > 0
+    check_consistent(pipeline.default_index_dir(repo))
+
+
+def test_lexical_only_index_gains_vectors_on_a_later_run(repo, counting):
+    build_index(repo)
+    summary = build_index(repo, encoders=counting)
+    assert summary.chunks_encoded > 0
+    check_consistent(pipeline.default_index_dir(repo))
+
+
+def test_offline_run_keeps_models_and_a_later_run_fills_the_gaps(repo, counting):
+    build_index(repo, encoders=counting)
+    (repo / "pkg/extra.py").write_text(module_source("extra"))
+    summary = build_index(repo)  # the model is unavailable this time
+    assert any("no dense vectors" in n.lower() or "no dense encoder" in n.lower() for n in summary.notices)
+    idir = pipeline.default_index_dir(repo)
+    check_consistent(idir, complete=False)
+    counting.dense.texts.clear(), counting.multi.texts.clear()
+    summary = build_index(repo, encoders=counting)
+    assert summary.chunks_encoded > 0 and all("extra" in t for t in counting.multi.texts)
+    check_consistent(idir)
