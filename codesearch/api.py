@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -209,8 +208,9 @@ class CodeSearch:
         self.include = tuple(include)
         self.exclude = tuple(exclude)
         self.max_file_bytes = int(max_file_bytes)
-        self._encoders: pipeline.Encoders | None = None
-        self._searcher: Any = None
+        # (dense, multi) model arguments -> (encoders, notices from resolving them)
+        self._encoders: dict[tuple[Any, Any], tuple[pipeline.Encoders, list[str]]] = {}
+        self._searchers: dict[str, tuple[Any, list[str]]] = {}  # "lexical" | "full"
         self._state_lock = threading.Lock()  # guards lazy creation of encoders and searcher
         self._rw = _ReadWriteLock()  # searches read, index runs write
         self._closed = False
@@ -226,8 +226,8 @@ class CodeSearch:
     def close(self) -> None:
         """Release the searcher and the encoders. Idempotent."""
         with self._rw.writing(), self._state_lock:
-            self._close_searcher()
-            self._encoders = None
+            self._close_searchers()
+            self._encoders.clear()
             self._closed = True
 
     def __repr__(self) -> str:
@@ -245,7 +245,7 @@ class CodeSearch:
         rebuild : bool
             Drop the existing index first and embed everything again.
         progress : callable, optional
-            Called with each `ProgressEvent` (files, chunks, tokens done so far).
+            Called with each `ProgressEvent` (stage, done/total, files, chunks, tokens/s).
 
         Returns
         -------
@@ -255,24 +255,11 @@ class CodeSearch:
 
         Raises
         ------
-        NothingToIndexError, IndexLockedError, ModelUnavailableError, IndexCorruptError
+        NothingToIndexError, IndexLockedError, ModelUnavailableError, ModelMismatchError,
+        IndexCorruptError
         """
         self._check_open()
-        with self._rw.writing():
-            summary = pipeline.build_index(
-                self.root,
-                index_dir=self.index_dir,
-                encoders=self._get_encoders(),
-                include=self.include,
-                exclude=self.exclude,
-                max_file_bytes=self.max_file_bytes,
-                rebuild=rebuild,
-                progress=progress,
-            )
-            # The searcher caches loaded indexes; the next search opens the new generation.
-            with self._state_lock:
-                self._close_searcher()
-        return summary
+        return self._index((self.model, self.multi_model), rebuild=rebuild, progress=progress)
 
     # -- searching -----------------------------------------------------------------------
 
@@ -331,8 +318,9 @@ class CodeSearch:
         if refresh:
             notices.extend(self._refresh())
         with self._rw.reading():
-            searcher = self._get_searcher()
+            searcher, encoder_notices = self._get_searcher(lexical=mode == "lexical")
             result = searcher.search(query, k, mode=mode, language=language, glob=glob, files_only=files_only)
+        notices.extend(encoder_notices)
         if notices:
             result = dataclasses.replace(result, notices=[*notices, *result.notices])
         return result
@@ -410,29 +398,78 @@ class CodeSearch:
                 f"{str(self.root)!r} is not indexed yet (run 'codesearch index {self.root}' first)"
             )
 
-    def _get_encoders(self) -> pipeline.Encoders:
-        # Resolving is cheap (names, the index's recorded models); the weights load inside
-        # Encoders on first encode, so a lexical search never imports torch.
+    def _search_models(self) -> tuple[Any, Any]:
+        """The models a search (or the refresh before it) needs: for a role left at
+        DEFAULT, the one the index records, or none when the index has no such vectors.
+
+        Why not DEFAULT as is: it would load the package default model for an index that
+        was built without it (lexical-only, or --model none), only to find no vectors.
+        """
+        info = pipeline.index_info(self.index_dir)
+        dense = self.model if self.model != DEFAULT else (DEFAULT if info.dense_model else None)
+        multi = self.multi_model if self.multi_model != DEFAULT else (DEFAULT if info.multi_model else None)
+        return dense, multi
+
+    def _get_encoders(self, models: tuple[Any, Any]) -> tuple[pipeline.Encoders, list[str]]:
+        # Loading imports torch and reads weights: once per distinct pair of models, and
+        # never for (None, None). The usual case (index, then search) shares one load.
         with self._state_lock:
-            if self._encoders is None:
-                self._encoders = pipeline.resolve_encoders(
-                    self.model, self.multi_model, device=self.device, index_dir=self.index_dir
-                )
-            return self._encoders
+            cached = self._encoders.get(models)
+            if cached is None:
+                if models == (None, None):
+                    cached = (pipeline.Encoders(), [])
+                else:
+                    cached = pipeline.resolve_encoders(
+                        models[0], models[1], device=self.device, index_dir=self.index_dir
+                    )
+                self._encoders[models] = cached
+            return cached
 
-    def _get_searcher(self) -> Any:
-        encoders = self._get_encoders()
+    def _get_searcher(self, *, lexical: bool) -> tuple[Any, list[str]]:
+        # A lexical search gets a searcher without encoders, so it never loads a model.
+        key = "lexical" if lexical else "full"
         with self._state_lock:
-            if self._searcher is None:
-                from codesearch.indexer.search import Searcher
+            ready = self._searchers.get(key)
+        if ready is not None:
+            return ready
+        encoders, notices = (pipeline.Encoders(), []) if lexical else self._get_encoders(self._search_models())
+        from codesearch.indexer.search import Searcher
 
-                self._searcher = Searcher(self.index_dir, encoders=encoders)
-            return self._searcher
+        with self._state_lock:
+            if key not in self._searchers:
+                self._searchers[key] = (Searcher(self.index_dir, encoders=encoders), notices)
+            return self._searchers[key]
 
-    def _close_searcher(self) -> None:
-        searcher, self._searcher = self._searcher, None
-        if searcher is not None and hasattr(searcher, "close"):
+    def _close_searchers(self) -> None:
+        searchers, self._searchers = self._searchers, {}
+        for searcher, _ in searchers.values():
             searcher.close()
+
+    def _index(
+        self,
+        models: tuple[Any, Any],
+        *,
+        rebuild: bool = False,
+        progress: Callable[[ProgressEvent], None] | None = None,
+    ) -> IndexSummary:
+        with self._rw.writing():
+            encoders, notices = self._get_encoders(models)
+            summary = pipeline.build_index(
+                self.root,
+                index_dir=self.index_dir,
+                encoders=encoders,
+                include=self.include,
+                exclude=self.exclude,
+                max_file_bytes=self.max_file_bytes,
+                rebuild=rebuild,
+                progress=progress,
+            )
+            # Searchers hold the previous generation; the next search opens the new one.
+            with self._state_lock:
+                self._close_searchers()
+        if notices:
+            summary = dataclasses.replace(summary, notices=[*notices, *summary.notices])
+        return summary
 
     def _refresh(self) -> list[str]:
         stale = pipeline.staleness(
@@ -442,14 +479,13 @@ class CodeSearch:
             exclude=self.exclude,
             max_file_bytes=self.max_file_bytes,
         )
-        changed = len(stale.added) + len(stale.changed) + len(stale.removed)
-        if not changed:
+        if not stale.stale:
             return []
-        start = time.perf_counter()
-        summary = self.index()
+        n = len(stale.added) + len(stale.changed) + len(stale.removed)
+        summary = self._index(self._search_models())
         return [
-            f"index refreshed: {changed} file(s) changed since the last run "
-            f"({time.perf_counter() - start:.1f}s)",
+            f"index refreshed: {n} file(s) added, changed or removed since the last run "
+            f"({summary.seconds:.1f}s)",
             *summary.notices,
         ]
 
@@ -464,6 +500,8 @@ def _widen(hit: SearchHit, root: Path, lines: int) -> SearchHit:
     start = max(1, hit.start_line - lines)
     end = min(len(source), hit.end_line + lines)
     text = "".join(source[start - 1 : end])
+    if not hit.text.endswith("\n"):  # keep the chunker's convention for the last newline
+        text = text.removesuffix("\n").removesuffix("\r")
     return dataclasses.replace(hit, start_line=start, end_line=end, text=text)
 
 
@@ -473,7 +511,9 @@ def _disk_usage(index_dir: Path) -> dict[str, int]:
         if entry.is_dir():
             sizes[entry.name] = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
         elif entry.name not in {".gitignore", "lock"}:
-            sizes[entry.name] = entry.stat().st_size
+            # SQLite's -wal/-shm side files are part of the store's footprint.
+            name = entry.name.split("-", 1)[0] if entry.name.startswith(STORE_FILE) else entry.name
+            sizes[name] = sizes.get(name, 0) + entry.stat().st_size
     sizes["total"] = sum(sizes.values())
     return sizes
 

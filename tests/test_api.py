@@ -1,0 +1,273 @@
+"""CodeSearch end to end on a real sample repository: real walk, chunking, SQLite, BM25,
+FAISS, PLAID and the tiny random checkpoints from the fixtures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from codesearch import CodeSearch
+from codesearch.api import IndexStatus, find_index_root, hit_document, result_document
+from codesearch.errors import (
+    CodeSearchError,
+    IndexCorruptError,
+    IndexLockedError,
+    ModelUnavailableError,
+    NotIndexedError,
+    NothingToIndexError,
+    PathError,
+    QueryError,
+)
+from fixtures.sample_repo import EXPECTED, write_sample_repo
+
+
+@pytest.fixture(scope="module")
+def lexical_repo(tmp_path_factory):
+    """The sample repo with a lexical-only index (no model)."""
+    root = write_sample_repo(tmp_path_factory.mktemp("lexical_repo"))
+    with CodeSearch(root, model=None, multi_model=None) as cs:
+        cs.index()
+    return root
+
+
+@pytest.fixture(scope="module")
+def model_repo(tmp_path_factory, single_vector_dir, colbert_dir):
+    """The sample repo indexed with the tiny dense and ColBERT checkpoints."""
+    root = write_sample_repo(tmp_path_factory.mktemp("model_repo"))
+    with CodeSearch(root, model=str(single_vector_dir), multi_model=str(colbert_dir), device="cpu") as cs:
+        summary = cs.index()
+    return root, summary
+
+
+@pytest.mark.parametrize("query,path", sorted(EXPECTED.items()))
+def test_lexical_search_ranks_the_distinctive_chunk_first(lexical_repo, query, path):
+    with CodeSearch(lexical_repo) as cs:
+        hits = cs.search(query, k=3, mode="lexical")
+    assert hits and hits[0].path == path
+    top = hits[0]
+    source = (lexical_repo / path).read_text().splitlines(keepends=True)
+    # The exact source of those lines (the chunker may leave out the last line's newline).
+    assert top.text.rstrip("\n") == "".join(source[top.start_line - 1 : top.end_line]).rstrip("\n")
+
+
+def test_index_summary_counts_the_sample(model_repo):
+    _, summary = model_repo
+    d = summary.to_dict()
+    assert d["files_indexed"] == 5
+    assert d["chunks_total"] >= 5
+    assert "binary" in d["skipped"]  # assets/logo.png
+
+
+@pytest.mark.parametrize("query,path", sorted(EXPECTED.items()))
+def test_hybrid_search_with_tiny_models_keeps_the_chunk_in_the_top_results(model_repo, query, path):
+    root, _ = model_repo
+    with CodeSearch(root, device="cpu") as cs:
+        result = cs.query(query, k=5)
+    assert result.mode == "hybrid"
+    assert {"lexical", "dense", "colbert"} <= set(result.indexes_used)
+    assert path in [h.path for h in result.hits[:3]]
+
+
+@pytest.mark.parametrize("mode", ["dense", "colbert"])
+def test_single_index_modes_run_with_tiny_models(model_repo, mode):
+    root, _ = model_repo
+    with CodeSearch(root, device="cpu") as cs:
+        result = cs.query("retry failed requests", k=4, mode=mode)
+    assert result.indexes_used and mode in result.indexes_used[0]
+    assert 1 <= len(result.hits) <= 4
+    assert all(h.start_line <= h.end_line for h in result.hits)
+
+
+def test_filters_and_files_only(lexical_repo):
+    with CodeSearch(lexical_repo) as cs:
+        go = cs.search("server database", k=10, mode="lexical", language="go")
+        assert go and {h.language for h in go} == {"go"}
+        src = cs.search("config retry", k=10, mode="lexical", glob="src/**")
+        assert src and all(h.path.startswith("src/") for h in src)
+        files = cs.search("the", k=10, mode="lexical", files_only=True)
+        assert len({h.path for h in files}) == len(files)
+
+
+def test_lexical_search_never_imports_torch(model_repo):
+    # An index built with models, searched lexically through the default settings.
+    root, _ = model_repo
+    code = (
+        "import sys, json\n"
+        "from codesearch import CodeSearch\n"
+        f"cs = CodeSearch({str(root)!r})\n"
+        "hits = cs.search('parseConfigFile', k=2, mode='lexical', refresh=True)\n"
+        "print(json.dumps([hits[0].path, 'torch' in sys.modules, 'transformers' in sys.modules]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == ["src/config.js", False, False]
+
+
+def test_status_reports_counts_models_staleness_and_size(tmp_path, single_vector_dir):
+    root = write_sample_repo(tmp_path / "repo")
+    with CodeSearch(root, model=str(single_vector_dir), multi_model=None, device="cpu") as cs:
+        assert cs.status().indexed is False
+        cs.index()
+        st = cs.status()
+        assert isinstance(st, IndexStatus)
+        assert (st.indexed, st.files, st.is_stale) == (True, 5, False)
+        assert st.chunks >= 5
+        assert st.languages["python"] == 1 and st.languages["go"] == 1
+        assert st.models["dense"] and st.models["multi"] is None
+        assert st.disk_bytes["store.sqlite"] > 0 and st.disk_bytes["total"] >= st.disk_bytes["store.sqlite"]
+        (root / "src" / "config.js").write_text("// changed\n")
+        (root / "src" / "new.py").write_text("def brand_new():\n    return 1\n")
+        (root / "db" / "schema.sql").unlink()
+        st = cs.status()
+        assert st.stale == {"added": 1, "changed": 1, "removed": 1} and st.is_stale
+        doc = json.loads(json.dumps(st.to_dict()))
+        assert doc["schema_version"] == 1 and doc["is_stale"] is True
+
+
+def test_refresh_indexes_changed_files_before_searching(tmp_path):
+    root = write_sample_repo(tmp_path / "repo")
+    with CodeSearch(root, model=None, multi_model=None) as cs:
+        cs.index()
+        (root / "src" / "payments.py").write_text("def refund_invoice_zq17(invoice):\n    return invoice\n")
+        stale = cs.query("refund_invoice_zq17", k=1, mode="lexical")
+        assert not stale.hits or stale.hits[0].path != "src/payments.py"
+        fresh = cs.query("refund_invoice_zq17", k=1, mode="lexical", refresh=True)
+        assert fresh.hits[0].path == "src/payments.py"
+        assert any("refreshed" in n for n in fresh.notices)
+        again = cs.query("refund_invoice_zq17", k=1, mode="lexical", refresh=True)
+        assert not any("refreshed" in n for n in again.notices)
+
+
+def test_concurrent_searches_agree(lexical_repo):
+    with CodeSearch(lexical_repo) as cs:
+        expected = {q: cs.search(q, k=3, mode="lexical")[0].path for q in EXPECTED}
+        seen: list[tuple[str, str]] = []
+        errors: list[BaseException] = []
+
+        def worker() -> None:
+            try:
+                for q in list(EXPECTED) * 5:
+                    seen.append((q, cs.search(q, k=3, mode="lexical")[0].path))
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors
+    assert len(seen) == 4 * 5 * len(EXPECTED)
+    assert all(expected[q] == p for q, p in seen)
+
+
+def test_with_context_widens_hits_from_the_file(lexical_repo):
+    with CodeSearch(lexical_repo) as cs:
+        result = cs.query("openDatabaseConnection", k=1, mode="lexical")
+        wide = cs.with_context(result, 2)
+    hit, whit = result.hits[0], wide.hits[0]
+    assert whit.start_line == max(1, hit.start_line - 2)
+    lines = (lexical_repo / hit.path).read_text().splitlines(keepends=True)
+    assert whit.end_line == min(len(lines), hit.end_line + 2)
+    assert whit.text.rstrip("\n") == "".join(lines[whit.start_line - 1 : whit.end_line]).rstrip("\n")
+
+
+def test_json_documents_follow_the_schema(lexical_repo):
+    with CodeSearch(lexical_repo) as cs:
+        result = cs.query("HttpClient", k=2, mode="lexical")
+    doc = json.loads(json.dumps(result_document(result)))
+    assert list(doc) == ["schema_version", "query", "mode", "indexes_used", "notices", "results"]
+    assert doc["schema_version"] == 1 and doc["query"] == "HttpClient" and doc["mode"] == "lexical"
+    assert list(doc["results"][0]) == ["path", "start_line", "end_line", "score", "language", "symbol", "kind", "text"]
+    assert doc["results"][0] == hit_document(result.hits[0])
+
+
+def test_find_index_root_walks_up(lexical_repo):
+    assert find_index_root(lexical_repo / "src") == lexical_repo.resolve()
+    assert find_index_root(lexical_repo) == lexical_repo.resolve()
+
+
+def test_find_index_root_fails_outside_an_index(tmp_path):
+    with pytest.raises(NotIndexedError, match="codesearch index"):
+        find_index_root(tmp_path)
+
+
+# -- errors: each a CodeSearchError with a one-line message that says what to do ----------
+
+
+def _one_line(exc: pytest.ExceptionInfo[CodeSearchError]) -> str:
+    message = str(exc.value)
+    assert message and "\n" not in message
+    return message
+
+
+def test_missing_path(tmp_path):
+    with pytest.raises(PathError) as exc:
+        CodeSearch(tmp_path / "nope")
+    assert "nope" in _one_line(exc)
+
+
+def test_not_indexed(tmp_path):
+    write_sample_repo(tmp_path)
+    with CodeSearch(tmp_path) as cs, pytest.raises(NotIndexedError) as exc:
+        cs.search("anything")
+    assert "codesearch index" in _one_line(exc)
+
+
+@pytest.mark.parametrize("query", ["", "   \n"])
+def test_empty_query(lexical_repo, query):
+    with CodeSearch(lexical_repo) as cs, pytest.raises(QueryError) as exc:
+        cs.search(query)
+    assert "empty" in _one_line(exc)
+
+
+def test_nothing_to_index(tmp_path):
+    (tmp_path / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x01")
+    with CodeSearch(tmp_path, model=None, multi_model=None) as cs, pytest.raises(NothingToIndexError) as exc:
+        cs.index()
+    _one_line(exc)
+
+
+def test_model_unavailable_offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    write_sample_repo(tmp_path / "repo")
+    with CodeSearch(tmp_path / "repo", model="nobody/no-such-model", multi_model=None) as cs:
+        with pytest.raises(ModelUnavailableError) as exc:
+            cs.index()
+    assert "nobody/no-such-model" in _one_line(exc) and "--model" in str(exc.value)
+
+
+def test_index_locked_by_another_indexer(tmp_path):
+    from codesearch.indexer.store import IndexLock
+
+    root = write_sample_repo(tmp_path / "repo")
+    with CodeSearch(root, model=None, multi_model=None) as cs:
+        cs.index()
+        with IndexLock(cs.index_dir), pytest.raises(IndexLockedError) as exc:
+            cs.index()
+    _one_line(exc)
+
+
+def test_corrupt_index(tmp_path):
+    root = write_sample_repo(tmp_path / "repo")
+    with CodeSearch(root, model=None, multi_model=None) as cs:
+        cs.index()
+    (root / ".codesearch" / "store.sqlite").write_bytes(b"this is not a database" * 100)
+    for name in ("store.sqlite-wal", "store.sqlite-shm"):
+        (root / ".codesearch" / name).unlink(missing_ok=True)
+    with CodeSearch(root) as cs, pytest.raises(IndexCorruptError) as exc:
+        cs.search("HttpClient", mode="lexical")
+    assert "--rebuild" in _one_line(exc)
+
+
+def test_closed_instance_refuses_work(lexical_repo):
+    cs = CodeSearch(lexical_repo)
+    cs.close()
+    cs.close()  # idempotent
+    with pytest.raises(CodeSearchError, match="closed"):
+        cs.search("HttpClient", mode="lexical")
