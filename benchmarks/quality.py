@@ -52,7 +52,7 @@ class Repo:
     language: str
     url: str
     revision: str
-    benchmark_root: str | None
+    benchmark_root: str | None = None
 
 
 def load_bench(bench: Path) -> tuple[dict[str, Repo], list[Task]]:
@@ -127,6 +127,20 @@ def _minilm_dir() -> str:
     raise SystemExit(f"no model directory found inside {root}")
 
 
+_ENCODERS: dict = {}
+
+
+def _encoders(model: str | None):
+    """One loaded encoder per model for the whole run (loading is the slow part)."""
+    from codesearch.indexer import pipeline
+
+    if model is None:
+        return None
+    if model not in _ENCODERS:
+        _ENCODERS[model], _notices = pipeline.resolve_encoders(model, None)
+    return _ENCODERS[model]
+
+
 def build_or_open(repo: Repo, repos_dir: Path, out: Path, model: str | None, chunk_tokens: int | None, rebuild: bool):
     """Index the repo's benchmark_root (cached) and return (Searcher, index seconds, prefix)."""
     from codesearch.indexer import pipeline
@@ -148,13 +162,13 @@ def build_or_open(repo: Repo, repos_dir: Path, out: Path, model: str | None, chu
         if chunk_tokens:
             kwargs["chunk_tokens"] = chunk_tokens
         t0 = time.perf_counter()
-        pipeline.build_index(root, index_dir=index_dir, model=model, **kwargs)
+        encoders = _encoders(model)
+        pipeline.build_index(root, index_dir=index_dir, encoders=encoders, **kwargs)
         t_index = time.perf_counter() - t0
         marker.write_text(json.dumps({"index_s": t_index}))
     else:
         t_index = json.loads(marker.read_text())["index_s"]
-    encoders = pipeline.resolve_encoders(model, None, index_dir=index_dir) if model else None
-    searcher = Searcher(index_dir, encoders=encoders)
+    searcher = Searcher(index_dir, encoders=_encoders(model))
     prefix = (repo.benchmark_root.strip("/") + "/") if repo.benchmark_root else ""
     return searcher, t_index, prefix
 

@@ -105,6 +105,8 @@ class RankingParams:
     w_colbert: float = 1.0  # MaxSim, min-max over the candidates
     w_path: float = 0.5  # share of query words in the file's name / folder
     w_symbol: float = 1.0  # the query names the chunk's symbol
+    w_stem: float = 1.0  # the query names the file (stem equals an identifier of the query)
+    file_b: float = 0.75  # BM25 length normalisation of the whole-file score
     demote: float = 0.3  # multiplier for tests/docs/examples/benchmarks not asked for
     file_decay: float = 0.5  # each further hit from one file is multiplied by this
     max_per_file: int = 3  # hard cap on hits from one file
@@ -124,7 +126,12 @@ _TEST_PATH_RE = re.compile(
     r"|(?:^|/)test_[^/]*$|_test\.[a-z]+$|_spec\.[a-z]+$|\.(?:test|spec)\.[a-z]+$"
     r"|(?:^|/)[^/]*(?:Tests?|Spec|Suite)\.[A-Za-z]+$"
 )
-_DOC_PATH_RE = re.compile(r"(?:^|/)(?:docs?|_?examples?|samples?|tutorials?|docs_src)(?:/|$)|\.(?:md|rst|txt)$")
+_DOC_PATH_RE = re.compile(
+    r"(?:^|/)(?:docs?|_?examples?|samples?|tutorials?|docs_src)(?:/|$)"
+    # Prose and build/config files: they mention every public name, so they match many
+    # queries lexically, yet the code that implements the thing is what is looked for.
+    r"|\.(?:md|markdown|rst|txt|adoc|xml|json|ya?ml|toml|ini|cfg|conf|properties|pro|lock|csv|svg|html?)$"
+)
 _BENCH_PATH_RE = re.compile(r"(?:^|/)(?:bench|benches|benchmarks?)(?:/|$)")
 
 
@@ -186,6 +193,7 @@ class _Corpus:
     file_ids: np.ndarray  # (n_files,) int64 store file ids
     file_kind: np.ndarray  # (n_files,) int8: 0 code, 1 test, 2 doc/example, 3 bench
     path_tokens: list[frozenset[str]]
+    stems: list[str]  # file name before its first dot, lower-cased, without _ and -
 
     @classmethod
     def build(cls, rows: list[tuple[int, int, str, int, int, str, str | None]]) -> _Corpus:
@@ -213,10 +221,15 @@ class _Corpus:
             file_ids=np.array(fids, dtype=np.int64),
             file_kind=kinds,
             path_tokens=[_path_tokens(p) for p in files],
+            stems=[_norm_ident(PurePosixPath(p).name.split(".")[0]) for p in files],
         )
 
     def __len__(self) -> int:
         return len(self.ids)
+
+
+def _norm_ident(name: str) -> str:
+    return re.sub(r"[_\-]", "", name.lower())
 
 
 def _file_kind(path: str) -> int:
@@ -268,7 +281,7 @@ class _Ranker:
             (np.ones(len(self._lex_dst), np.float32), (corpus.file_idx[self._lex_dst], np.arange(len(self._lex_dst)))),
             shape=(nf, len(self._lex_dst)),
         )
-        self.file_bm25 = BM25Matrix(g @ tf, k1=lexical.k1, b=lexical.b)
+        self.file_bm25 = BM25Matrix(g @ tf, k1=lexical.k1, b=self.params.file_b)
         self._n = n
         self._row_of = row_of
 
@@ -306,15 +319,28 @@ class _Ranker:
                 flex = _maxnorm(self.file_bm25.scores(term_ids))
                 total += p.w_file_lexical * flex[c.file_idx]
             if p.w_path and q.tokens:
-                qt = set(q.tokens)
-                share = np.fromiter(
-                    (len(qt & pt) / len(qt) for pt in c.path_tokens), dtype=np.float32, count=len(c.files)
-                )
-                total += p.w_path * share[c.file_idx]
+                # idf-weighted share of the query's words found in the file's name and
+                # folder: "json array" in gson names JsonArray.java, not every Json*.java.
+                vocab = self.lexical._vocab
+                idf = self.file_bm25.idf
+                w = {t: float(idf[vocab[t]]) if t in vocab else 0.0 for t in q.tokens}
+                denom = sum(w.values())
+                if denom > 0:
+                    share = np.fromiter(
+                        (sum(w[t] for t in pt.intersection(w)) / denom for pt in c.path_tokens),
+                        dtype=np.float32,
+                        count=len(c.files),
+                    )
+                    total += p.w_path * share[c.file_idx]
             if p.w_symbol and q.identifiers:
                 idents = set(q.identifiers)
                 sym = np.fromiter((s in idents for s in c.symbol), dtype=bool, count=n)
                 total += p.w_symbol * sym
+            if p.w_stem and q.identifiers:
+                names = {_norm_ident(i) for i in q.identifiers}
+                names |= {n[:-1] for n in names if n.endswith("s")} | {n + "s" for n in names}
+                stem_hit = np.fromiter((st in names for st in c.stems), dtype=bool, count=len(c.files))
+                total += p.w_stem * stem_hit[c.file_idx]
         for name, cand, w in (("dense", dense, p.w_dense), ("colbert", colbert, p.w_colbert)):
             if cand is None or not len(cand[0]):
                 continue
