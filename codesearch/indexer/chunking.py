@@ -292,7 +292,7 @@ _SPECS: dict[str, _LangSpec] = {
         trivia=frozenset({"signature"}),
     ),
     "lua": _LangSpec("lua", {"function_declaration": "function"}),
-    "zig": _LangSpec("zig", {"Decl": "?zig_decl", "TestDecl": "test"}),
+    "zig": _LangSpec("zig", {"Decl": "?zig_decl", "TestDecl": "?zig_test"}),
     "bash": _LangSpec("bash", {"function_definition": "function"}),
 }
 _SPECS["starlark"] = _SPECS["python"]
@@ -381,9 +381,9 @@ class _Piece:
     primary: tuple | None = None  # the definition whose header this piece holds
 
     def label(self) -> tuple[str, str | None]:
-        if self.primary is not None:
+        if self.primary is not None and len(self.defs) <= 1:
             return self.primary
-        if len(self.defs) == 1:
+        if len(set(self.defs)) == 1:  # one definition (Haskell: several equations of it)
             return self.defs[0]
         if self.defs:
             names = dict.fromkeys(name for _, name in self.defs if name)
@@ -391,12 +391,12 @@ class _Piece:
         return self.base, None
 
 
-def _merge(pieces: list[_Piece], budget: int) -> list[_Piece]:
+def _merge(pieces: list[_Piece], budget: Callable[[tuple], int]) -> list[_Piece]:
     """Greedily join neighbours of the same scope while the sum stays within budget."""
     out: list[_Piece] = []
     for p in pieces:
         prev = out[-1] if out else None
-        if prev is not None and prev.scope == p.scope and prev.cost + p.cost <= budget:
+        if prev is not None and prev.scope == p.scope and prev.cost + p.cost <= budget(p.scope):
             primary = None
             if prev.primary is not None and not p.defs:
                 primary = prev.primary
@@ -444,7 +444,7 @@ def _end_row(node) -> int:
 
 
 class _Splitter:
-    def __init__(self, doc: _Doc, spec: _LangSpec, budget: int):
+    def __init__(self, doc: _Doc, spec: _LangSpec, budget: Callable[[tuple], int]):
         self.doc = doc
         self.spec = spec
         self.budget = budget
@@ -602,6 +602,11 @@ class _Splitter:
         name = next((c for c in var.named_children if c.type == "IDENTIFIER"), None)
         return m.group(1).decode(), self.doc.node_text(name) if name is not None else None
 
+    def _hook_zig_test(self, node):
+        label = next((c for c in node.named_children if c.type.startswith("STRINGLITERAL")
+                      or c.type == "IDENTIFIER"), None)
+        return "test", self.doc.node_text(label).strip('"') if label is not None else None
+
     # -- splitting
 
     def split(self, node, lo: int, hi: int, scope: tuple) -> list[_Piece]:
@@ -617,8 +622,9 @@ class _Splitter:
                 continue  # shares its lines with the previous child
             segments.append((child, prev_end + 1, end))
             prev_end = end
+        budget = self.budget(scope)
         if not segments:
-            return _line_pieces(doc, lo, hi, self.budget, scope, "block")
+            return _line_pieces(doc, lo, hi, budget, scope, "block")
         if prev_end < hi:
             child, first, _ = segments[-1]
             segments[-1] = (child, first, hi)
@@ -626,7 +632,7 @@ class _Splitter:
         for child, first, last in segments:
             found = self.describe(child, scope)
             cost = doc.cost(first, last)
-            if cost <= self.budget or first == last:
+            if cost <= budget or first == last:
                 defs = [(found[0], found[1])] if found else []
                 pieces.append(_Piece(first, last, cost, scope, defs))
                 continue
@@ -635,6 +641,7 @@ class _Splitter:
 
     def split_big(self, node, lo: int, hi: int, scope: tuple, found) -> list[_Piece]:
         inner_scope = scope + ((found[0], found[2]),) if found else scope
+        row = node.start_point[0]  # the definition's first line, decorators included
         if found and found[3] is not node:
             # A wrapper (decorators, `export`): split the definition itself; the wrapper's
             # own lines above it join the first piece.
@@ -642,13 +649,14 @@ class _Splitter:
         if node.named_child_count:
             pieces = self.split(node, lo, hi, inner_scope)
         else:  # a leaf over budget: a huge string or comment
-            pieces = _line_pieces(self.doc, lo, hi, self.budget, inner_scope, "block")
+            pieces = _line_pieces(self.doc, lo, hi, self.budget(inner_scope), inner_scope, "block")
         if found and pieces:
-            # The first piece holds the definition's header: label it with the definition.
-            first = pieces[0]
-            first.primary = (found[0], found[1])
-            first.defs = [(found[0], found[1])] + first.defs
-            first.scope = scope
+            # The piece holding the definition's first line is labelled with it and sits in
+            # the outer scope (it shows the header itself); later pieces carry the scope.
+            head = next((p for p in pieces if p.end >= row), pieces[-1])
+            head.primary = (found[0], found[1])
+            head.defs = [(found[0], found[1])] + head.defs
+            head.scope = scope
         return pieces
 
 
@@ -675,7 +683,7 @@ _HEADING = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?[ \t]*#*[ \t]*\r?$")
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 
 
-def _markdown_pieces(doc: _Doc, budget: int) -> list[_Piece]:
+def _markdown_pieces(doc: _Doc, budget: Callable[[tuple], int]) -> list[_Piece]:
     """Sections by ATX heading (not inside fenced code), cut further by paragraphs."""
     sections = []  # (first row, level, title)
     fence = None
@@ -695,7 +703,7 @@ def _markdown_pieces(doc: _Doc, budget: int) -> list[_Piece]:
     pieces: list[_Piece] = []
     if not sections or sections[0][0] > 0:
         end = sections[0][0] - 1 if sections else doc.last
-        pieces.extend(_line_pieces(doc, 0, end, budget, (), "text"))
+        pieces.extend(_line_pieces(doc, 0, end, budget(()), (), "text"))
     stack: list[tuple[int, str]] = []  # (level, "## Title") of the enclosing headings
     for i, (row, level, title) in enumerate(sections):
         end = sections[i + 1][0] - 1 if i + 1 < len(sections) else doc.last
@@ -703,9 +711,13 @@ def _markdown_pieces(doc: _Doc, budget: int) -> list[_Piece]:
             stack.pop()
         scope = tuple(("section", sig) for _, sig in stack)
         stack.append((level, "#" * level + " " + title))
-        part = _line_pieces(doc, row, end, budget, scope, "text")
+        inner = scope + (("section", stack[-1][1]),)
+        # Like a split definition: the heading's piece sits in the outer scope, the rest of
+        # a long section carries the heading as its scope.
+        part = _line_pieces(doc, row, end, budget(inner), inner, "text")
         part[0].defs = [("section", title or None)]
         part[0].primary = ("section", title or None)
+        part[0].scope = scope
         pieces.extend(part)
     return _merge(pieces, budget)
 
@@ -733,8 +745,8 @@ def chunk_source(
         Name from `detect_language`. Languages in `CHUNKED_LANGUAGES` are cut along their
         syntax tree (Markdown along its headings); any other text by lines and paragraphs.
     max_tokens : int
-        Budget for a chunk's `Chunk.encoder_text`; a few tokens are kept for the header.
-        Only a single line longer than the budget can exceed it.
+        Budget for a chunk's `Chunk.encoder_text`, header included (by `count_tokens`'s
+        measure). Only a single line longer than the budget can exceed it.
     count_tokens : callable, optional
         Token counter for a string; defaults to `estimate_tokens`. Pass the encoder's own
         count for exact budgets (it is then called on candidate line ranges).
@@ -753,9 +765,18 @@ def chunk_source(
     """
     if not text.strip():
         return []
-    reserve = min(32, max_tokens // 8)  # room for the header line
-    budget = max(8, max_tokens - reserve)
     doc = _Doc(text, count_tokens)
+    count = count_tokens or estimate_tokens
+    budgets: dict[tuple, int] = {}
+
+    def budget(scope: tuple) -> int:
+        # The header (path and enclosing signatures) shares the encoder's window with the
+        # code, so each scope gets what its header leaves (2 tokens for joins and newline).
+        if scope not in budgets:
+            header = _header(path, scope)
+            budgets[scope] = max(8, max_tokens - count(header) - 2)
+        return budgets[scope]
+
     pieces = None
     spec = _SPECS.get(language)
     if spec is not None:
@@ -763,11 +784,17 @@ def chunk_source(
     elif language == "markdown":
         pieces = _markdown_pieces(doc, budget)
     if pieces is None:
-        pieces = _merge(_line_pieces(doc, 0, doc.last, budget, (), "text"), budget)
+        pieces = _merge(_line_pieces(doc, 0, doc.last, budget(()), (), "text"), budget)
     return _to_chunks(doc, pieces, path, language)
 
 
-def _tree_pieces(doc: _Doc, spec: _LangSpec, budget: int, path: str) -> list[_Piece] | None:
+def _header(path: str, scope: tuple) -> str:
+    return " > ".join([path, *(sig for _, sig in scope)])
+
+
+def _tree_pieces(
+    doc: _Doc, spec: _LangSpec, budget: Callable[[tuple], int], path: str
+) -> list[_Piece] | None:
     parser = _parser(spec.grammar)
     if parser is None:
         return None
@@ -807,6 +834,6 @@ def _to_chunks(doc: _Doc, pieces: Sequence[_Piece], path: str, language: str) ->
             kind=kind,
             scope=scope,
             text="\n".join(lines[start : end + 1]),
-            header=f"{path} > {scope}" if scope else path,
+            header=_header(path, p.scope),
         ))
     return chunks

@@ -1,0 +1,267 @@
+"""Chunking rules: no lost lines, exact text and offsets, splitting, merging, fallbacks."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+import codesearch
+from codesearch.indexer import chunking
+from codesearch.indexer.chunking import Chunk, chunk_source, estimate_tokens
+from codesearch.indexer.walk import detect_language, read_source
+
+
+def assert_invariants(src: str, chunks: list[Chunk]) -> None:
+    """Ordered, disjoint, exact text and bytes, every non-blank line covered."""
+    lines = src.split("\n")
+    data = src.encode("utf-8", errors="surrogatepass")
+    covered: set[int] = set()
+    prev_end = 0
+    for c in chunks:
+        assert prev_end < c.start_line <= c.end_line <= len(lines), c
+        prev_end = c.end_line
+        assert c.text == "\n".join(lines[c.start_line - 1 : c.end_line])
+        assert data[c.start_byte : c.end_byte] == c.text.encode("utf-8", errors="surrogatepass")
+        covered.update(range(c.start_line, c.end_line + 1))
+    nonblank = {i + 1 for i, line in enumerate(lines) if line.strip()}
+    assert nonblank - covered == set()
+
+
+def big_function(n_statements: int) -> str:
+    body = "".join(f"    value_{i} = compute(value_{i - 1}, {i})\n" for i in range(1, n_statements))
+    return f"import math\n\n\ndef big(value_0):\n    '''A long one.'''\n{body}    return value_0\n"
+
+
+def test_huge_function_splits_at_statement_boundaries():
+    src = big_function(300)
+    chunks = chunk_source("pkg/big.py", src, "python", max_tokens=256)
+    assert_invariants(src, chunks)
+    assert len(chunks) >= 10
+    first, rest = chunks[0], chunks[1:]
+    assert (first.kind, first.symbol, first.scope, first.start_line) == ("function", "big", None, 1)
+    assert all(c.kind == "block" and c.scope == "def big(value_0):" for c in rest)
+    assert all(c.header == "pkg/big.py > def big(value_0):" for c in rest)
+    # Each statement is one line here: every cut falls between statements.
+    for c in chunks:
+        assert estimate_tokens(c.encoder_text) <= 256
+
+
+def test_budget_counts_the_header():
+    src = big_function(200)
+    for max_tokens in (64, 128, 512):
+        for c in chunk_source("a/very/long/path/to/the/module.py", src, "python",
+                              max_tokens=max_tokens):
+            assert estimate_tokens(c.encoder_text) <= max_tokens
+
+
+def test_custom_token_counter_bounds_every_chunk():
+    def words(s: str) -> int:
+        return len(s.split())
+
+    src = big_function(120)
+    chunks = chunk_source("big.py", src, "python", max_tokens=100, count_tokens=words)
+    assert_invariants(src, chunks)
+    assert len(chunks) > 3
+    assert all(words(c.encoder_text) <= 100 for c in chunks)
+
+
+def test_small_siblings_merge_up_to_the_budget():
+    src = (
+        "import os\nimport sys\nfrom pathlib import Path\n\nDEBUG = False\nLIMIT = 3\n\n\n"
+        + "".join(f"def helper_{i}(x):\n    return x + {i}\n\n\n" for i in range(6))
+    )
+    one = chunk_source("h.py", src, "python", max_tokens=512)
+    assert len(one) == 1
+    assert one[0].kind == "block"
+    assert one[0].symbol == ", ".join(f"helper_{i}" for i in range(6))
+    assert (one[0].start_line, one[0].end_line) == (1, len(src.rstrip("\n").split("\n")))
+    small = chunk_source("h.py", src, "python", max_tokens=40)
+    assert_invariants(src, small)
+    assert 2 < len(small) < 8  # neither one chunk nor one per statement
+    assert any(c.symbol and ", " in c.symbol for c in small)
+
+
+def test_leading_comments_and_decorators_join_the_definition():
+    src = (
+        "import functools\n\n\n"
+        "# Cache results: the lookup is slow.\n"
+        "# (second comment line)\n"
+        "@functools.lru_cache(maxsize=None)\n"
+        "def lookup(key):\n"
+        "    return expensive(key) + expensive(key * 2) + expensive(key * 3)\n\n\n"
+        "def other():\n"
+        "    return lookup(1) + lookup(2) + lookup(3) + lookup(4) + lookup(5)\n"
+    )
+    chunks = chunk_source("c.py", src, "python", max_tokens=96)
+    assert_invariants(src, chunks)
+    lookup = next(c for c in chunks if c.symbol == "lookup")
+    assert (lookup.kind, lookup.start_line, lookup.end_line) == ("function", 4, 8)
+    assert lookup.text.startswith("# Cache results")
+
+
+def test_crlf_keeps_line_numbers_and_carriage_returns():
+    src = (
+        "def first():\r\n    return 1 + 2 + 3 + 4 + 5 + 6\r\n\r\n\r\n"
+        "def second():\r\n    return 7 + 8 + 9 + 10 + 11 + 12\r\n"
+    )
+    chunks = chunk_source("crlf.py", src, "python", max_tokens=24)
+    assert_invariants(src, chunks)
+    spans = {c.symbol: (c.start_line, c.end_line) for c in chunks}
+    assert spans == {"first": (1, 2), "second": (5, 6)}
+    assert chunks[1].text == "def second():\r\n    return 7 + 8 + 9 + 10 + 11 + 12\r"
+
+
+def test_tabs_keep_line_numbers():
+    src = "package main\n\nfunc a() int {\n\tx := 1\n\treturn x\n}\n\nfunc b() int {\n\treturn 2\n}\n"
+    chunks = chunk_source("t.go", src, "go", max_tokens=20)
+    assert_invariants(src, chunks)
+    spans = {c.symbol: (c.start_line, c.end_line) for c in chunks if c.symbol}
+    assert spans["b"] == (8, 10)
+    assert spans["a"][1] == 6
+
+
+def test_invalid_utf8_keeps_lines_and_documents_offsets(tmp_path: Path):
+    raw = (
+        b"def broken():\n    return b'\xff\xfe' + '\xc3('\n\n\n"
+        b"def fine():\n    return 'ok ok ok ok ok ok ok ok ok ok ok ok'\n"
+    )
+    f = tmp_path / "bad.py"
+    f.write_bytes(raw)
+    text = read_source(f)
+    assert "\ufffd" in text and text.count("\n") == raw.count(b"\n")
+    chunks = chunk_source("bad.py", text, "python", max_tokens=32)
+    assert_invariants(text, chunks)
+    fine = next(c for c in chunks if c.symbol == "fine")
+    assert (fine.start_line, fine.end_line) == (5, 6)
+    # Offsets index the re-encoded text: each bad byte became the 3-byte U+FFFD.
+    assert fine.start_byte == raw.index(b"def fine") + 3 * 2
+    assert text.encode()[fine.start_byte : fine.end_byte] == fine.text.encode()
+
+
+def test_valid_utf8_offsets_are_file_offsets(tmp_path: Path):
+    raw = "# Größe: ünïcödé\n\ndef größe():\n    return 'π' * 3 + 'long padding string here'\n"
+    f = tmp_path / "u.py"
+    f.write_text(raw, encoding="utf-8")
+    data = f.read_bytes()
+    for c in chunk_source("u.py", read_source(f), "python", max_tokens=24):
+        assert data[c.start_byte : c.end_byte].decode() == c.text
+
+
+def test_parse_failure_falls_back_to_line_chunks(caplog):
+    src = "".join(f"this is ]] not {{ python at all ))) line {i} <<<\n" for i in range(40))
+    with caplog.at_level(logging.DEBUG, logger="codesearch.indexer.chunking"):
+        chunks = chunk_source("bad.py", src, "python", max_tokens=64)
+    assert_invariants(src, chunks)
+    assert len(chunks) > 1
+    assert {c.kind for c in chunks} == {"text"}
+    assert "does not parse" in caplog.text
+
+
+def test_local_syntax_error_keeps_the_tree():
+    src = big_function(5) + "\n\ndef oops(:\n    pass\n\n\ndef after():\n    return 1\n"
+    chunks = chunk_source("e.py", src, "python", max_tokens=48)
+    assert_invariants(src, chunks)
+    assert any(c.symbol and "after" in c.symbol for c in chunks)
+
+
+def test_missing_grammar_falls_back(monkeypatch, caplog):
+    fake = chunking._LangSpec("no_such_grammar_xyz", {"function_definition": "function"})
+    monkeypatch.setitem(chunking._SPECS, "fakelang", fake)
+    src = big_function(30)
+    with caplog.at_level(logging.WARNING):
+        chunks = chunk_source("f.fake", src, "fakelang", max_tokens=64)
+    assert_invariants(src, chunks)
+    assert {c.kind for c in chunks} == {"text"}
+    assert "no_such_grammar_xyz" in caplog.text
+
+
+def test_markdown_by_headings_and_paragraphs():
+    src = (
+        "Intro paragraph before any heading.\n\n"
+        "# Guide\n\nSome words.\n\n"
+        "## Install\n\n```bash\n# not a heading inside a fence\npip install x\n```\n\n"
+        "## Usage\n\n" + "".join(f"Paragraph {i} " * 12 + "\n\n" for i in range(12))
+        + "### Deep\n\nEnd.\n"
+    )
+    chunks = chunk_source("README.md", src, "markdown", max_tokens=64)
+    assert_invariants(src, chunks)
+    labels = [n for c in chunks if c.symbol for n in c.symbol.split(", ")]
+    assert "not a heading inside a fence" not in " ".join(labels)
+    assert {"Guide", "Install", "Usage", "Deep"} <= set(labels)
+    usage = next(c for c in chunks if c.symbol == "Usage")
+    assert (usage.kind, usage.scope) == ("section", "# Guide")
+    rest = [c for c in chunks if c.scope == "# Guide > ## Usage" and c.symbol is None]
+    assert len(rest) >= 2  # the long section was cut by paragraphs
+    assert all(c.kind in {"section", "block", "text"} for c in chunks)
+    deep = next(c for c in chunks if c.symbol == "Deep")
+    assert deep.scope == "# Guide > ## Usage"
+
+
+@pytest.mark.parametrize(
+    ("name", "src"),
+    [
+        ("config.yaml", "".join(f"key_{i}:\n  nested: value {i}\n  list: [1, 2, 3]\n" for i in range(80))),
+        ("data.json", "{\n" + "".join(f'  "k{i}": {{"v": {i}, "w": "text"}},\n' for i in range(120)) + '  "end": 0\n}\n'),
+        ("schema.sql", "".join(f"CREATE TABLE t{i} (\n  id INTEGER PRIMARY KEY,\n  name TEXT\n);\n\n" for i in range(40))),
+        ("notes.unknownext", "".join(f"line {i} of an unknown text file\n" for i in range(100))),
+    ],
+)
+def test_other_text_by_fallback_never_dropped(name, src):
+    language = detect_language(name)
+    chunks = chunk_source(name, src, language, max_tokens=96)
+    assert_invariants(src, chunks)
+    assert len(chunks) > 1
+    assert {c.kind for c in chunks} == {"text"}
+    assert all(estimate_tokens(c.encoder_text) <= 96 for c in chunks)
+
+
+def test_fallback_prefers_paragraph_breaks():
+    para = "word " * 20
+    src = "".join(f"{para}\n{para}\n{para}\n\n" for _ in range(8))
+    # 3 paragraph lines fit the budget, 4 do not: a greedy cut would split paragraphs.
+    chunks = chunk_source("p.txt", src, "text", max_tokens=160)
+    assert_invariants(src, chunks)
+    lines = src.split("\n")
+    # Each chunk ends right before a blank line (or at the end of the file).
+    assert all(c.end_line == len(lines) - 1 or not lines[c.end_line].strip() for c in chunks)
+
+
+def test_blank_file_has_no_chunks():
+    assert chunk_source("e.py", "\n\n   \n", "python") == []
+    assert chunk_source("e.py", "", "python") == []
+
+
+def test_single_overlong_line_is_kept_whole():
+    src = "x = [" + ", ".join(str(i) for i in range(2000)) + "]\n"
+    chunks = chunk_source("l.py", src, "python", max_tokens=64)
+    assert_invariants(src, chunks)
+    assert len(chunks) == 1
+
+
+def test_chunk_record_shape():
+    c = chunk_source("src/a.py", "def f():\n    return 1\n", "python")[0]
+    assert c.to_dict() == {
+        "path": "src/a.py", "start_line": 1, "end_line": 2, "start_byte": 0, "end_byte": 21,
+        "language": "python", "symbol": "f", "kind": "function", "scope": None,
+        "text": "def f():\n    return 1", "header": "src/a.py",
+    }
+    assert codesearch.Chunk is Chunk
+    with pytest.raises(AttributeError):
+        c.text = "x"  # frozen
+
+
+def _repo_sources() -> list[Path]:
+    root = Path(codesearch.__file__).parent
+    return sorted(root.rglob("*.py"))
+
+
+@pytest.mark.parametrize("budget", [48, 512])
+def test_no_line_lost_over_real_files(budget):
+    # Property over real files of mixed shape: this repository's own package.
+    files = _repo_sources()
+    assert files
+    for f in files:
+        text = read_source(f)
+        assert_invariants(text, chunk_source(f.name, text, "python", max_tokens=budget))
