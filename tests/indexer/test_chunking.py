@@ -94,7 +94,7 @@ def test_leading_comments_and_decorators_join_the_definition():
         "def other():\n"
         "    return lookup(1) + lookup(2) + lookup(3) + lookup(4) + lookup(5)\n"
     )
-    chunks = chunk_source("c.py", src, "python", max_tokens=96)
+    chunks = chunk_source("c.py", src, "python", max_tokens=80)
     assert_invariants(src, chunks)
     lookup = next(c for c in chunks if c.symbol == "lookup")
     assert (lookup.kind, lookup.start_line, lookup.end_line) == ("function", 4, 8)
