@@ -158,7 +158,7 @@ def query_command(
         if context:
             result = cs.with_context(result, context)
     render.notices(result.notices)
-    render.search_result(result, as_json=json_out, as_jsonl=jsonl_out, files_only=files_only)
+    render.search_result(result, root=cs.root, as_json=json_out, as_jsonl=jsonl_out, files_only=files_only)
 
 
 @app.command(epilog="Example: codesearch status ./repo --json")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,7 @@ def notices(lines: list[str]) -> None:
 # -- query -------------------------------------------------------------------------------
 
 
-def search_result(result: Any, *, as_json: bool, as_jsonl: bool, files_only: bool) -> None:
+def search_result(result: Any, *, root: Path, as_json: bool, as_jsonl: bool, files_only: bool) -> None:
     """Print a `SearchResult` as JSON, JSON lines, file names, or hits with snippets."""
     from codesearch.api import SCHEMA_VERSION, hit_document, result_document
 
@@ -60,7 +59,6 @@ def search_result(result: Any, *, as_json: bool, as_jsonl: bool, files_only: boo
     if not console.is_terminal:
         _plain_hits(result.hits)
         return
-    root = Path(getattr(result, "root", None) or ".").resolve()
     for hit in result.hits:
         _rich_hit(console, hit, root)
     if not result.hits:
@@ -94,9 +92,8 @@ def _rich_hit(console: Console, hit: Any, root: Path) -> None:
     from rich.syntax import Syntax
 
     # `path:start-end` is a terminal hyperlink to the file (most terminals open it on click).
-    uri = (root / hit.path).as_uri() if root.is_absolute() else ""
     location = escape(_location(hit))
-    link = f"[link={uri}]{location}[/link]" if uri else location
+    link = f"[link={(root / hit.path).resolve().as_uri()}]{location}[/link]"
     console.print(f"[bold cyan]{link}[/]  [green]{escape(_describe(hit))}[/]")
     lexer = hit.language if hit.language and hit.language != "text" else "text"
     console.print(
@@ -118,40 +115,32 @@ def _rich_hit(console: Console, hit: Any, root: Path) -> None:
 class IndexProgress:
     """A rich progress bar on stderr fed with the pipeline's `ProgressEvent`s.
 
-    Silent when disabled (``--quiet``) or when stderr is not a terminal. Use as a context
-    manager and pass the object itself as the ``progress`` callback.
+    One bar per stage (walk, chunk, encode, write, sync): ``done/total`` in the stage's
+    unit, then files and chunks so far, encoder tokens/s and the ETA. Silent when disabled
+    (``--quiet``) or when stderr is not a terminal. Use as a context manager and pass the
+    object itself as the ``progress`` callback.
     """
 
     def __init__(self, *, enabled: bool = True) -> None:
         self.enabled = enabled and sys.stderr.isatty()
         self._progress: Any = None
-        self._task: Any = None
-        self._start = time.perf_counter()
+        self._tasks: dict[str, Any] = {}
 
     def __enter__(self) -> IndexProgress:
         if self.enabled:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
             self._progress = Progress(
-                TextColumn("[bold]{task.description}"),
+                TextColumn("[bold]{task.description:>6}"),
                 BarColumn(),
                 MofNCompleteColumn(),
-                TextColumn("files  {task.fields[chunks]} chunks  {task.fields[rate]} tok/s"),
-                TimeElapsedColumn(),
+                TextColumn("{task.fields[files]:,} files  {task.fields[chunks]:,} chunks  {task.fields[rate]}"),
                 TextColumn("ETA"),
                 TimeRemainingColumn(),
                 console=stderr(),
                 transient=True,
             )
             self._progress.__enter__()
-            self._task = self._progress.add_task("indexing", total=None, chunks=0, rate="-")
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -162,34 +151,50 @@ class IndexProgress:
     def __call__(self, event: Any) -> None:
         if self._progress is None:
             return
-        elapsed = max(time.perf_counter() - self._start, 1e-6)
-        tokens = getattr(event, "tokens_done", 0) or 0
+        task = self._tasks.get(event.stage)
+        if task is None:
+            task = self._tasks[event.stage] = self._progress.add_task(event.stage, total=None, files=0, chunks=0, rate="")
         self._progress.update(
-            self._task,
-            description=getattr(event, "stage", "indexing"),
-            completed=getattr(event, "files_done", 0),
-            total=getattr(event, "files_total", None) or None,
-            chunks=getattr(event, "chunks_done", 0),
-            rate=f"{tokens / elapsed:,.0f}" if tokens else "-",
+            task,
+            completed=event.done,
+            total=event.total or None,
+            files=event.files,
+            chunks=event.chunks,
+            rate=f"{event.tokens_per_s:,.0f} tok/s" if event.tokens_per_s else "",
         )
 
 
+_SUMMARY_ROWS = [
+    ("files_indexed", "files indexed"),
+    ("files_unchanged", "files unchanged"),
+    ("files_removed", "files removed"),
+    ("files_renamed", "files renamed"),
+    ("skipped", "skipped"),
+    ("chunks_total", "chunks"),
+    ("chunks_encoded", "texts encoded"),
+    ("tokens_encoded", "tokens encoded"),
+    ("seconds", "time (s)"),
+    ("models", "models"),
+]
+
+
 def index_summary(summary: Any) -> None:
-    """The summary table of an index run, on stderr."""
-    d = summary.to_dict() if hasattr(summary, "to_dict") else dict(vars(summary))
-    table = Table(title="codesearch index", show_header=False, title_justify="left")
+    """The summary table of an index run, on stderr (stdout stays free for results)."""
+    d = summary.to_dict()
+    table = Table(title=f"codesearch index {d.get('root', '')}", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
-    for key, value in d.items():
-        if key == "notices":
-            continue
-        table.add_row(key.replace("_", " "), _cell(value))
-    console = stderr()
-    console.print(table)
+    for key, label in _SUMMARY_ROWS:
+        if key in d:
+            value = d[key] if key != "models" else (d[key] or "none (lexical only)")
+            table.add_row(label, _cell(value))
+    stderr().print(table)
     notices(list(d.get("notices", [])))
 
 
 def _cell(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if isinstance(value, float):
         return f"{value:,.2f}"
     if isinstance(value, int):
