@@ -85,7 +85,7 @@ def test_small_siblings_merge_up_to_the_budget():
 
 def test_leading_comments_and_decorators_join_the_definition():
     src = (
-        "import functools\n\n\n"
+        "from a_really_long_package_name.with_submodules import first, second, third\n\n\n"
         "# Cache results: the lookup is slow.\n"
         "# (second comment line)\n"
         "@functools.lru_cache(maxsize=None)\n"
