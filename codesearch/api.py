@@ -584,18 +584,26 @@ class ModelInfo:
 
 
 def list_models() -> list[dict[str, Any]]:
-    """The models in the local cache, each as a dict (name, path, size, default role)."""
+    """The models in the local Hugging Face cache, plus the two defaults even when absent.
+
+    Each row: ``name`` (hub id), ``role`` (``"default dense"``, ``"default multi-vector"``
+    or ``""``), ``cached`` (bool), ``size_bytes`` and ``path`` (None when not cached).
+    No network, no torch.
+    """
     from codesearch.encoder import DEFAULT_DENSE_MODEL, DEFAULT_MULTI_MODEL
     from codesearch.encoder.loading import cached_models
 
     roles = {DEFAULT_DENSE_MODEL: "default dense", DEFAULT_MULTI_MODEL: "default multi-vector"}
-    rows = [_as_dict(m) for m in cached_models()]
-    for row in rows:
-        row.setdefault("role", roles.get(row.get("name", ""), ""))
-    cached = {row.get("name") for row in rows}
-    for name, role in roles.items():
-        if name not in cached:
-            rows.append({"name": name, "role": role, "cached": False})
+    rows = [
+        {"name": m.repo_id, "role": roles.get(m.repo_id, ""), "cached": True, "size_bytes": m.size_bytes, "path": str(m.path)}
+        for m in cached_models()
+    ]
+    cached = {row["name"] for row in rows}
+    rows += [
+        {"name": name, "role": role, "cached": False, "size_bytes": 0, "path": None}
+        for name, role in roles.items()
+        if name not in cached
+    ]
     return rows
 
 
@@ -614,13 +622,3 @@ def model_info(name: str, *, device: str = "cpu") -> ModelInfo:
     return ModelInfo(
         name=enc.name, identity=enc.identity, multivector=enc.multivector, dim=enc.dim, max_length=enc.max_length
     )
-
-
-def _as_dict(obj: Any) -> dict[str, Any]:
-    if isinstance(obj, dict):
-        return dict(obj)
-    if hasattr(obj, "to_dict"):
-        return obj.to_dict()
-    if dataclasses.is_dataclass(obj):
-        return dataclasses.asdict(obj)
-    return {"name": str(obj)}

@@ -274,12 +274,12 @@ def model_list(rows: list[dict[str, Any]], *, as_json: bool) -> None:
 
 
 def _model_cell(row: dict[str, Any], column: str) -> str:
-    value = row.get(column, True if column == "cached" else "")
-    if column == "size_bytes" and isinstance(value, int):
+    value = row.get(column, "")
+    if column == "size_bytes" and isinstance(value, int) and row.get("cached"):
         return _bytes(value)
     if isinstance(value, bool):
         return "yes" if value else "no"
-    return "" if value is None else str(value)
+    return "" if value is None or column == "size_bytes" else str(value)
 
 
 def model_info(info: Any, *, as_json: bool) -> None:
