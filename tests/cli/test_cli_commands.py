@@ -1,0 +1,294 @@
+"""Every command and option through Typer's CliRunner, on a real sample repository.
+
+Results must be on stdout, summaries and notices on stderr; errors are one `Error:` line
+on stderr with exit status 1.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from codesearch.cli.app import app
+from fixtures.sample_repo import EXPECTED, FILES, write_sample_repo
+
+LEXICAL = ["--model", "none", "--multi-model", "none"]
+
+
+def run(*argv: str | Path, ok: bool = True):
+    result = CliRunner().invoke(app, [str(a) for a in argv])
+    if ok:
+        assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
+    return result
+
+
+def assert_user_error(result, *needles: str) -> str:
+    assert result.exit_code == 1, (result.stdout, result.stderr, result.exception)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    assert "Traceback" not in result.output
+    for needle in needles:
+        assert needle in lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    """The sample repo with a lexical-only index built through the CLI (read-only in tests)."""
+    root = write_sample_repo(tmp_path_factory.mktemp("cli_repo"))
+    run("index", root, *LEXICAL, "--quiet")
+    return root
+
+
+@pytest.fixture()
+def fresh_repo(tmp_path):
+    return write_sample_repo(tmp_path / "repo")
+
+
+# -- index ---------------------------------------------------------------------------------
+
+
+def test_index_prints_the_summary_on_stderr_and_nothing_on_stdout(fresh_repo):
+    result = run("index", fresh_repo, *LEXICAL)
+    assert result.stdout == ""
+    for label in ("files indexed", "files unchanged", "skipped", "binary", "chunks", "time", "models"):
+        assert label in result.stderr
+    again = run("index", fresh_repo, *LEXICAL)
+    assert "files unchanged" in again.stderr
+
+
+def test_index_quiet_prints_nothing(fresh_repo):
+    result = run("index", fresh_repo, *LEXICAL, "--quiet")
+    assert result.stdout == "" and result.stderr == ""
+    assert (fresh_repo / ".codesearch" / "store.sqlite").is_file()
+
+
+def test_index_include_exclude_and_max_file_size(fresh_repo):
+    run("index", fresh_repo, *LEXICAL, "-q", "--include", "*.py", "--include", "*.go", "--exclude", "server/**")
+    status = json.loads(run("status", fresh_repo, "--json").stdout)
+    assert status["files"] == 1 and status["languages"] == {"python": 1}
+    result = run("index", fresh_repo, *LEXICAL, "--rebuild", "--max-file-size", "200")
+    status = json.loads(run("status", fresh_repo, "--json").stdout)
+    small = [p for p, text in FILES.items() if len(text.encode()) <= 200]
+    assert status["files"] == len(small)
+    assert "too_large" in result.stderr
+
+
+def test_index_dir_option_puts_the_index_elsewhere(fresh_repo, tmp_path):
+    elsewhere = tmp_path / "idx"
+    run("index", fresh_repo, *LEXICAL, "-q", "--index-dir", elsewhere)
+    assert (elsewhere / "store.sqlite").is_file()
+    assert not (fresh_repo / ".codesearch").exists()
+    result = run("query", "parseConfigFile", "-p", fresh_repo, "--index-dir", elsewhere, "--mode", "lexical", "--files-only")
+    assert result.stdout.splitlines()[0] == "src/config.js"
+
+
+def test_index_with_tiny_models_then_hybrid_query(fresh_repo, single_vector_dir, colbert_dir):
+    result = run("index", fresh_repo, "--model", single_vector_dir, "--multi-model", colbert_dir, "--device", "cpu")
+    assert "dense" in result.stderr and "colbert" in result.stderr
+    doc = json.loads(run("query", "openDatabaseConnection", "-p", fresh_repo, "--json", "-k", "5").stdout)
+    assert {"lexical", "dense", "colbert"} <= set(doc["indexes_used"])
+    assert "server/main.go" in [r["path"] for r in doc["results"][:3]]
+    lexical = json.loads(run("query", "openDatabaseConnection", "-p", fresh_repo, "--json", "--mode", "lexical").stdout)
+    assert lexical["results"][0]["path"] == "server/main.go" and lexical["indexes_used"] == ["lexical"]
+
+
+# -- query ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("query,path", sorted(EXPECTED.items()))
+def test_query_plain_output_lists_location_score_and_snippet(repo, query, path):
+    result = run("query", query, "-p", repo, "--mode", "lexical", "-k", "2")
+    first = result.stdout.splitlines()[0]
+    location, score = first.split()[:2]
+    assert location.startswith(f"{path}:")
+    start, end = map(int, location.rsplit(":", 1)[1].split("-"))
+    assert 1 <= start <= end
+    float(score)
+    body = (repo / path).read_text().splitlines()[start - 1]
+    assert body in result.stdout
+    assert "\x1b[" not in result.stdout  # no colour codes when stdout is not a terminal
+
+
+def test_query_json_round_trips_the_schema(repo):
+    result = run("query", "retry_with_backoff", "-p", repo, "--mode", "lexical", "-k", "3", "--json")
+    doc = json.loads(result.stdout)
+    assert doc["schema_version"] == 1
+    assert (doc["query"], doc["mode"], doc["indexes_used"]) == ("retry_with_backoff", "lexical", ["lexical"])
+    assert isinstance(doc["notices"], list) and 1 <= len(doc["results"]) <= 3
+    top = doc["results"][0]
+    assert set(top) == {"path", "start_line", "end_line", "score", "language", "symbol", "kind", "text"}
+    assert top["path"] == "src/http_client.py" and top["language"] == "python"
+    assert "retry_with_backoff" in top["text"]
+    lines = (repo / top["path"]).read_text().splitlines(keepends=True)
+    assert top["text"].rstrip("\n") == "".join(lines[top["start_line"] - 1 : top["end_line"]]).rstrip("\n")
+    assert json.loads(json.dumps(doc)) == doc
+
+
+def test_query_jsonl_is_one_hit_per_line(repo):
+    result = run("query", "database", "-p", repo, "--mode", "lexical", "-k", "3", "--jsonl")
+    docs = [json.loads(line) for line in result.stdout.splitlines()]
+    assert docs and all(d["schema_version"] == 1 and "path" in d and "text" in d for d in docs)
+    as_json = json.loads(run("query", "database", "-p", repo, "--mode", "lexical", "-k", "3", "--json").stdout)
+    assert [{k: v for k, v in d.items() if k != "schema_version"} for d in docs] == as_json["results"]
+
+
+def test_query_files_only_lang_glob_and_top_k(repo):
+    files = run("query", "the", "-p", repo, "--mode", "lexical", "--files-only", "-k", "10").stdout.splitlines()
+    assert files and len(files) == len(set(files)) and all(f in FILES for f in files)
+    go = json.loads(run("query", "server", "-p", repo, "--mode", "lexical", "--lang", "go", "--json").stdout)
+    assert go["results"] and {r["language"] for r in go["results"]} == {"go"}
+    src = json.loads(run("query", "config retry", "-p", repo, "--mode", "lexical", "--glob", "src/**", "--json").stdout)
+    assert src["results"] and all(r["path"].startswith("src/") for r in src["results"])
+    one = json.loads(run("query", "the", "-p", repo, "--mode", "lexical", "--top-k", "1", "--json").stdout)
+    assert len(one["results"]) == 1
+
+
+def test_query_context_widens_the_snippet_from_the_file(repo):
+    plain = json.loads(run("query", "parseConfigFile", "-p", repo, "--mode", "lexical", "-k", "1", "--json").stdout)
+    wide = json.loads(
+        run("query", "parseConfigFile", "-p", repo, "--mode", "lexical", "-k", "1", "--json", "--context", "3").stdout
+    )
+    hit, whit = plain["results"][0], wide["results"][0]
+    n_lines = len((repo / hit["path"]).read_text().splitlines())
+    assert whit["start_line"] == max(1, hit["start_line"] - 3)
+    assert whit["end_line"] == min(n_lines, hit["end_line"] + 3)
+
+
+def test_query_finds_the_index_from_a_subfolder(repo, monkeypatch):
+    monkeypatch.chdir(repo / "server")
+    result = run("query", "openDatabaseConnection", "--mode", "lexical", "--files-only")
+    assert result.stdout.splitlines()[0] == "server/main.go"
+
+
+def test_query_refreshes_a_stale_index_and_says_so(fresh_repo):
+    run("index", fresh_repo, *LEXICAL, "-q")
+    (fresh_repo / "src" / "billing.py").write_text("def charge_card_qx42(card):\n    return card\n")
+    stale = run("query", "charge_card_qx42", "-p", fresh_repo, "--mode", "lexical", "--files-only", "--no-refresh")
+    assert "src/billing.py" not in stale.stdout and "refreshed" not in stale.stderr
+    fresh = run("query", "charge_card_qx42", "-p", fresh_repo, "--mode", "lexical", "--files-only")
+    assert fresh.stdout.splitlines()[0] == "src/billing.py"
+    assert "Notice: index refreshed" in fresh.stderr
+
+
+def test_hybrid_query_on_a_lexical_index_notes_it_on_stderr(repo):
+    result = run("query", "parseConfigFile", "-p", repo, "--json")
+    doc = json.loads(result.stdout)
+    assert doc["indexes_used"] == ["lexical"] and doc["notices"]
+    assert "lexical" in result.stderr
+
+
+# -- status and models ---------------------------------------------------------------------
+
+
+def test_status_text_and_json(repo):
+    text = run("status", repo).stdout
+    for label in ("files: 5", "chunks:", "languages:", "python", "dense model: none", "up to date", "size on disk"):
+        assert label in text
+    doc = json.loads(run("status", repo, "--json").stdout)
+    assert doc["schema_version"] == 1 and doc["indexed"] is True and doc["files"] == 5
+    assert doc["models"] == {"dense": None, "multi": None}
+    assert doc["stale"] == {"added": 0, "changed": 0, "removed": 0} and doc["is_stale"] is False
+    assert doc["disk_bytes"]["total"] > 0
+
+
+def test_status_of_a_folder_without_index(tmp_path):
+    assert "not indexed" in run("status", tmp_path).stdout
+    assert json.loads(run("status", tmp_path, "--json").stdout)["indexed"] is False
+
+
+def test_models_list_shows_the_defaults_in_an_empty_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    doc = json.loads(run("models", "list", "--json").stdout)
+    roles = {m["name"]: (m["role"], m["cached"]) for m in doc["models"]}
+    assert roles["Alibaba-NLP/gte-modernbert-base"] == ("default dense", False)
+    assert roles["lightonai/LateOn-Code-edge"] == ("default multi-vector", False)
+    assert "gte-modernbert-base" in run("models", "list").stdout
+
+
+@pytest.mark.parametrize("fixture,multivector", [("single_vector_dir", False), ("colbert_dir", True)])
+def test_models_info_of_a_local_checkpoint(request, fixture, multivector):
+    path = request.getfixturevalue(fixture)
+    doc = json.loads(run("models", "info", path, "--json").stdout)
+    assert doc["multivector"] is multivector and doc["dim"] > 0 and doc["max_length"] > 0
+    assert doc["identity"]
+    assert "dim" in run("models", "info", path).stdout
+
+
+def test_models_pull_offline_is_a_user_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert_user_error(run("models", "pull", "nobody/no-such-model", ok=False), "nobody/no-such-model")
+
+
+# -- errors: one line, exit 1 ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [["index", "{missing}"], ["query", "x", "-p", "{missing}"], ["status", "{missing}"]])
+def test_path_does_not_exist(tmp_path, argv):
+    missing = str(tmp_path / "missing")
+    assert_user_error(run(*[a.format(missing=missing) for a in argv], ok=False), "missing", "does not exist")
+
+
+def test_not_indexed_yet(fresh_repo, monkeypatch):
+    assert_user_error(run("query", "retry", "-p", fresh_repo, ok=False), "codesearch index")
+    monkeypatch.chdir(fresh_repo)
+    assert_user_error(run("query", "retry", ok=False), "codesearch index")
+
+
+def test_model_unavailable_offline(fresh_repo, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    result = run("index", fresh_repo, "--model", "nobody/no-such-model", "--multi-model", "none", ok=False)
+    assert_user_error(result, "nobody/no-such-model", "--model")
+
+
+def test_default_models_unavailable_offline_degrade_to_lexical_with_a_notice(fresh_repo, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    result = run("index", fresh_repo)
+    assert "Notice:" in result.stderr and "lexical" in result.stderr
+
+
+def test_index_locked_by_another_indexer(fresh_repo):
+    from codesearch.indexer.store import IndexLock
+
+    run("index", fresh_repo, *LEXICAL, "-q")
+    with IndexLock(fresh_repo / ".codesearch"):
+        assert_user_error(run("index", fresh_repo, *LEXICAL, ok=False), "another")
+
+
+def test_corrupt_index(fresh_repo):
+    run("index", fresh_repo, *LEXICAL, "-q")
+    index_dir = fresh_repo / ".codesearch"
+    (index_dir / "store.sqlite").write_bytes(b"garbage, not sqlite " * 200)
+    for name in ("store.sqlite-wal", "store.sqlite-shm"):
+        (index_dir / name).unlink(missing_ok=True)
+    assert_user_error(run("query", "retry", "-p", fresh_repo, "--mode", "lexical", ok=False), "--rebuild")
+    run("index", fresh_repo, *LEXICAL, "-q", "--rebuild")
+    assert run("query", "retry", "-p", fresh_repo, "--mode", "lexical", "--files-only").stdout
+
+
+@pytest.mark.parametrize("query", ["", "   "])
+def test_empty_query(repo, query):
+    assert_user_error(run("query", query, "-p", repo, ok=False), "empty")
+
+
+def test_nothing_indexable_in_the_folder(tmp_path):
+    (tmp_path / "blob.bin").write_bytes(bytes(range(256)) * 8)
+    assert_user_error(run("index", tmp_path, *LEXICAL, ok=False))
+
+
+def test_dense_mode_on_a_lexical_index_is_a_user_error(repo):
+    assert_user_error(run("query", "retry", "-p", repo, "--mode", "dense", ok=False), "--model")
+
+
+def test_a_copied_repo_keeps_working(repo, tmp_path):
+    # The index stores relative paths: a moved repository still answers (after a refresh).
+    copy = Path(shutil.copytree(repo, tmp_path / "moved"))
+    result = run("query", "parseConfigFile", "-p", copy, "--mode", "lexical", "--files-only")
+    assert result.stdout.splitlines()[0] == "src/config.js"
