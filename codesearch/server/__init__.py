@@ -1,0 +1,9 @@
+"""The codesearch server: HTTP JSON API and MCP tools over served repositories, with a file
+watcher that keeps their indexes fresh.
+
+Start it with ``codesearch serve [PATH...]`` or ``python -m codesearch.server [PATH...]``.
+Modules: `app` (FastAPI routes, auth), `mcp_tools` (MCP server), `service` (bounded search
+pool), `repos` (reader/writer per root, atomic swaps), `watch` (debounced watcher),
+`discovery` and `client` (the ``codesearch query`` fast path), `runner` (bind, announce,
+shutdown). Nothing is imported here, so ``codesearch.server.client`` stays light.
+"""

@@ -1,0 +1,248 @@
+"""The HTTP JSON API (FastAPI): ``POST /search``, ``GET /status``, ``POST /index``,
+``GET /health``, and the MCP Streamable HTTP endpoint at ``/mcp``.
+
+Errors are JSON ``{"error": <class>, "detail": <one line>}`` with a status that says whose
+fault it is: 400 bad request, 401 no or wrong token, 403 path outside the served roots,
+409 not indexed yet, 503 too busy, 504 search timed out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from codesearch import __version__
+from codesearch.errors import (
+    CodeSearchError,
+    IndexLockedError,
+    NotIndexedError,
+    PathError,
+    QueryError,
+)
+from codesearch.server.service import SearchTimeoutError, ServerBusyError, Service
+
+# -- request and response models (they make the OpenAPI schema) ---------------------------
+
+
+class SearchRequest(BaseModel):
+    """``POST /search`` body: the options of ``codesearch query``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(min_length=1, description="Natural language, an identifier, or code.")
+    k: int = Field(10, ge=1, le=1000, description="How many results.")
+    mode: Literal["hybrid", "lexical", "dense", "colbert"] = Field("hybrid", description="Which indexes rank.")
+    lang: str | None = Field(None, description="Only this language (python, go, ...).")
+    glob: str | None = Field(None, description="Only paths matching this gitignore-style glob.")
+    files_only: bool = Field(False, description="One result per file, best chunk first.")
+    path: str | None = Field(None, description="Served root (or a folder inside it); default the first root.")
+
+
+class Hit(BaseModel):
+    path: str = Field(description="Relative to the served root, posix.")
+    start_line: int = Field(description="1-based, inclusive.")
+    end_line: int = Field(description="1-based, inclusive.")
+    score: float
+    language: str
+    symbol: str | None
+    kind: str
+    text: str
+
+
+class SearchResponse(BaseModel):
+    """The same document as ``codesearch query --json``."""
+
+    schema_version: int
+    query: str
+    mode: str
+    indexes_used: list[str]
+    notices: list[str]
+    results: list[Hit]
+
+
+class IndexRequest(BaseModel):
+    """``POST /index`` body."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str | None = Field(None, description="Served root (or a folder inside it); default the first root.")
+    rebuild: bool = Field(False, description="Drop the index and build it again.")
+
+
+class IndexAccepted(BaseModel):
+    root: str
+    accepted: bool
+    rebuild: bool
+    indexing: dict[str, Any]
+
+
+class Health(BaseModel):
+    status: str
+    version: str
+    pid: int
+    roots: list[str]
+
+
+class ErrorBody(BaseModel):
+    error: str = Field(description="Error class, e.g. PathError.")
+    detail: str = Field(description="One line: the bad value and the fix.")
+
+
+_STATUS: list[tuple[type[CodeSearchError], int]] = [
+    (PathError, 403),
+    (QueryError, 400),
+    (NotIndexedError, 409),
+    (IndexLockedError, 409),
+    (ServerBusyError, 503),
+    (SearchTimeoutError, 504),
+]
+
+
+def _error(status: int, name: str, detail: str) -> JSONResponse:
+    return JSONResponse({"error": name, "detail": detail}, status_code=status)
+
+
+def status_for(exc: CodeSearchError) -> int:
+    """HTTP status of a `CodeSearchError` (500 for the ones that are the server's problem)."""
+    for cls, status in _STATUS:
+        if isinstance(exc, cls):
+            return status
+    return 500
+
+
+# -- auth ----------------------------------------------------------------------------------
+
+
+class BearerAuth:
+    """ASGI middleware: every HTTP request must carry ``Authorization: Bearer <token>``.
+
+    Pure ASGI rather than a FastAPI dependency so that it also guards the mounted MCP
+    endpoint and the docs. The comparison is constant-time (``hmac.compare_digest``), so
+    response timing does not leak how much of a guessed token was right.
+    """
+
+    def __init__(self, app: Any, token: str):
+        self.app = app
+        self._expected = token.encode("utf-8")
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":  # lifespan
+            await self.app(scope, receive, send)
+            return
+        supplied = b""
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                supplied = value
+                break
+        scheme, _, token = supplied.partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._expected):
+            await self.app(scope, receive, send)
+            return
+        detail = (
+            "missing or wrong bearer token (send 'Authorization: Bearer <token>' with the token "
+            "the server was started with: --token or CODESEARCH_TOKEN)"
+        )
+        response = JSONResponse(
+            {"error": "AuthError", "detail": detail}, status_code=401, headers={"WWW-Authenticate": "Bearer"}
+        )
+        await response(scope, receive, send)
+
+
+# -- the app -------------------------------------------------------------------------------
+
+
+def create_app(service: Service, *, token: str | None = None, mcp: bool = True, host: str = "127.0.0.1") -> Any:
+    """The ASGI app: FastAPI routes, MCP at ``/mcp``, bearer auth when ``token`` is set.
+
+    Parameters
+    ----------
+    service:
+        The served repositories and search pool.
+    token:
+        When set, every request (MCP included) must carry it.
+    mcp:
+        Mount the MCP Streamable HTTP endpoint at ``/mcp``.
+    host:
+        The bound host; on loopback the MCP endpoint also checks Host/Origin headers
+        (DNS-rebinding protection from the SDK).
+
+    Returns
+    -------
+    ASGI app
+        The FastAPI app, wrapped in `BearerAuth` when a token is set.
+    """
+    mcp_server = None
+    mcp_routes: list[Any] = []
+    if mcp:
+        from codesearch.server.mcp_tools import build_mcp
+
+        mcp_server = build_mcp(service)
+        # Stateless + JSON responses: each MCP POST is answered on its own, so MCP calls
+        # share the HTTP server's limits and need no session bookkeeping.
+        mcp_app = mcp_server.streamable_http_app(
+            streamable_http_path="/mcp", stateless_http=True, json_response=True, host=host
+        )
+        mcp_routes = list(mcp_app.routes)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            if mcp_server is not None:
+                await stack.enter_async_context(mcp_server.session_manager.run())
+            yield
+
+    app = FastAPI(
+        title="codesearch",
+        version=__version__,
+        description="Semantic code search over the served repositories. MCP (Streamable HTTP) at /mcp.",
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    errors = {400: {"model": ErrorBody}, 403: {"model": ErrorBody}, 409: {"model": ErrorBody}}
+
+    @app.exception_handler(CodeSearchError)
+    async def _codesearch_error(_request: Request, exc: CodeSearchError) -> JSONResponse:
+        return _error(status_for(exc), type(exc).__name__, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        # One line, like every other error, instead of FastAPI's nested 422 document.
+        parts = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+            parts.append(f"{loc}: {err.get('msg', 'invalid')}")
+        return _error(400, "ValidationError", "; ".join(parts) + " (see GET /openapi.json for the schema)")
+
+    @app.post("/search", response_model=SearchResponse, responses={**errors, 503: {"model": ErrorBody}, 504: {"model": ErrorBody}})
+    async def search(body: SearchRequest) -> dict[str, Any]:
+        """Search one served repository; the result schema is ``codesearch query --json``'s."""
+        return await service.search(**body.model_dump())
+
+    @app.post("/index", status_code=202, response_model=IndexAccepted, responses=errors)
+    async def index(body: IndexRequest | None = None) -> dict[str, Any]:
+        """Queue an incremental index run (or a rebuild); returns at once. Progress: GET /status."""
+        body = body or IndexRequest()
+        return service.index(body.path, rebuild=body.rebuild)
+
+    @app.get("/status", responses=errors)
+    def status(path: str | None = Query(None, description="Only the root containing this path.")) -> dict[str, Any]:
+        """Index contents, staleness and indexer progress of each served root."""
+        # A plain `def`: FastAPI runs it on its thread pool, as it walks the files.
+        return service.status(path)
+
+    @app.get("/health", response_model=Health)
+    async def health() -> dict[str, Any]:
+        """Liveness and the served roots (what `codesearch query` checks before using the server)."""
+        return service.health()
+
+    app.router.routes.extend(mcp_routes)
+    if token:
+        return BearerAuth(app, token)
+    return app

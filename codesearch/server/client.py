@@ -1,0 +1,124 @@
+"""Client side of the fast path: ``codesearch query`` asks a running server first.
+
+A warm server answers in milliseconds; loading the models in a fresh process takes seconds.
+Everything here is best effort: any doubt (no discovery file, dead pid, wrong repo, no
+answer within the short timeout, an error status) returns None and the CLI searches on its
+own, so a broken or stale server can never make a query fail.
+
+Only the standard library is used (``http.client``): importing httpx would cost more than
+the round trip it makes.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from codesearch.server.discovery import ServerInfo, read_discovery
+
+HEALTH_TIMEOUT_S = 0.3
+SEARCH_TIMEOUT_S = 30.0
+TOKEN_ENV = "CODESEARCH_TOKEN"
+
+
+def _request(
+    info: ServerInfo,
+    method: str,
+    path: str,
+    *,
+    body: dict[str, Any] | None,
+    token: str | None,
+    timeout: float,
+) -> tuple[int, Any]:
+    conn = http.client.HTTPConnection(info.host, info.port, timeout=timeout)
+    try:
+        headers = {"Accept": "application/json"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode("utf-8")
+            headers["Content-Type"] = "application/json"
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        conn.request(method, path, body=data, headers=headers)
+        resp = conn.getresponse()
+        payload = resp.read()
+        return resp.status, json.loads(payload) if payload else None
+    finally:
+        conn.close()
+
+
+def find_server(root: str | os.PathLike[str], *, index_dir: str | os.PathLike[str] | None = None) -> ServerInfo | None:
+    """The live server that serves ``root``, from its discovery file; None when there is none."""
+    root_path = Path(root).resolve()
+    folder = Path(index_dir) if index_dir is not None else root_path / ".codesearch"
+    info = read_discovery(folder)
+    if info is None or Path(info.root) != root_path:
+        return None
+    return info
+
+
+def try_server_search(
+    root: str | os.PathLike[str],
+    request: dict[str, Any],
+    *,
+    index_dir: str | os.PathLike[str] | None = None,
+    token: str | None = None,
+    health_timeout: float = HEALTH_TIMEOUT_S,
+    timeout: float = SEARCH_TIMEOUT_S,
+) -> dict[str, Any] | None:
+    """Run a search on a running server for ``root``; None when no usable server is up.
+
+    Parameters
+    ----------
+    root:
+        The repository the query is for.
+    request:
+        The ``POST /search`` body: ``query`` and optionally ``k``, ``mode``, ``lang``,
+        ``glob``, ``files_only`` (same names as the CLI options). ``path`` is set to
+        ``root``.
+    index_dir:
+        Where the index lives when not ``<root>/.codesearch``.
+    token:
+        Bearer token for a server started with one; default ``$CODESEARCH_TOKEN``. A server
+        that needs a token when none is known is skipped without a request.
+    health_timeout, timeout:
+        Seconds for the quick ``/health`` probe and for the search itself.
+
+    Returns
+    -------
+    dict | None
+        The server's JSON document, the same schema as ``codesearch query --json``
+        (``schema_version``, ``query``, ``mode``, ``indexes_used``, ``notices``,
+        ``results``); None on any failure, so the caller searches locally.
+
+    Example
+    -------
+    >>> doc = try_server_search("path/to/repo", {"query": "retry http", "k": 5})  # doctest: +SKIP
+    >>> doc is None or doc["schema_version"] == 1                                  # doctest: +SKIP
+    True
+    """
+    info = find_server(root, index_dir=index_dir)
+    if info is None:
+        return None
+    token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+    if info.token_required and not token:
+        return None
+    root_path = str(Path(root).resolve())
+    try:
+        status, health = _request(info, "GET", "/health", body=None, token=token, timeout=health_timeout)
+        if status != 200 or not isinstance(health, dict) or root_path not in health.get("roots", []):
+            return None
+        body = {key: value for key, value in request.items() if value is not None}
+        body["path"] = root_path
+        status, doc = _request(info, "POST", "/search", body=body, token=token, timeout=timeout)
+    except (OSError, http.client.HTTPException, ValueError):
+        # OSError covers refused connections and timeouts; ValueError a non-JSON answer.
+        return None
+    if status != 200 or not isinstance(doc, dict):
+        # Why not surface the server's 4xx: the local path raises the same error with the
+        # CLI's own formatting and exit code.
+        return None
+    return doc

@@ -1,0 +1,229 @@
+"""Start, announce and stop the server: bind, write discovery files, run uvicorn or stdio.
+
+The bound address is printed as one JSON line, so a test or an IDE extension that starts
+``codesearch serve --port 0`` can read the real port::
+
+    {"event": "listening", "url": "http://127.0.0.1:53122", "host": "127.0.0.1", "port": 53122, ...}
+
+It goes to stdout for HTTP, and to stderr under ``--mcp stdio`` (stdout is the protocol).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from codesearch.errors import ServerError
+from codesearch.server.discovery import ServerInfo, remove_discovery, write_discovery
+from codesearch.server.repos import RepoOptions, RepoSet
+from codesearch.server.service import Limits, Service
+
+log = logging.getLogger("codesearch.server")
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 7420
+TOKEN_ENV = "CODESEARCH_TOKEN"
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    """Everything about how to serve, apart from the repositories.
+
+    Attributes
+    ----------
+    host, port:
+        Where to listen; port 0 picks a free one.
+    token:
+        Bearer token every request must carry; required off loopback.
+    mcp:
+        ``"http"`` (MCP at ``/mcp`` next to the JSON API), ``"stdio"`` (MCP only, on
+        stdin/stdout) or ``"off"``.
+    watch:
+        Re-index served roots when their files change.
+    index_on_start:
+        One incremental run per root at start (catch up with edits made meanwhile).
+    limits:
+        Search pool size, queue bound, per-search timeout.
+    max_connections:
+        uvicorn's ``limit_concurrency``: connections beyond it get 503 at once.
+    debounce_s:
+        Quiet period of the watcher.
+    """
+
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    token: str | None = None
+    mcp: str = "http"
+    watch: bool = True
+    index_on_start: bool = True
+    limits: Limits = Limits()
+    max_connections: int = 256
+    debounce_s: float = 0.25
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything, so not loopback
+
+
+def check_bind(host: str, token: str | None) -> None:
+    """Refuse to listen beyond this machine without a token.
+
+    Raises
+    ------
+    ServerError
+        A non-loopback ``host`` and no token.
+    """
+    if not is_loopback(host) and not token:
+        raise ServerError(
+            f"refusing to listen on non-loopback host {host!r} without a token "
+            f"(pass --token SECRET or set {TOKEN_ENV}, or bind 127.0.0.1)"
+        )
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on (host, port); port 0 picks a free port.
+
+    Why bind here rather than let uvicorn do it: the real port of ``--port 0`` is known
+    before the server runs, so the discovery files and the announce line can carry it.
+
+    Raises
+    ------
+    ServerError
+        The address is in use or cannot be bound.
+    """
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(
+            host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(1024)
+    except OSError as exc:
+        raise ServerError(
+            f"cannot listen on {host}:{port} ({exc.strerror or exc}); pass another --port, or --port 0 for a free one"
+        ) from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _client_host(bound_host: str) -> str:
+    # A wildcard bind is reached through loopback by clients on this machine.
+    return {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(bound_host, bound_host)
+
+
+def _announce(payload: dict[str, Any], *, stream: Any) -> None:
+    stream.write(json.dumps(payload) + "\n")
+    stream.flush()
+
+
+def _exit_on_sigterm(_signum: int, _frame: Any) -> None:
+    # uvicorn restores this handler after its graceful shutdown and re-raises the signal;
+    # SystemExit then runs our `finally` blocks (discovery files, index threads) and exits 0.
+    raise SystemExit(0)
+
+
+def serve(roots: Sequence[str | os.PathLike[str]], repo_options: RepoOptions, options: ServeOptions) -> None:
+    """Serve ``roots`` until SIGTERM/SIGINT (HTTP) or until stdin closes (MCP stdio).
+
+    Raises
+    ------
+    ServerError
+        Non-loopback bind without a token, or the port cannot be bound.
+    PathError
+        A root that does not exist.
+    """
+    if options.mcp not in ("http", "stdio", "off"):
+        raise ServerError(f"unknown --mcp {options.mcp!r} (use http, stdio or off)")
+    token = options.token or None
+    if options.mcp != "stdio":
+        check_bind(options.host, token)
+    repos = RepoSet(roots, repo_options)
+    service = Service(repos, options.limits)
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        repos.start(index_now=options.index_on_start, watch=options.watch, quiet_s=options.debounce_s)
+        if options.mcp == "stdio":
+            _serve_stdio(service)
+        else:
+            _serve_http(service, options, token)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        service.close()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _serve_stdio(service: Service) -> None:
+    import anyio
+
+    from codesearch.server.mcp_tools import build_mcp
+
+    server = build_mcp(service)
+    _announce({"event": "listening", "transport": "stdio", "pid": os.getpid(), "roots": service.repos.roots},
+              stream=sys.stderr)
+    anyio.run(server.run_stdio_async)
+
+
+def _serve_http(service: Service, options: ServeOptions, token: str | None) -> None:
+    import uvicorn
+
+    from codesearch.server.app import create_app
+
+    sock = bind_socket(options.host, options.port)
+    bound_host, bound_port = sock.getsockname()[:2]
+    host = _client_host(bound_host)
+    app = create_app(service, token=token, mcp=options.mcp == "http", host=options.host)
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        limit_concurrency=options.max_connections,
+        timeout_keep_alive=5,
+        timeout_graceful_shutdown=5,
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+    started = time.time()
+    written = []
+    try:
+        for repo in service.repos.repos:
+            info = ServerInfo(host=host, port=bound_port, pid=os.getpid(), token_required=bool(token),
+                              root=str(repo.root), started_at=started)
+            write_discovery(repo.index_dir, info)
+            written.append(repo.index_dir)
+        url = ServerInfo(host, bound_port, os.getpid(), bool(token), "", started).url
+        _announce(
+            {
+                "event": "listening",
+                "url": url,
+                "host": host,
+                "port": bound_port,
+                "pid": os.getpid(),
+                "roots": service.repos.roots,
+                "mcp": f"{url}/mcp" if options.mcp == "http" else None,
+                "token_required": bool(token),
+            },
+            stream=sys.stdout,
+        )
+        print(f"codesearch: serving {', '.join(service.repos.roots)} at {url}", file=sys.stderr, flush=True)
+        server.run(sockets=[sock])
+    finally:
+        for index_dir in written:
+            remove_discovery(index_dir)
+        sock.close()
