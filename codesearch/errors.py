@@ -57,3 +57,8 @@ class QueryError(CodeSearchError):
 
 class NothingToIndexError(CodeSearchError):
     """A folder with no indexable file in it."""
+
+
+class ServerError(CodeSearchError):
+    """A server option that cannot be honoured (a non-loopback bind without a token, a busy
+    port), or a request the server refuses to queue or could not answer in time."""
