@@ -107,6 +107,7 @@ class RankingParams:
     w_symbol: float = 1.0  # the query names the chunk's symbol
     w_stem: float = 1.0  # the query names the file (stem equals an identifier of the query)
     file_b: float = 0.75  # BM25 length normalisation of the whole-file score
+    w_file_cover: float = 0.0  # idf-weighted share of the query's words the file contains
     demote: float = 0.3  # multiplier for tests/docs/examples/benchmarks not asked for
     file_decay: float = 0.5  # each further hit from one file is multiplied by this
     max_per_file: int = 3  # hard cap on hits from one file
@@ -116,7 +117,9 @@ class RankingParams:
 # ---- query analysis ---------------------------------------------------------------------
 
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:(?:::|\.|->|\\)[A-Za-z_][A-Za-z0-9_]*)*")
-_CODEY_RE = re.compile(r"[a-z][A-Z]|[A-Z].*[a-z].*[A-Z]|_|::|\.|->|^[A-Z]")
+# Looks like code inside a sentence: camelCase, PascalCase with two humps, snake_case or a
+# qualified name. A lone capitalised word ("Session", "JSON") counts only as a whole query.
+_CODEY_RE = re.compile(r"[a-z][A-Z]|[A-Z][a-z0-9]+[A-Z]|_|::|\.|->")
 _TEST_WORDS = frozenset({"test", "tests", "testing", "spec", "specs", "mock", "mocks", "fixture", "fixtures"})
 _DOC_WORDS = frozenset({"doc", "docs", "documentation", "example", "examples", "readme", "tutorial", "sample"})
 _BENCH_WORDS = frozenset({"bench", "benchmark", "benchmarks", "perf"})
@@ -188,7 +191,7 @@ class _Corpus:
     start: np.ndarray  # (n,) int32
     end: np.ndarray  # (n,) int32
     language: np.ndarray  # (n,) object
-    symbol: list[str | None]  # lower-cased symbol name per chunk
+    symbols: list[frozenset[str]]  # normalised names a chunk defines (a block may define several)
     files: list[str]  # file paths
     file_ids: np.ndarray  # (n_files,) int64 store file ids
     file_kind: np.ndarray  # (n_files,) int8: 0 code, 1 test, 2 doc/example, 3 bench
@@ -216,7 +219,7 @@ class _Corpus:
             start=np.array([r[3] for r in rows], dtype=np.int32),
             end=np.array([r[4] for r in rows], dtype=np.int32),
             language=np.array([r[5] for r in rows], dtype=object),
-            symbol=[(r[6] or "").lower() or None for r in rows],
+            symbols=[_symbol_names(r[6]) for r in rows],
             files=files,
             file_ids=np.array(fids, dtype=np.int64),
             file_kind=kinds,
@@ -226,6 +229,20 @@ class _Corpus:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+
+def _symbol_names(symbol: str | None) -> frozenset[str]:
+    """``"$ZodType, parse"`` -> {"zodtype", "parse"}; qualified names also by their last part."""
+    if not symbol:
+        return frozenset()
+    out: set[str] = set()
+    for name in re.split(r"[,\s]+", symbol):
+        name = re.sub(r"[^A-Za-z0-9_.:]", "", name).lower()
+        if name:
+            out.add(name)
+            out.add(re.split(r"::|\.", name)[-1])
+    out.discard("")
+    return frozenset(out)
 
 
 def _norm_ident(name: str) -> str:
@@ -281,9 +298,29 @@ class _Ranker:
             (np.ones(len(self._lex_dst), np.float32), (corpus.file_idx[self._lex_dst], np.arange(len(self._lex_dst)))),
             shape=(nf, len(self._lex_dst)),
         )
-        self.file_bm25 = BM25Matrix(g @ tf, k1=lexical.k1, b=self.params.file_b)
+        self._file_tf = (g @ tf).tocsc()
+        self._file_bm25: BM25Matrix | None = None
         self._n = n
         self._row_of = row_of
+
+    @property
+    def file_bm25(self) -> BM25Matrix:
+        if self._file_bm25 is None or self._file_bm25.b != self.params.file_b:
+            self._file_bm25 = BM25Matrix(self._file_tf, k1=self.lexical.k1, b=self.params.file_b)
+        return self._file_bm25
+
+    def file_cover(self, term_ids: list[int]) -> np.ndarray:
+        """Per file, the idf-weighted share of the query terms it contains at all."""
+        nf = self._file_tf.shape[0]
+        out = np.zeros(nf, dtype=np.float32)
+        idf = self.file_bm25.idf
+        denom = float(sum(idf[t] for t in term_ids))
+        if denom <= 0:
+            return out
+        indptr, indices = self._file_tf.indptr, self._file_tf.indices
+        for t in term_ids:
+            out[indices[indptr[t] : indptr[t + 1]]] += idf[t]
+        return out / denom
 
     def rows_of(self, ids: np.ndarray) -> np.ndarray:
         return np.array([self._row_of.get(int(i), -1) for i in ids.tolist()], dtype=np.int64)
@@ -318,6 +355,8 @@ class _Ranker:
             if p.w_file_lexical:
                 flex = _maxnorm(self.file_bm25.scores(term_ids))
                 total += p.w_file_lexical * flex[c.file_idx]
+            if p.w_file_cover and term_ids:
+                total += p.w_file_cover * self.file_cover(term_ids)[c.file_idx]
             if p.w_path and q.tokens:
                 # idf-weighted share of the query's words found in the file's name and
                 # folder: "json array" in gson names JsonArray.java, not every Json*.java.
@@ -334,7 +373,7 @@ class _Ranker:
                     total += p.w_path * share[c.file_idx]
             if p.w_symbol and q.identifiers:
                 idents = set(q.identifiers)
-                sym = np.fromiter((s in idents for s in c.symbol), dtype=bool, count=n)
+                sym = np.fromiter((not idents.isdisjoint(s) for s in c.symbols), dtype=bool, count=n)
                 total += p.w_symbol * sym
             if p.w_stem and q.identifiers:
                 names = {_norm_ident(i) for i in q.identifiers}
