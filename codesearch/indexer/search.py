@@ -98,19 +98,19 @@ class SearchResult:
 class RankingParams:
     """Weights of the ranking signals (defaults chosen on the benchmark's dev split)."""
 
-    w_lexical: float = 1.0  # chunk BM25, max-normalised
+    w_lexical: float = 1.5  # chunk BM25, max-normalised
     w_file_lexical: float = 0.6  # whole-file BM25, max-normalised
     w_dense: float = 1.0  # chunk cosine, min-max over the candidates
     w_file_dense: float = 0.5  # whole-file cosine, min-max over the candidates
     w_colbert: float = 1.0  # MaxSim, min-max over the candidates
-    w_path: float = 0.5  # share of query words in the file's name / folder
+    w_path: float = 2.0  # share of query words in the file's name / folder
     w_symbol: float = 1.0  # the query names the chunk's symbol
     w_stem: float = 1.0  # the query names the file (stem equals an identifier of the query)
-    file_b: float = 0.75  # BM25 length normalisation of the whole-file score
+    file_b: float = 0.3  # BM25 length normalisation of the whole-file score
     w_file_cover: float = 0.0  # idf-weighted share of the query's words the file contains
-    demote: float = 0.3  # multiplier for tests/docs/examples/benchmarks not asked for
+    demote: float = 0.2  # multiplier for tests/docs/examples/benchmarks not asked for
     file_decay: float = 0.5  # each further hit from one file is multiplied by this
-    max_per_file: int = 3  # hard cap on hits from one file
+    max_per_file: int = 2  # hard cap on hits from one file
     dense_candidates: int = 200  # chunks taken from the dense / colbert indexes
 
 
@@ -143,6 +143,7 @@ class _Query:
     text: str
     tokens: list[str]  # stemmed, stopwords removed (lexical terms)
     identifiers: list[str]  # lower-cased identifiers that look like code, or the lone word
+    exact: frozenset[str]  # the same, case kept (full and last qualified part)
     wants_tests: bool
     wants_docs: bool
     wants_bench: bool
@@ -153,14 +154,17 @@ def _analyse(query: str) -> _Query:
     raw = _IDENT_RE.findall(query)
     single = len(query.split()) == 1
     idents: list[str] = []
+    exact: set[str] = set()
     for r in raw:
         if single or _CODEY_RE.search(r):
             last = re.split(r"::|\.|->|\\", r)[-1]
+            exact.update((r, last))
             idents.extend({r.lower(), last.lower()})
     return _Query(
         text=query,
         tokens=query_tokens(query),
         identifiers=list(dict.fromkeys(idents)),
+        exact=frozenset(exact),
         wants_tests=any(w in _TEST_WORDS for w in words),
         wants_docs=any(w in _DOC_WORDS for w in words),
         wants_bench=any(w in _BENCH_WORDS for w in words),
@@ -191,7 +195,8 @@ class _Corpus:
     start: np.ndarray  # (n,) int32
     end: np.ndarray  # (n,) int32
     language: np.ndarray  # (n,) object
-    symbols: list[frozenset[str]]  # normalised names a chunk defines (a block may define several)
+    symbols: list[frozenset[str]]  # lower-cased names a chunk defines (a block may define several)
+    exact_symbols: list[frozenset[str]]  # the same names, case kept, whole entries only
     files: list[str]  # file paths
     file_ids: np.ndarray  # (n_files,) int64 store file ids
     file_kind: np.ndarray  # (n_files,) int8: 0 code, 1 test, 2 doc/example, 3 bench
@@ -220,11 +225,12 @@ class _Corpus:
             end=np.array([r[4] for r in rows], dtype=np.int32),
             language=np.array([r[5] for r in rows], dtype=object),
             symbols=[_symbol_names(r[6]) for r in rows],
+            exact_symbols=[_exact_names(r[6]) for r in rows],
             files=files,
             file_ids=np.array(fids, dtype=np.int64),
             file_kind=kinds,
             path_tokens=[_path_tokens(p) for p in files],
-            stems=[_norm_ident(PurePosixPath(p).name.split(".")[0]) for p in files],
+            stems=[_norm_ident(PurePosixPath(p).stem) for p in files],
         )
 
     def __len__(self) -> int:
@@ -242,6 +248,19 @@ def _symbol_names(symbol: str | None) -> frozenset[str]:
             out.add(name)
             out.add(re.split(r"::|\.", name)[-1])
     out.discard("")
+    return frozenset(out)
+
+
+def _exact_names(symbol: str | None) -> frozenset[str]:
+    """``"$ZodType, Serialize for str, a::B"`` -> {"ZodType", "Serialize for str", "a::B", "B"}."""
+    if not symbol:
+        return frozenset()
+    out: set[str] = set()
+    for name in symbol.split(","):
+        name = name.strip().lstrip("$@#&*")
+        if name:
+            out.add(name)
+            out.add(re.split(r"::|\.", name)[-1])
     return frozenset(out)
 
 
@@ -373,8 +392,11 @@ class _Ranker:
                     total += p.w_path * share[c.file_idx]
             if p.w_symbol and q.identifiers:
                 idents = set(q.identifiers)
-                sym = np.fromiter((not idents.isdisjoint(s) for s in c.symbols), dtype=bool, count=n)
-                total += p.w_symbol * sym
+                # Half for a case-insensitive hit on any defined name ("session()" for
+                # "Session"), full for the exact name as defined ("class Session").
+                sym = np.fromiter((not idents.isdisjoint(s) for s in c.symbols), dtype=np.float32, count=n)
+                ex = np.fromiter((not q.exact.isdisjoint(s) for s in c.exact_symbols), dtype=np.float32, count=n)
+                total += p.w_symbol * 0.5 * (sym + ex)
             if p.w_stem and q.identifiers:
                 names = {_norm_ident(i) for i in q.identifiers}
                 names |= {n[:-1] for n in names if n.endswith("s")} | {n + "s" for n in names}
