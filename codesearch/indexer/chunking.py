@@ -29,6 +29,7 @@ import dataclasses
 import logging
 import re
 import threading
+from itertools import accumulate
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -57,9 +58,9 @@ class Chunk:
     language : str
         Language name as given to `chunk_source`.
     symbol : str or None
-        Name of the definition the chunk holds (``"HttpClient"``, ``"Server.Start"`` is not
-        composed: just ``"Start"``); for a merged group of several definitions their names
-        joined by ``", "``; None when the chunk defines nothing.
+        Name of the definition the chunk holds, as written (``"HttpClient"``, ``"Start"``;
+        the enclosing names are in `scope`); for a merged group of several definitions
+        their names joined by ``", "``; None when the chunk defines nothing.
     kind : str
         ``"function"``, ``"method"``, ``"class"``, ``"struct"``, ``"enum"``, ``"interface"``,
         ``"trait"``, ``"impl"``, ``"module"``, ``"type"``, ... for a definition; ``"block"`` for
@@ -344,12 +345,8 @@ class _Doc:
     def __init__(self, text: str, count_tokens: Callable[[str], int] | None):
         self.lines = text.split("\n")
         self.data = text.encode("utf-8", errors="surrogatepass")
-        offsets = [0]
-        pos = 0
-        for raw in self.data.split(b"\n"):
-            pos += len(raw) + 1
-            offsets.append(pos)
-        self.line_bytes = offsets  # line i spans bytes [offsets[i], offsets[i+1] - 1)
+        # line i spans bytes [line_bytes[i], line_bytes[i + 1] - 1)
+        self.line_bytes = [0, *accumulate(len(raw) + 1 for raw in self.data.split(b"\n"))]
         self._count = count_tokens
         self._memo: dict[tuple[int, int], int] = {}
         self.last = len(self.lines) - 1
@@ -432,6 +429,9 @@ def _line_pieces(doc: _Doc, lo: int, hi: int, budget: int, scope: tuple, base: s
 
 
 # --------------------------------------------------------------------------- tree splitting
+
+
+_MAX_DEPTH = 150  # split() recursion depth; two Python frames per level
 
 
 def _end_row(node) -> int:
@@ -609,9 +609,13 @@ class _Splitter:
 
     # -- splitting
 
-    def split(self, node, lo: int, hi: int, scope: tuple) -> list[_Piece]:
+    def split(self, node, lo: int, hi: int, scope: tuple, depth: int = 0) -> list[_Piece]:
         """Pieces covering rows lo..hi, which hold `node`'s children, each within budget."""
         doc, spec = self.doc, self.spec
+        if depth > _MAX_DEPTH:
+            # Left-nested syntax (a 2,000-link method chain) nests one level per line;
+            # past this depth lines are as good a boundary as any, and the stack is safe.
+            return _line_pieces(doc, lo, hi, self.budget(scope), scope, "block")
         segments = []  # (child, first row, last row)
         prev_end = lo - 1
         for child in node.named_children:
@@ -636,10 +640,10 @@ class _Splitter:
                 defs = [(found[0], found[1])] if found else []
                 pieces.append(_Piece(first, last, cost, scope, defs))
                 continue
-            pieces.extend(self.split_big(child, first, last, scope, found))
+            pieces.extend(self.split_big(child, first, last, scope, found, depth + 1))
         return _merge(pieces, self.budget)
 
-    def split_big(self, node, lo: int, hi: int, scope: tuple, found) -> list[_Piece]:
+    def split_big(self, node, lo: int, hi: int, scope: tuple, found, depth: int) -> list[_Piece]:
         inner_scope = scope + ((found[0], found[2]),) if found else scope
         row = node.start_point[0]  # the definition's first line, decorators included
         if found and found[3] is not node:
@@ -647,7 +651,7 @@ class _Splitter:
             # own lines above it join the first piece.
             node = found[3]
         if node.named_child_count:
-            pieces = self.split(node, lo, hi, inner_scope)
+            pieces = self.split(node, lo, hi, inner_scope, depth)
         else:  # a leaf over budget: a huge string or comment
             pieces = _line_pieces(self.doc, lo, hi, self.budget(inner_scope), inner_scope, "block")
         if found and pieces:

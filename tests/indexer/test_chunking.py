@@ -265,3 +265,11 @@ def test_no_line_lost_over_real_files(budget):
     for f in files:
         text = read_source(f)
         assert_invariants(text, chunk_source(f.name, text, "python", max_tokens=budget))
+
+
+def test_deeply_nested_syntax_does_not_overflow_the_stack():
+    # A left-nested method chain nests one syntax level per line.
+    src = "result = (\n    builder\n" + "".join(f"    .step_{i}(argument_{i})\n" for i in range(3000)) + ")\n"
+    chunks = chunk_source("chain.py", src, "python", max_tokens=128)
+    assert_invariants(src, chunks)
+    assert len(chunks) > 20

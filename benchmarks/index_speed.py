@@ -1,0 +1,165 @@
+"""How fast codesearch turns a tree into chunks, and how much memory that takes.
+
+One function per measurement, so later stages (encoding, storing) can add theirs:
+
+- `measure_walk_chunk`: walk + read + chunk, files/s and chunks/s (wall and CPU time);
+- `measure_chunk_memory`: peak RSS of chunking N files in a fresh process (kept in memory).
+
+Run::
+
+    /work/venv/bin/python benchmarks/index_speed.py                # site-packages subtrees
+    /work/venv/bin/python benchmarks/index_speed.py path/to/repo   # any folder(s)
+    /work/venv/bin/python benchmarks/index_speed.py --memory-files 10000 --json
+
+CPU rates (files per CPU second of this process) are the ones to compare between runs on a
+shared machine; wall rates depend on what else runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from codesearch.indexer.chunking import chunk_source
+from codesearch.indexer.walk import SourceFile, read_source, walk
+
+SITE = Path(sys.prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+# Python, C and C++ of several shapes; about 10,000 indexable files in all.
+DEFAULT_SUBTREES = ("transformers", "torch", "sympy", "numpy", "llama_index", "pip", "rich")
+
+
+def default_roots() -> list[Path]:
+    return [SITE / name for name in DEFAULT_SUBTREES if (SITE / name).is_dir()]
+
+
+def measure_walk(roots: list[Path]) -> tuple[list[SourceFile], dict]:
+    """Walk each root; returns the files (root order, then path order) and timings."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    files: list[SourceFile] = []
+    skipped: Counter = Counter()
+    for root in roots:
+        result = walk(root)
+        files.extend(result.files)
+        skipped.update({k: len(v) for k, v in result.skipped.items()})
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return files, {
+        "files": len(files),
+        "skipped": dict(skipped),
+        "walk_wall_s": round(wall, 3),
+        "walk_cpu_s": round(cpu, 3),
+        "walk_files_per_s": round(len(files) / wall, 1),
+    }
+
+
+def measure_chunk(files: list[SourceFile], max_tokens: int = 512) -> dict:
+    """Read and chunk every file once; what the pipeline does before encoding."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    n_chunks = n_bytes = 0
+    for f in files:
+        text = read_source(f.abs_path)
+        n_bytes += f.size
+        n_chunks += len(chunk_source(f.path, text, f.language, max_tokens=max_tokens))
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return {
+        "chunks": n_chunks,
+        "mbytes": round(n_bytes / 1e6, 1),
+        "chunk_wall_s": round(wall, 3),
+        "chunk_cpu_s": round(cpu, 3),
+    }
+
+
+def measure_walk_chunk(roots: list[Path], max_files: int | None = None,
+                       max_tokens: int = 512) -> dict:
+    """Walking + chunking alone: files/s and chunks/s, by wall clock and by CPU time."""
+    files, walked = measure_walk(roots)
+    if max_files is not None:
+        files = files[:max_files]
+    chunked = measure_chunk(files, max_tokens)
+    wall = walked["walk_wall_s"] + chunked["chunk_wall_s"]
+    cpu = walked["walk_cpu_s"] + chunked["chunk_cpu_s"]
+    n = len(files)
+    return {
+        **walked,
+        **chunked,
+        "files_chunked": n,
+        "files_per_s_wall": round(n / wall, 1),
+        "chunks_per_s_wall": round(chunked["chunks"] / wall, 1),
+        "files_per_s_cpu": round(n / cpu, 1),
+        "chunks_per_s_cpu": round(chunked["chunks"] / cpu, 1),
+        "languages": dict(Counter(f.language for f in files).most_common(8)),
+    }
+
+
+def _memory_child(roots: list[str], n_files: int, max_tokens: int) -> None:
+    files, _ = measure_walk([Path(r) for r in roots])
+    files = files[:n_files]
+    chunks = []  # kept: the worst case, a pipeline that holds every chunk at once
+    for f in files:
+        chunks.extend(chunk_source(f.path, read_source(f.abs_path), f.language,
+                                   max_tokens=max_tokens))
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux: kilobytes
+    print(json.dumps({"files": len(files), "chunks": len(chunks), "peak_rss_mb": peak_kb / 1024}))
+
+
+def measure_chunk_memory(roots: list[Path], n_files: int = 10_000, max_tokens: int = 512) -> dict:
+    """Peak RSS (getrusage maxrss) of a fresh process that walks and chunks `n_files`."""
+    proc = subprocess.run(
+        [sys.executable, __file__, "--memory-child", str(n_files), "--max-tokens",
+         str(max_tokens), *map(str, roots)],
+        capture_output=True, text=True, check=True,
+    )
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    # The interpreter and imports alone, for scale.
+    base = subprocess.run(
+        [sys.executable, "-c", "import resource, codesearch.indexer.chunking as c;"
+         "c._parser('python');print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024)"],
+        capture_output=True, text=True, check=True,
+    )
+    return {
+        "memory_files": out["files"],
+        "memory_chunks": out["chunks"],
+        "peak_rss_mb": round(out["peak_rss_mb"], 1),
+        "baseline_rss_mb": round(float(base.stdout.strip()), 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("roots", nargs="*", type=Path, help="folders to walk (default: site-packages subtrees)")
+    ap.add_argument("--max-files", type=int, default=None, help="chunk at most this many files")
+    ap.add_argument("--max-tokens", type=int, default=512)
+    ap.add_argument("--memory-files", type=int, default=10_000,
+                    help="files for the peak-memory run (0 to skip)")
+    ap.add_argument("--memory-child", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--json", action="store_true", help="print one JSON document")
+    args = ap.parse_args(argv)
+    roots = args.roots or default_roots()
+    if args.memory_child is not None:
+        _memory_child([str(r) for r in roots], args.memory_child, args.max_tokens)
+        return 0
+    report = {
+        "roots": [str(r) for r in roots],
+        "cpus": os.cpu_count(),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+        **measure_walk_chunk(roots, args.max_files, args.max_tokens),
+    }
+    if args.memory_files:
+        report.update(measure_chunk_memory(roots, args.memory_files, args.max_tokens))
+    report["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for key, value in report.items():
+            print(f"{key:>22}: {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
