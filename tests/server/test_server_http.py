@@ -1,0 +1,141 @@
+"""The HTTP JSON API against the real server process: results equal the library's, errors
+are one line with the right status, the OpenAPI schema lists every route."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from codesearch.api import CodeSearch, result_document
+from fixtures.sample_repo import EXPECTED
+
+
+def library(root, query, k=10, **kwargs):
+    with CodeSearch(root, model=None, multi_model=None) as cs:
+        return result_document(cs.query(query, k, **kwargs))
+
+
+@pytest.mark.parametrize("query", sorted(EXPECTED))
+def test_search_equals_the_library(lexical_server, sample_repo, query):
+    with lexical_server.client() as http:
+        response = http.post("/search", json={"query": query, "k": 5, "mode": "lexical"})
+    assert response.status_code == 200, response.text
+    doc = response.json()
+    assert doc == library(sample_repo, query, 5, mode="lexical")
+    assert doc["results"][0]["path"] == EXPECTED[query]
+    assert set(doc["results"][0]) == {"path", "start_line", "end_line", "score", "language", "symbol", "kind", "text"}
+
+
+@pytest.mark.parametrize(
+    "body,kwargs",
+    [
+        ({"lang": "go"}, {"language": "go"}),
+        ({"glob": "src/**"}, {"glob": "src/**"}),
+        ({"files_only": True, "k": 3}, {"files_only": True}),
+        ({"mode": "hybrid"}, {"mode": "hybrid"}),
+    ],
+)
+def test_filters_and_modes_equal_the_library(lexical_server, sample_repo, body, kwargs):
+    request = {"query": "open database connection config", "k": 3, "mode": "lexical", **body}
+    with lexical_server.client() as http:
+        doc = http.post("/search", json=request).json()
+    expected = library(sample_repo, request["query"], request["k"],
+                       **{"mode": request["mode"], **{k: v for k, v in kwargs.items() if k != "mode"}})
+    assert doc == expected
+    if "language" in kwargs:
+        assert doc["results"] and {r["language"] for r in doc["results"]} == {"go"}
+
+
+def test_default_path_is_the_first_root_and_a_subfolder_scopes_the_search(lexical_server, sample_repo):
+    with lexical_server.client() as http:
+        default = http.post("/search", json={"query": "parseConfigFile", "mode": "lexical"}).json()
+        by_root = http.post("/search", json={"query": "parseConfigFile", "mode": "lexical",
+                                             "path": str(sample_repo)}).json()
+        scoped = http.post("/search", json={"query": "server http database config", "mode": "lexical",
+                                            "path": str(sample_repo / "server")}).json()
+        relative = http.post("/search", json={"query": "server http database config", "mode": "lexical",
+                                              "path": "server"}).json()
+    assert default == by_root
+    assert scoped["results"] and {r["path"] for r in scoped["results"]} == {"server/main.go"}
+    assert relative == scoped
+
+
+@pytest.mark.parametrize("path", ["/etc", "..", "../..", "/", "server/../../elsewhere"])
+def test_paths_outside_the_served_roots_are_refused(lexical_server, path):
+    with lexical_server.client() as http:
+        search = http.post("/search", json={"query": "x", "path": path})
+        index = http.post("/index", json={"path": path})
+        status = http.get("/status", params={"path": path})
+    for response in (search, index, status):
+        assert response.status_code == 403, response.text
+        body = response.json()
+        assert body["error"] == "PathError"
+        assert "outside the served roots" in body["detail"] and "\n" not in body["detail"]
+
+
+def test_a_symlink_that_leads_outside_is_outside(lexical_server, sample_repo, tmp_path):
+    link = sample_repo / "escape"
+    os.symlink(tmp_path, link)
+    try:
+        with lexical_server.client() as http:
+            response = http.post("/search", json={"query": "x", "path": str(link)})
+        assert response.status_code == 403
+    finally:
+        link.unlink()
+
+
+@pytest.mark.parametrize(
+    "body,needle",
+    [
+        ({"query": ""}, "query"),
+        ({"query": "   "}, "empty"),
+        ({"query": "x", "k": 0}, "k"),
+        ({"query": "x", "mode": "fuzzy"}, "mode"),
+        ({"query": "x", "colour": "red"}, "colour"),
+        ({"k": 3}, "query"),
+        ({"query": "x", "lang": "cobol"}, "cobol"),
+    ],
+)
+def test_bad_requests_get_400_with_one_line(lexical_server, body, needle):
+    with lexical_server.client() as http:
+        response = http.post("/search", json=body)
+    assert response.status_code == 400, response.text
+    detail = response.json()["detail"]
+    assert needle in detail and "\n" not in detail
+
+
+def test_health_status_and_openapi(lexical_server, sample_repo):
+    with lexical_server.client() as http:
+        health = http.get("/health").json()
+        status = http.get("/status").json()
+        openapi = http.get("/openapi.json").json()
+    assert health["status"] == "ok" and health["roots"] == [str(sample_repo)]
+    assert health["pid"] == lexical_server.info["pid"]
+    (root,) = status["roots"]
+    assert root["root"] == str(sample_repo) and root["ready"] and not root["watching"]
+    assert root["index"]["indexed"] and root["index"]["files"] == 5
+    assert root["indexing"]["state"] == "idle"
+    assert {"/search", "/status", "/index", "/health"} <= set(openapi["paths"])
+    assert set(openapi["paths"]["/search"]["post"]["responses"]) >= {"200", "400", "403", "503", "504"}
+
+
+def test_post_index_returns_202_at_once_and_status_shows_the_run(lexical_server):
+    before = lexical_server.wait_idle()["roots"][0]["indexing"]["runs"]
+    with lexical_server.client() as http:
+        response = http.post("/index", json={})
+    assert response.status_code == 202
+    assert response.json()["accepted"] is True
+    status = lexical_server.wait_idle(min_runs=before + 1)
+    run = status["roots"][0]["indexing"]
+    assert run["last_error"] is None
+    assert run["last_summary"]["files_unchanged"] == 5
+
+
+def test_discovery_file_names_the_bound_port_and_no_token(lexical_server, sample_repo):
+    info = json.loads((sample_repo / ".codesearch" / "server.json").read_text())
+    assert info["port"] == lexical_server.info["port"] != 0
+    assert info["host"] == "127.0.0.1" and info["pid"] == lexical_server.info["pid"]
+    assert info["token_required"] is False and "token" not in info
+    assert info["root"] == str(sample_repo)

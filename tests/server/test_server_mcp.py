@@ -1,0 +1,80 @@
+"""The MCP tools through the official client SDK: stdio (spawning the real process) and
+Streamable HTTP (the /mcp endpoint of the HTTP server)."""
+
+from __future__ import annotations
+
+import sys
+
+import anyio
+import pytest
+from mcp import Client, StdioServerParameters
+
+from codesearch.api import CodeSearch, result_document
+from serverkit import LEXICAL, server_env
+
+
+def library(root, query, k, **kwargs):
+    with CodeSearch(root, model=None, multi_model=None) as cs:
+        return result_document(cs.query(query, k, **kwargs))
+
+
+async def _exercise(client: Client, root) -> None:
+    tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+    assert {"search_code", "index_status"} <= set(tools)
+    assert {"query", "k", "mode", "language", "glob", "files_only", "path"} <= set(
+        tools["search_code"].input_schema["properties"]
+    )
+
+    result = await client.call_tool("search_code", {"query": "openDatabaseConnection", "k": 3, "mode": "lexical"})
+    assert not result.is_error, result.content
+    assert result.structured_content == library(root, "openDatabaseConnection", 3, mode="lexical")
+    assert result.structured_content["results"][0]["path"] == "server/main.go"
+
+    filtered = await client.call_tool(
+        "search_code", {"query": "config database", "k": 5, "mode": "lexical", "language": "javascript"}
+    )
+    assert {r["language"] for r in filtered.structured_content["results"]} == {"javascript"}
+
+    outside = await client.call_tool("search_code", {"query": "x", "path": "/etc"})
+    assert outside.is_error
+    assert "outside the served roots" in outside.content[0].text
+
+    status = await client.call_tool("index_status", {})
+    assert not status.is_error
+    (served,) = status.structured_content["roots"]
+    assert served["root"] == str(root) and served["index"]["files"] == 5
+
+
+def test_stdio_transport_spawning_the_real_server(sample_repo):
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "codesearch.server", str(sample_repo), "--mcp", "stdio", "--no-watch", "--no-index-on-start",
+              *LEXICAL],
+        env=server_env(),
+    )
+
+    async def main() -> None:
+        with anyio.fail_after(120):
+            async with Client(params) as client:
+                await _exercise(client, sample_repo)
+
+    anyio.run(main)
+
+
+def test_streamable_http_at_slash_mcp(lexical_server, sample_repo):
+    async def main() -> None:
+        with anyio.fail_after(120):
+            async with Client(lexical_server.url + "/mcp") as client:
+                await _exercise(client, sample_repo)
+
+    anyio.run(main)
+
+
+@pytest.mark.parametrize("transport", ["http"])
+def test_mcp_http_refuses_a_foreign_host_header(lexical_server, transport):
+    # DNS-rebinding protection on a loopback bind: a page on evil.example that resolves to
+    # 127.0.0.1 must not reach the tools.
+    with lexical_server.client() as http:
+        response = http.post("/mcp", headers={"Host": "evil.example", "Accept": "application/json, text/event-stream"},
+                             json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+    assert response.status_code in (403, 421), response.text
