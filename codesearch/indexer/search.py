@@ -633,7 +633,7 @@ class Searcher:
         if glob:
             import pathspec
 
-            spec = pathspec.PathSpec.from_lines("gitwildmatch", [glob])
+            spec = pathspec.GitIgnoreSpec.from_lines([glob])
             fmask = np.fromiter((spec.match_file(f) for f in c.files), dtype=bool, count=len(c.files))
             gm = fmask[c.file_idx]
             mask = gm if mask is None else mask & gm

