@@ -340,7 +340,7 @@ def _parser(grammar: str):
 class _Doc:
     """The source split into lines, with byte offsets and a token cost for any line range."""
 
-    __slots__ = ("lines", "data", "line_bytes", "_count", "_memo", "last")
+    __slots__ = ("lines", "data", "line_bytes", "_count", "_memo", "_overhead", "last")
 
     def __init__(self, text: str, count_tokens: Callable[[str], int] | None):
         self.lines = text.split("\n")
@@ -349,7 +349,23 @@ class _Doc:
         self.line_bytes = [0, *accumulate(len(raw) + 1 for raw in self.data.split(b"\n"))]
         self._count = count_tokens
         self._memo: dict[tuple[int, int], int] = {}
+        self._overhead = 0 if count_tokens is None else count_tokens("")  # special tokens
         self.last = len(self.lines) - 1
+
+    @property
+    def exact(self) -> bool:
+        """True when `cost` of any range is O(1) (the default estimate)."""
+        return self._count is None
+
+    def grow(self, total: int, lo: int, row: int) -> int:
+        """Cost of lines lo..row given `total`, the cost of lo..row-1.
+
+        With a real tokenizer this sums per-line counts (each line once) instead of
+        re-tokenizing the growing run; the caller checks the final run exactly.
+        """
+        if self._count is None:
+            return self.cost(lo, row)
+        return total + self.cost(row, row) - self._overhead + 1  # + the newline
 
     def cost(self, lo: int, hi: int) -> int:
         """Tokens of lines lo..hi (0-based, inclusive)."""
@@ -414,15 +430,21 @@ def _line_pieces(doc: _Doc, lo: int, hi: int, budget: int, scope: tuple, base: s
     start = lo
     while start <= hi:
         end = start
+        total = doc.cost(start, start)
         last_blank = -1
-        while end < hi and doc.cost(start, end + 1) <= budget:
-            end += 1
+        while end < hi:
+            grown = doc.grow(total, start, end + 1)
+            if grown > budget:
+                break
+            end, total = end + 1, grown
             if doc.blank(end):
                 last_blank = end
         # A cut at a paragraph break in the second half of the run reads better than a cut
         # in the middle of a paragraph.
         if end < hi and last_blank > start + (end - start) // 2:
             end = last_blank
+        while end > start and not doc.exact and doc.cost(start, end) > budget:
+            end -= 1  # the per-line sum underestimated a real tokenizer's count
         pieces.append(_Piece(start, end, doc.cost(start, end), scope, [], base))
         start = end + 1
     return pieces
@@ -811,7 +833,11 @@ def _tree_pieces(
     if _error_fraction(root, len(doc.data)) > 0.3:
         log.debug("%s does not parse as %s; chunking by lines", path, spec.grammar)
         return None
-    return _Splitter(doc, spec, budget).split(root, 0, doc.last, ())
+    try:
+        return _Splitter(doc, spec, budget).split(root, 0, doc.last, ())
+    except RecursionError:  # pragma: no cover - _MAX_DEPTH keeps well below the limit
+        log.warning("%s nests too deeply to split along its syntax; chunking by lines", path)
+        return None
 
 
 def _to_chunks(doc: _Doc, pieces: Sequence[_Piece], path: str, language: str) -> list[Chunk]:

