@@ -104,13 +104,14 @@ class RankingParams:
     w_file_dense: float = 0.5  # whole-file cosine, min-max over the candidates
     w_colbert: float = 1.0  # MaxSim, min-max over the candidates
     w_path: float = 2.0  # share of query words in the file's name / folder
+    path_prefix: int = 4  # prefix matching of query words and path words (0: exact only)
     w_symbol: float = 1.0  # the query names the chunk's symbol
-    w_stem: float = 1.0  # the query names the file (stem equals an identifier of the query)
+    w_stem: float = 0.5  # the query names the file (stem equals an identifier of the query)
     file_b: float = 0.3  # BM25 length normalisation of the whole-file score
     w_file_cover: float = 0.0  # idf-weighted share of the query's words the file contains
-    demote: float = 0.2  # multiplier for tests/docs/examples/benchmarks not asked for
-    file_decay: float = 0.5  # each further hit from one file is multiplied by this
-    max_per_file: int = 2  # hard cap on hits from one file
+    demote: float = 0.3  # multiplier for tests/docs/examples/benchmarks not asked for
+    file_decay: float = 0.2  # each further hit from one file is multiplied by this
+    max_per_file: int = 3  # hard cap on hits from one file
     dense_candidates: int = 200  # chunks taken from the dense / colbert indexes
 
 
@@ -321,6 +322,7 @@ class _Ranker:
         self._file_bm25: BM25Matrix | None = None
         self._n = n
         self._row_of = row_of
+        self._all_path_tokens = sorted(set().union(*corpus.path_tokens)) if corpus.path_tokens else []
 
     @property
     def file_bm25(self) -> BM25Matrix:
@@ -340,6 +342,36 @@ class _Ranker:
         for t in term_ids:
             out[indices[indptr[t] : indptr[t + 1]]] += idf[t]
         return out / denom
+
+    def path_share(self, tokens: list[str], min_prefix: int) -> np.ndarray:
+        """Per file, the idf-weighted share of ``tokens`` found in its name and folder.
+
+        idf-weighted so that "json array" in gson names JsonArray.java rather than every
+        Json*.java; a word also matches a path word it is a prefix of, or that is a prefix
+        of it, when the shorter has ``min_prefix`` letters ("implementations" ~ impls.rs).
+        """
+        c = self.corpus
+        vocab = self.lexical._vocab
+        idf = self.file_bm25.idf
+        w = {t: float(idf[vocab[t]]) if t in vocab else 0.0 for t in tokens}
+        denom = sum(w.values())
+        if denom <= 0:
+            return np.zeros(len(c.files), dtype=np.float32)
+        # Expand each query word to the path words it matches, once per query.
+        expand: dict[str, str] = {}
+        for pt in self._all_path_tokens:
+            for t in w:
+                if pt == t or (
+                    min_prefix
+                    and min(len(pt), len(t)) >= min_prefix
+                    and (pt.startswith(t) or t.startswith(pt))
+                ):
+                    expand.setdefault(pt, t)
+        return np.fromiter(
+            (sum(w[t] for t in {expand[x] for x in pt if x in expand}) / denom for pt in c.path_tokens),
+            dtype=np.float32,
+            count=len(c.files),
+        )
 
     def rows_of(self, ids: np.ndarray) -> np.ndarray:
         return np.array([self._row_of.get(int(i), -1) for i in ids.tolist()], dtype=np.int64)
@@ -377,19 +409,7 @@ class _Ranker:
             if p.w_file_cover and term_ids:
                 total += p.w_file_cover * self.file_cover(term_ids)[c.file_idx]
             if p.w_path and q.tokens:
-                # idf-weighted share of the query's words found in the file's name and
-                # folder: "json array" in gson names JsonArray.java, not every Json*.java.
-                vocab = self.lexical._vocab
-                idf = self.file_bm25.idf
-                w = {t: float(idf[vocab[t]]) if t in vocab else 0.0 for t in q.tokens}
-                denom = sum(w.values())
-                if denom > 0:
-                    share = np.fromiter(
-                        (sum(w[t] for t in pt.intersection(w)) / denom for pt in c.path_tokens),
-                        dtype=np.float32,
-                        count=len(c.files),
-                    )
-                    total += p.w_path * share[c.file_idx]
+                total += p.w_path * self.path_share(q.tokens, p.path_prefix)[c.file_idx]
             if p.w_symbol and q.identifiers:
                 idents = set(q.identifiers)
                 # Half for a case-insensitive hit on any defined name ("session()" for
