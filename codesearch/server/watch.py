@@ -158,6 +158,7 @@ class RepoWatcher:
 
     def stop(self) -> None:
         """Stop watching and drop any pending burst."""
-        self._observer.stop()
-        self._observer.join(timeout=5)
+        if self._observer.is_alive():
+            self._observer.stop()
+            self._observer.join(timeout=5)
         self.debouncer.stop()
