@@ -8,8 +8,6 @@ Results go to stdout; progress, notices and errors go to stderr.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -211,21 +209,11 @@ def models_info(
     render.model_info(api.model_info(name, device=device.value), as_json=json_out)
 
 
-def _register_serve() -> None:
-    """Add `codesearch serve` once the server's CLI module exists (helper G's file).
+# `codesearch serve` lives with the server (codesearch/cli/serve.py, which imports only
+# typer at module level, so --help stays fast); it adds itself to this app.
+from codesearch.cli.serve import register as _register_serve  # noqa: E402
 
-    It may register itself on `app` when imported (`@app.command()`), or expose a plain
-    `serve` function for us to register; both work. A real error inside it is not hidden.
-    """
-    if importlib.util.find_spec("codesearch.cli.serve") is None:
-        return
-    module = importlib.import_module("codesearch.cli.serve")
-    registered = {info.name or getattr(info.callback, "__name__", "") for info in app.registered_commands}
-    if "serve" not in registered and callable(getattr(module, "serve", None)):
-        app.command("serve")(module.serve)
-
-
-_register_serve()
+_register_serve(app)
 
 
 def run() -> None:
