@@ -1,0 +1,143 @@
+"""Concurrency and shutdown: searches never fail while the index is rewritten, the search
+pool is bounded and timed out, SIGTERM leaves an index that opens and searches."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+from codesearch.api import CodeSearch, result_document
+from codesearch.server.repos import RepoOptions, RepoSet
+from codesearch.server.service import Limits, SearchTimeoutError, ServerBusyError, Service
+from fixtures.sample_repo import EXPECTED, write_sample_repo
+from serverkit import LEXICAL, start_server
+
+
+def _hammer(url: str, stop: threading.Event, outcomes: list, query: str, expected_path: str) -> None:
+    with httpx.Client(base_url=url, timeout=30) as http:
+        while not stop.is_set():
+            try:
+                response = http.post("/search", json={"query": query, "mode": "lexical", "k": 3})
+                ok = response.status_code == 200 and response.json()["results"][0]["path"] == expected_path
+                outcomes.append(ok or (response.status_code, response.text[:200]))
+            except httpx.HTTPError as exc:
+                outcomes.append(repr(exc))
+
+
+def test_searches_never_fail_while_the_index_is_rewritten(tmp_path):
+    root = write_sample_repo(tmp_path / "repo")
+    for i in range(150):  # enough work that each run takes a while
+        (root / "pkg" / f"m{i}").mkdir(parents=True)
+        (root / "pkg" / f"m{i}" / "mod.py").write_text(f"def function_{i}(x):\n    return x + {i}\n" * 5)
+    server = start_server([str(root), *LEXICAL, "--debounce-ms", "100"], tmp_path / "logs")
+    try:
+        server.wait_idle(min_runs=1)
+        stop = threading.Event()
+        outcomes: list = []
+        threads = [
+            threading.Thread(target=_hammer, args=(server.url, stop, outcomes, query, path))
+            for query, path in sorted(EXPECTED.items())
+        ]
+        for t in threads:
+            t.start()
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            runs = http.get("/status").json()["roots"][0]["indexing"]["runs"]
+            # An incremental run (edits through the watcher), a rebuild, and another edit.
+            for i in range(0, 150, 3):
+                (root / "pkg" / f"m{i}" / "mod.py").write_text(f"def renamed_{i}(y):\n    return y * {i}\n")
+            server.wait_idle(timeout=120, min_runs=runs + 1)
+            assert http.post("/index", json={"rebuild": True}).status_code == 202
+            server.wait_idle(timeout=120, min_runs=runs + 2)
+            (root / "pkg" / "m1" / "mod.py").write_text("def late_edit_marker():\n    pass\n")
+            status = server.wait_idle(timeout=120, min_runs=runs + 3)
+        time.sleep(0.2)
+        stop.set()
+        for t in threads:
+            t.join()
+        failures = [o for o in outcomes if o is not True]
+        assert len(outcomes) > 50
+        assert failures == []
+        assert status["roots"][0]["indexing"]["generation"] >= 4
+        assert status["roots"][0]["indexing"]["last_error"] is None
+    finally:
+        server.stop()
+
+
+def test_sigterm_leaves_an_index_that_opens_and_searches(tmp_path):
+    root = write_sample_repo(tmp_path / "repo")
+    server = start_server([str(root), *LEXICAL], tmp_path / "logs")
+    server.wait_idle(min_runs=1)
+    discovery = root / ".codesearch" / "server.json"
+    assert json.loads(discovery.read_text())["pid"] == server.proc.pid
+    with server.client() as http:
+        served = {q: http.post("/search", json={"query": q, "mode": "lexical"}).json() for q in EXPECTED}
+    # Start a big run and stop the server in the middle of it.
+    for i in range(300):
+        (root / "bulk" / f"f{i}").mkdir(parents=True)
+        (root / "bulk" / f"f{i}" / "code.py").write_text(f"def bulk_{i}():\n    return {i}\n")
+    time.sleep(0.4)
+    assert server.stop() == 0
+    assert not discovery.exists()
+    with CodeSearch(root, model=None, multi_model=None) as cs:
+        for query, doc in served.items():
+            after = result_document(cs.query(query, 10, mode="lexical"))
+            assert after["results"][0]["path"] == EXPECTED[query]
+            assert after["results"][0] == doc["results"][0]
+        cs.index()  # the interrupted run's work is picked up again
+        assert cs.status().files >= 305
+
+
+@pytest.fixture()
+def service(tmp_path):
+    root = write_sample_repo(tmp_path / "repo")
+    repos = RepoSet([root], RepoOptions(model=None, multi_model=None))
+    repos.start(index_now=True, watch=False)
+    assert repos.repos[0].wait_idle(60)
+    svc = Service(repos, Limits(workers=1, max_pending=2, timeout_s=0.3))
+    yield svc
+    svc.close()
+
+
+def test_search_pool_is_bounded_and_timed_out(service, monkeypatch):
+    repo = service.repos.repos[0]
+    real_query = repo.query
+
+    def slow_query(*args, **kwargs):
+        time.sleep(0.6)  # a search slower than the 0.3 s limit
+        return real_query(*args, **kwargs)
+
+    monkeypatch.setattr(repo, "query", slow_query)
+
+    async def main() -> list:
+        calls = [service.search(query="parseConfigFile", mode="lexical") for _ in range(3)]
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    outcomes = asyncio.run(main())
+    kinds = sorted(type(o).__name__ for o in outcomes)
+    # Two are admitted (one runs, one waits) and time out; the third is turned away at once.
+    assert kinds == ["SearchTimeoutError", "SearchTimeoutError", "ServerBusyError"]
+    assert all("\n" not in str(o) for o in outcomes)
+    # The slots free when the threads finish, and a normal search works again.
+    monkeypatch.setattr(repo, "query", real_query)
+    deadline = time.monotonic() + 5
+    while service.status()["search"]["pending"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    doc = asyncio.run(service.search(query="parseConfigFile", mode="lexical"))
+    assert doc["results"][0]["path"] == "src/config.js"
+
+
+def test_error_classes_map_to_http_statuses():
+    from codesearch.errors import IndexCorruptError, NotIndexedError, PathError, QueryError
+    from codesearch.server.app import status_for
+
+    assert status_for(PathError("p")) == 403
+    assert status_for(QueryError("q")) == 400
+    assert status_for(NotIndexedError("n")) == 409
+    assert status_for(ServerBusyError("b")) == 503
+    assert status_for(SearchTimeoutError("t")) == 504
+    assert status_for(IndexCorruptError("c")) == 500
