@@ -21,7 +21,7 @@ def main(argv: list[str]) -> None:
     models = {"model": None, "multi_model": None} if lexical else {}
     with CodeSearch(path, **models) as cs:
         summary = cs.index()  # incremental: a second run only looks at changed files
-        print(f"indexed {summary.files_indexed} files, {summary.chunks} chunks", file=sys.stderr)
+        print(f"indexed {summary.files_indexed} files, {summary.chunks_total} chunks", file=sys.stderr)
 
         result = cs.query(query, k=5, mode="lexical" if lexical else "hybrid")
         print(f"mode={result.mode} indexes={','.join(result.indexes_used)}", file=sys.stderr)
