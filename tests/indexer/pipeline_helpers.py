@@ -15,17 +15,18 @@ def function_source(name: str, body_word: str = "value", lines: int = 14) -> str
     return f"def {name}(x):\n    \"\"\"Compute {name} of x.\"\"\"\n{body}    return x\n\n\n"
 
 
-def module_source(stem: str, n_functions: int = 3) -> str:
+def module_source(stem: str, n_functions: int = 3, lines: int = 14) -> str:
     return f'"""Module {stem}."""\n\nimport os\n\n\n' + "".join(
-        function_source(f"{stem}_fn{i}") for i in range(n_functions)
+        function_source(f"{stem}_fn{i}", lines=lines) for i in range(n_functions)
     )
 
 
-def make_repo(root: Path, n_files: int = 4, n_functions: int = 3) -> Path:
-    """A small Python package plus a README; every function is its own chunk."""
+def make_repo(root: Path, n_files: int = 4, n_functions: int = 3, lines: int = 14) -> Path:
+    """A small Python package plus a README; with the defaults every function is one chunk
+    under the approximate token count (the tiny models' tokenizer splits them further)."""
     (root / "pkg").mkdir(parents=True, exist_ok=True)
     for i in range(n_files):
-        (root / "pkg" / f"mod{i}.py").write_text(module_source(f"mod{i}", n_functions))
+        (root / "pkg" / f"mod{i}.py").write_text(module_source(f"mod{i}", n_functions, lines))
     (root / "README.md").write_text("# Fixture\n\nA fixture repository for the pipeline tests.\n")
     return root
 

@@ -238,6 +238,12 @@ def tiny_encoders(single_vector_dir, colbert_dir):
 
 
 @pytest.fixture
+def model_repo(tmp_path):
+    """Smaller than `repo`: the tiny models still take a while to encode on 2 busy cores."""
+    return make_repo(tmp_path / "repo", n_files=3, n_functions=2, lines=5)
+
+
+@pytest.fixture
 def counting(tiny_encoders):
     dense, multi = tiny_encoders
     return Encoders(dense=CountingEncoder(dense), multi=CountingEncoder(multi))
@@ -247,101 +253,101 @@ def _n_encoded(encoders):
     return len(encoders.dense.texts) + len(encoders.multi.texts)
 
 
-def test_first_build_encodes_every_chunk_and_file_once(repo, counting):
-    summary = build_index(repo, encoders=counting)
+def test_first_build_encodes_every_chunk_and_file_once(model_repo, counting):
+    summary = build_index(model_repo, encoders=counting)
     n_chunks = summary.chunks_total
     assert summary.chunks_encoded == _n_encoded(counting)
     # Dense: one per distinct chunk text plus one per file; ColBERT: one per distinct chunk text.
-    assert len(counting.multi.texts) <= n_chunks and len(counting.dense.texts) <= n_chunks + 5
+    assert len(counting.multi.texts) <= n_chunks and len(counting.dense.texts) <= n_chunks + 4
     assert summary.tokens_encoded > 0
     assert set(summary.models) == {"dense", "colbert"}
-    derived = check_consistent(pipeline.default_index_dir(repo))
+    derived = check_consistent(pipeline.default_index_dir(model_repo))
     assert set(derived) == {"lexical", "dense_chunks", "dense_files", "plaid"}
-    assert len(derived["dense_files"]) == 5
+    assert len(derived["dense_files"]) == 4
 
 
-def test_edit_one_function_reencodes_exactly_its_chunk(repo, counting):
-    build_index(repo, encoders=counting)
+def test_edit_one_function_reencodes_exactly_its_chunk(model_repo, counting):
+    build_index(model_repo, encoders=counting)
     counting.dense.texts.clear(), counting.multi.texts.clear()
-    src = (repo / "pkg/mod1.py").read_text()
+    src = (model_repo / "pkg/mod1.py").read_text()
     # One line of one function changes, whatever the tokenizer does to chunk boundaries.
-    src = src.replace("    value_3 = mod1_fn2_helper(3)", "    changed_0 = mod1_fn2_helper(3)")
-    (repo / "pkg/mod1.py").write_text(src)
-    summary = build_index(repo, encoders=counting)
+    src = src.replace("    value_3 = mod1_fn1_helper(3)", "    changed_0 = mod1_fn1_helper(3)")
+    (model_repo / "pkg/mod1.py").write_text(src)
+    summary = build_index(model_repo, encoders=counting)
     assert summary.files_indexed == 1
     assert len(counting.multi.texts) == 1 and "changed_0" in counting.multi.texts[0]
     # Dense: the chunk, and the file-level vector of the edited file.
     assert len(counting.dense.texts) == 2
     assert sum("changed_0" in t for t in counting.dense.texts) == 2
     assert summary.chunks_encoded == 3
-    check_consistent(pipeline.default_index_dir(repo))
+    check_consistent(pipeline.default_index_dir(model_repo))
 
 
-def test_rename_encodes_nothing(repo, counting):
+def test_rename_encodes_nothing(model_repo, counting):
     # Chunk budgets include the header (the path), so a file whose chunks sit right at the
     # budget may split differently under a longer name; this one is far below it.
-    (repo / "pkg/small.py").write_text(function_source("small_fn", lines=2))
-    build_index(repo, encoders=counting)
+    (model_repo / "pkg/small.py").write_text(function_source("small_fn", lines=2))
+    build_index(model_repo, encoders=counting)
     counting.dense.texts.clear(), counting.multi.texts.clear()
-    (repo / "pkg/sub").mkdir()
-    (repo / "pkg/small.py").rename(repo / "pkg/sub/renamed_module.py")
-    summary = build_index(repo, encoders=counting)
+    (model_repo / "pkg/sub").mkdir()
+    (model_repo / "pkg/small.py").rename(model_repo / "pkg/sub/renamed_module.py")
+    summary = build_index(model_repo, encoders=counting)
     assert (summary.files_renamed, summary.files_removed, summary.files_indexed) == (1, 1, 1)
     assert summary.chunks_encoded == 0 and _n_encoded(counting) == 0
-    derived = check_consistent(pipeline.default_index_dir(repo))
+    derived = check_consistent(pipeline.default_index_dir(model_repo))
     ids, _ = derived["lexical"].search(["renamed_module small_fn"], k=1)[0]
-    with _store(repo) as s:
+    with _store(model_repo) as s:
         assert s.chunk_records(ids.tolist())[0].path == "pkg/sub/renamed_module.py"
 
 
-def test_unchanged_rerun_with_models_encodes_nothing(repo, counting):
-    build_index(repo, encoders=counting)
-    summary = build_index(repo, encoders=counting)
+def test_unchanged_rerun_with_models_encodes_nothing(model_repo, counting):
+    build_index(model_repo, encoders=counting)
+    summary = build_index(model_repo, encoders=counting)
     assert (summary.files_read, summary.chunks_encoded) == (0, 0)
 
 
-def test_deleted_file_leaves_the_vector_indexes(repo, counting):
-    build_index(repo, encoders=counting)
-    with _store(repo) as s:
+def test_deleted_file_leaves_the_vector_indexes(model_repo, counting):
+    build_index(model_repo, encoders=counting)
+    with _store(model_repo) as s:
         fid = {v: k for k, v in s.file_paths().items()}["pkg/mod0.py"]
         gone = set(s.file_chunk_ids(fid))
-    (repo / "pkg/mod0.py").unlink()
-    build_index(repo, encoders=counting)
-    derived = check_consistent(pipeline.default_index_dir(repo))
+    (model_repo / "pkg/mod0.py").unlink()
+    build_index(model_repo, encoders=counting)
+    derived = check_consistent(pipeline.default_index_dir(model_repo))
     for name in ("lexical", "dense_chunks", "plaid"):
         assert not gone & index_ids(derived[name]), name
     assert fid not in index_ids(derived["dense_files"])
 
 
-def test_another_model_is_a_mismatch(repo, counting, tmp_path_factory):
+def test_another_model_is_a_mismatch(model_repo, counting, tmp_path_factory):
     from fixtures import models
 
-    build_index(repo, encoders=counting)
+    build_index(model_repo, encoders=counting)
     import codesearch.encoder as enc
 
     other = enc.load(str(models.make_single_vector(tmp_path_factory.mktemp("other_sv"), seed=7)))
-    with pytest.raises(ModelMismatchError, match="--rebuild"):
-        build_index(repo, encoders=Encoders(dense=other))
-    summary = build_index(repo, encoders=Encoders(dense=other), rebuild=True)
+    with pytest.raises(ModelMismatchError, match=r"built with dense model .* run 'codesearch index --rebuild'"):
+        build_index(model_repo, encoders=Encoders(dense=other))
+    # Refused before touching anything: the index is still the first model's.
+    with _store(model_repo) as s:
+        assert s.models()["dense"].identity == counting.dense.identity
+
+
+def test_lexical_only_index_gains_vectors_on_a_later_run(model_repo, counting):
+    build_index(model_repo)
+    summary = build_index(model_repo, encoders=counting)
     assert summary.chunks_encoded > 0
-    check_consistent(pipeline.default_index_dir(repo))
+    check_consistent(pipeline.default_index_dir(model_repo))
 
 
-def test_lexical_only_index_gains_vectors_on_a_later_run(repo, counting):
-    build_index(repo)
-    summary = build_index(repo, encoders=counting)
-    assert summary.chunks_encoded > 0
-    check_consistent(pipeline.default_index_dir(repo))
-
-
-def test_offline_run_keeps_models_and_a_later_run_fills_the_gaps(repo, counting):
-    build_index(repo, encoders=counting)
-    (repo / "pkg/extra.py").write_text(module_source("extra"))
-    summary = build_index(repo)  # the model is unavailable this time
+def test_offline_run_keeps_models_and_a_later_run_fills_the_gaps(model_repo, counting):
+    build_index(model_repo, encoders=counting)
+    (model_repo / "pkg/extra.py").write_text(module_source("extra", 2, lines=5))
+    summary = build_index(model_repo)  # the model is unavailable this time
     assert any("no dense vectors" in n.lower() or "no dense encoder" in n.lower() for n in summary.notices)
-    idir = pipeline.default_index_dir(repo)
+    idir = pipeline.default_index_dir(model_repo)
     check_consistent(idir, complete=False)
     counting.dense.texts.clear(), counting.multi.texts.clear()
-    summary = build_index(repo, encoders=counting)
+    summary = build_index(model_repo, encoders=counting)
     assert summary.chunks_encoded > 0 and all("extra" in t for t in counting.multi.texts)
     check_consistent(idir)

@@ -54,7 +54,7 @@ KILL_POINTS = {
 
 
 def _small_repo(root: Path) -> Path:
-    return make_repo(root, n_files=5, n_functions=2)
+    return make_repo(root, n_files=5, n_functions=2, lines=5)
 
 
 def _change(repo: Path) -> None:
@@ -62,7 +62,7 @@ def _change(repo: Path) -> None:
     src = (repo / "pkg/mod0.py").read_text()
     (repo / "pkg/mod0.py").write_text(src.replace("    value_2 = mod0_fn1_helper(2)", "    edited = mod0_fn1_helper(2)"))
     (repo / "pkg/mod4.py").unlink()
-    (repo / "pkg/new_a.py").write_text(module_source("new_a", 2))
+    (repo / "pkg/new_a.py").write_text(module_source("new_a", 2, lines=5))
     (repo / "pkg/new_b.py").write_text(function_source("new_b_only", lines=3))
 
 
