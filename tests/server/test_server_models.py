@@ -1,0 +1,82 @@
+"""The server with real (tiny) encoders: hybrid, dense and ColBERT results equal the
+library's, and the models are loaded once, then shared by every reader swap."""
+
+from __future__ import annotations
+
+import pytest
+
+from codesearch.api import CodeSearch, result_document
+from fixtures.sample_repo import write_sample_repo
+from serverkit import start_server
+
+
+@pytest.fixture(scope="module")
+def model_server(tmp_path_factory, single_vector_dir, colbert_dir):
+    root = write_sample_repo(tmp_path_factory.mktemp("models") / "repo")
+    with CodeSearch(root, model=str(single_vector_dir), multi_model=str(colbert_dir)) as cs:
+        cs.index()
+    server = start_server(
+        [str(root), "--model", str(single_vector_dir), "--multi-model", str(colbert_dir), "--no-watch",
+         "--device", "cpu"],
+        tmp_path_factory.mktemp("logs"),
+    )
+    try:
+        server.wait_idle(min_runs=1)
+        yield root, server, single_vector_dir, colbert_dir
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "dense", "colbert"])
+@pytest.mark.parametrize("query", ["retry failed requests with backoff", "open the database connection"])
+def test_model_modes_equal_the_library(model_server, mode, query):
+    root, server, dense_dir, multi_dir = model_server
+    with server.client() as http:
+        response = http.post("/search", json={"query": query, "k": 5, "mode": mode})
+    assert response.status_code == 200, response.text
+    doc = response.json()
+    with CodeSearch(root, model=str(dense_dir), multi_model=str(multi_dir), device="cpu") as cs:
+        expected = result_document(cs.query(query, 5, mode=mode))
+    assert [(r["path"], r["start_line"], r["end_line"]) for r in doc["results"]] == [
+        (r["path"], r["start_line"], r["end_line"]) for r in expected["results"]
+    ]
+    assert [r["score"] for r in doc["results"]] == pytest.approx([r["score"] for r in expected["results"]], rel=1e-4)
+    assert doc["indexes_used"] == expected["indexes_used"]
+    if mode == "hybrid":
+        assert {"lexical", "dense", "colbert"} <= set(doc["indexes_used"])
+
+
+def test_a_reader_swap_keeps_the_loaded_models(model_server):
+    root, server, *_ = model_server
+    with server.client() as http:
+        runs = http.get("/status").json()["roots"][0]["indexing"]["runs"]
+        assert http.post("/index", json={}).status_code == 202
+    status = server.wait_idle(min_runs=runs + 1)
+    assert status["roots"][0]["indexing"]["last_error"] is None
+    with server.client() as http:
+        doc = http.post("/search", json={"query": "parseConfigFile", "mode": "hybrid"}).json()
+    assert doc["results"][0]["path"] == "src/config.js"
+
+
+def test_encoders_are_loaded_once_per_root_across_swaps(tmp_path, single_vector_dir, colbert_dir):
+    from codesearch.server.repos import RepoOptions, RepoSet
+
+    root = write_sample_repo(tmp_path / "repo")
+    repos = RepoSet([root], RepoOptions(model=str(single_vector_dir), multi_model=str(colbert_dir), device="cpu"))
+    try:
+        repos.start(index_now=True, watch=False)
+        (repo,) = repos.repos
+        assert repo.wait_idle(120)
+        loaded = {key: id(value[0]) for key, value in repo._encoders.items()}
+        assert loaded  # the first run loaded them
+        first_reader = repo._reader.cs
+        (root / "src" / "extra.py").write_text("def extra_helper():\n    return 1\n")
+        repo.request_index()
+        assert repo.wait_idle(120)
+        assert repo._reader.cs is not first_reader  # swapped to the new generation
+        assert {key: id(value[0]) for key, value in repo._reader.cs._encoders.items()} == loaded
+        assert {key: id(value[0]) for key, value in repo._writer._encoders.items()} == loaded
+        hits = repo.query("extra_helper", 3, mode="hybrid").hits
+        assert hits[0].path == "src/extra.py"
+    finally:
+        repos.close()
