@@ -84,6 +84,11 @@ _BINARY_SUFFIXES = frozenset("""
 .sqlite3 .db .npy .npz .pkl .pickle .pt .pth .bin .safetensors .onnx .parquet .arrow .h5
 .hdf5 .DS_Store .wasm
 """.split())
+# Tokens that appear in C++ headers and never in C ones (".h" is used for both).
+_CPP_HINTS = re.compile(
+    rb"^\s*(?:namespace\s+\w+|template\s*<|class\s+\w+[^;]*\{|(?:public|private|protected):)"
+    rb"|\bstd::", re.M,
+)
 # Control bytes that do appear in text files (tab, newlines, form feed, escape, backspace).
 _TEXT_CONTROLS = frozenset(b"\t\n\r\f\v\b\x1b")
 _CONTROL_BYTES = bytes(b for b in range(32) if b not in _TEXT_CONTROLS) + b"\x7f"
@@ -473,9 +478,10 @@ class _Walker:
         first_line = ""
         if head.startswith(b"#!"):
             first_line = head.split(b"\n", 1)[0].decode("utf-8", errors="replace")
-        self.files.append(
-            SourceFile(rel, abs_path, st.st_size, st.st_mtime_ns, detect_language(rel, first_line))
-        )
+        language = detect_language(rel, first_line)
+        if language == "c" and lower.endswith(".h") and _CPP_HINTS.search(head):
+            language = "cpp"  # a C++ header: the C grammar would choke on it
+        self.files.append(SourceFile(rel, abs_path, st.st_size, st.st_mtime_ns, language))
 
     def _unreadable(self, rel: str, why: object) -> None:
         log.warning("Skipping unreadable file %s: %s", rel, why)

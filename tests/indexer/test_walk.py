@@ -324,3 +324,12 @@ def test_walk_uses_shebang(tmp_path):
 def test_read_source_keeps_newlines_and_replaces_bad_bytes(tmp_path):
     f = write(tmp_path, "m.py", b"a = 1\r\nb = '\xff'\r\n")
     assert read_source(f) == "a = 1\r\nb = '\ufffd'\r\n"
+
+
+def test_cpp_header_told_from_c_header(tmp_path):
+    write(tmp_path, "c_api.h", "#ifndef X\n#define X\nstruct point { int x; };\nint add(int, int);\n#endif\n")
+    write(tmp_path, "vec.h", "#pragma once\n#include <vector>\nnamespace geo {\ntemplate <typename T>\nstruct V { T x; };\n}\n")
+    write(tmp_path, "klass.h", "#pragma once\nclass Shape {\n public:\n  virtual ~Shape();\n};\n")
+    assert {f.path: f.language for f in walk(tmp_path).files} == {
+        "c_api.h": "c", "klass.h": "cpp", "vec.h": "cpp",
+    }
