@@ -378,7 +378,7 @@ def _git_listing(root: Path) -> list[str] | None:
     if proc.returncode != 0:
         return None
     out = proc.stdout.decode("utf-8", errors="surrogateescape")
-    # A tracked file is listed twice (-c and -o) when it is also untracked in a merge.
+    # An unmerged path (a merge conflict) is listed once per conflict stage.
     return sorted({p for p in out.split("\0") if p})
 
 

@@ -333,3 +333,19 @@ def test_cpp_header_told_from_c_header(tmp_path):
     assert {f.path: f.language for f in walk(tmp_path).files} == {
         "c_api.h": "c", "klass.h": "cpp", "vec.h": "cpp",
     }
+
+
+@pytest.mark.skipif(not HAS_GIT, reason="git is not installed")
+def test_untracked_nested_repository_is_walked_by_its_own_rules(tmp_path):
+    git(tmp_path, "init", "-q")
+    write(tmp_path, "top.py")
+    nested = tmp_path / "vendored_lib_checkout"
+    nested.mkdir()
+    git(nested, "init", "-q")
+    write(nested, ".gitignore", "*.gen.py\n")
+    write(nested, "inner.py")
+    write(nested, "skip.gen.py")
+    result = walk(tmp_path)
+    assert paths(result) == [
+        "top.py", "vendored_lib_checkout/.gitignore", "vendored_lib_checkout/inner.py",
+    ]
