@@ -221,9 +221,11 @@ def create_app(service: Service, *, token: str | None = None, mcp: bool = True, 
         return _error(400, "ValidationError", "; ".join(parts) + " (see GET /openapi.json for the schema)")
 
     @app.post("/search", response_model=SearchResponse, responses={**errors, 503: {"model": ErrorBody}, 504: {"model": ErrorBody}})
-    async def search(body: SearchRequest) -> dict[str, Any]:
+    async def search(body: SearchRequest) -> JSONResponse:
         """Search one served repository; the result schema is ``codesearch query --json``'s."""
-        return await service.search(**body.model_dump())
+        # A Response is sent as is: the document is already the schema's (it is the CLI's),
+        # and re-validating every hit through the response model cost more than the search.
+        return JSONResponse(await service.search(**body.model_dump()))
 
     @app.post("/index", status_code=202, response_model=IndexAccepted, responses=errors)
     async def index(body: IndexRequest | None = None) -> dict[str, Any]:

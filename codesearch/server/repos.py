@@ -89,9 +89,26 @@ class _Cancelled(BaseException):
 
 @dataclass(eq=False)
 class _Reader:
+    """One generation's `CodeSearch` and its two searchers, opened and warmed up front.
+
+    Why hold the searchers rather than call ``cs.query``: `CodeSearch.query` first checks
+    that ``store.sqlite`` exists on disk, and a rebuild deletes it for the length of the
+    run; the searchers already hold this generation in memory and go on answering.
+    """
+
     cs: Any  # codesearch.api.CodeSearch
+    searchers: dict[str, tuple[Any, list[str]]] | None = None  # "lexical" | "full" -> (Searcher, notices)
     users: int = 0
     retired: bool = False
+
+    def query(self, query: str, k: int, **options: Any) -> Any:
+        if self.searchers is None:
+            return self.cs.query(query, k, refresh=False, **options)
+        searcher, notices = self.searchers["lexical" if options.get("mode") == "lexical" else "full"]
+        result = searcher.search(query, k, **options)
+        if notices:
+            result = dataclasses.replace(result, notices=[*notices, *result.notices])
+        return result
 
 
 class ServedRepo:
@@ -198,9 +215,7 @@ class ServedRepo:
         """
         reader = self._lease()
         try:
-            return reader.cs.query(
-                query, k, mode=mode, language=language, glob=glob, files_only=files_only, refresh=False
-            )
+            return reader.query(query, k, mode=mode, language=language, glob=glob, files_only=files_only)
         finally:
             self._unlease(reader)
 
@@ -229,15 +244,18 @@ class ServedRepo:
 
         cs = CodeSearch(self.root, **self.options.kwargs())
         self._share_encoders(cs)
-        # Warm before the swap, so the first request after it pays nothing: the lexical
-        # searcher, and the full one (query encoders) when the index has vectors.
-        cs.query("warm up", 1, mode="lexical")
-        info = self._index_info()
-        if info is not None and (info.dense_model or info.multi_model):
-            cs.query("warm up", 1, mode="hybrid")
+        # Open both searchers (lexical, and full with the query encoders) and run one query
+        # on each before the swap, so the first request after it pays nothing.
+        get_searcher = getattr(cs, "_get_searcher", None)
+        searchers = None
+        if callable(get_searcher):
+            searchers = {"lexical": get_searcher(lexical=True), "full": get_searcher(lexical=False)}
+        reader = _Reader(cs, searchers)
+        reader.query("warm up", 1, mode="lexical")
+        reader.query("warm up", 1, mode="hybrid")
         self._collect_encoders(cs)
         with self._ref_lock:
-            old, self._reader = self._reader, _Reader(cs)
+            old, self._reader = self._reader, reader
             if old is not None:
                 old.retired = True
                 close_old = old.users == 0
@@ -246,14 +264,6 @@ class ServedRepo:
             self.run_state.generation += 1
         if close_old and old is not None:
             old.cs.close()
-
-    def _index_info(self) -> Any:
-        from codesearch.indexer import pipeline
-
-        try:
-            return pipeline.index_info(self.index_dir)
-        except CodeSearchError:
-            return None
 
     # Why reach into `CodeSearch._encoders`: `CodeSearch` loads its encoders lazily per
     # object, and a reader per generation would otherwise load the models again on every
