@@ -404,12 +404,21 @@ class _Piece:
         return self.base, None
 
 
-def _merge(pieces: list[_Piece], budget: Callable[[tuple], int]) -> list[_Piece]:
-    """Greedily join neighbours of the same scope while the sum stays within budget."""
+def _merge(
+    pieces: list[_Piece], budget: Callable[[tuple], int], nested: bool = False
+) -> list[_Piece]:
+    """Greedily join neighbours of the same scope while the sum stays within budget.
+
+    With `nested`, a piece also joins a previous one whose scope encloses its own (a
+    Markdown section followed by its subsections); the group keeps the outer scope.
+    """
     out: list[_Piece] = []
     for p in pieces:
         prev = out[-1] if out else None
-        if prev is not None and prev.scope == p.scope and prev.cost + p.cost <= budget(p.scope):
+        same = prev is not None and (
+            prev.scope == p.scope or nested and p.scope[: len(prev.scope)] == prev.scope
+        )
+        if same and prev.cost + p.cost <= budget(prev.scope):
             primary = None
             if prev.primary is not None and not p.defs:
                 primary = prev.primary
@@ -745,7 +754,7 @@ def _markdown_pieces(doc: _Doc, budget: Callable[[tuple], int]) -> list[_Piece]:
         part[0].primary = ("section", title or None)
         part[0].scope = scope
         pieces.extend(part)
-    return _merge(pieces, budget)
+    return _merge(pieces, budget, nested=True)
 
 
 # --------------------------------------------------------------------------- entry point

@@ -293,3 +293,9 @@ def test_real_tokenizer_budget_holds():
         assert len(chunks) > 10
         over = [c for c in chunks if count(c.encoder_text) > 128 and c.start_line != c.end_line]
         assert over == []
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    assert doctest.testmod(chunking).failed == 0

@@ -349,3 +349,11 @@ def test_untracked_nested_repository_is_walked_by_its_own_rules(tmp_path):
     assert paths(result) == [
         "top.py", "vendored_lib_checkout/.gitignore", "vendored_lib_checkout/inner.py",
     ]
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    from codesearch.indexer import walk as walk_module
+
+    assert doctest.testmod(walk_module).failed == 0
