@@ -279,6 +279,21 @@ def _file_kind(path: str) -> int:
     return 0
 
 
+def _invert(sets: list[frozenset[str]]) -> dict[str, np.ndarray]:
+    """name -> sorted row numbers of the sets that contain it."""
+    out: dict[str, list[int]] = {}
+    for i, names in enumerate(sets):
+        for name in names:
+            out.setdefault(name, []).append(i)
+    return {k: np.array(v, dtype=np.int64) for k, v in out.items()}
+
+
+def _lookup(inverted: dict[str, np.ndarray], names: set[str] | frozenset[str]) -> np.ndarray:
+    """Distinct rows holding any of ``names``."""
+    found = [inverted[x] for x in names if x in inverted]
+    return np.unique(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
+
+
 def _minmax(x: np.ndarray, present: np.ndarray) -> np.ndarray:
     """Scale the present entries to [0, 1]; absent entries are 0."""
     out = np.zeros_like(x, dtype=np.float32)
@@ -322,7 +337,12 @@ class _Ranker:
         self._file_bm25: BM25Matrix | None = None
         self._n = n
         self._row_of = row_of
-        self._all_path_tokens = sorted(set().union(*corpus.path_tokens)) if corpus.path_tokens else []
+        # Inverted maps, so a query touches only the rows that match instead of looping
+        # over every chunk in Python (134k chunks: 50 ms -> a few ms).
+        self._by_symbol = _invert(corpus.symbols)
+        self._by_exact = _invert(corpus.exact_symbols)
+        self._by_path_token = _invert(corpus.path_tokens)
+        self._by_stem = _invert([frozenset((st,)) for st in corpus.stems])
 
     @property
     def file_bm25(self) -> BM25Matrix:
@@ -357,21 +377,19 @@ class _Ranker:
         denom = sum(w.values())
         if denom <= 0:
             return np.zeros(len(c.files), dtype=np.float32)
-        # Expand each query word to the path words it matches, once per query.
-        expand: dict[str, str] = {}
-        for pt in self._all_path_tokens:
-            for t in w:
-                if pt == t or (
-                    min_prefix
-                    and min(len(pt), len(t)) >= min_prefix
-                    and (pt.startswith(t) or t.startswith(pt))
-                ):
-                    expand.setdefault(pt, t)
-        return np.fromiter(
-            (sum(w[t] for t in {expand[x] for x in pt if x in expand}) / denom for pt in c.path_tokens),
-            dtype=np.float32,
-            count=len(c.files),
-        )
+        share = np.zeros(len(c.files), dtype=np.float32)
+        for t, wt in w.items():
+            if wt <= 0:
+                continue
+            hits = [
+                files
+                for pt, files in self._by_path_token.items()
+                if pt == t
+                or (min_prefix and min(len(pt), len(t)) >= min_prefix and (pt.startswith(t) or t.startswith(pt)))
+            ]
+            if hits:
+                share[np.unique(np.concatenate(hits))] += wt
+        return share / denom
 
     def rows_of(self, ids: np.ndarray) -> np.ndarray:
         return np.array([self._row_of.get(int(i), -1) for i in ids.tolist()], dtype=np.int64)
@@ -414,13 +432,15 @@ class _Ranker:
                 idents = set(q.identifiers)
                 # Half for a case-insensitive hit on any defined name ("session()" for
                 # "Session"), full for the exact name as defined ("class Session").
-                sym = np.fromiter((not idents.isdisjoint(s) for s in c.symbols), dtype=np.float32, count=n)
-                ex = np.fromiter((not q.exact.isdisjoint(s) for s in c.exact_symbols), dtype=np.float32, count=n)
-                total += p.w_symbol * 0.5 * (sym + ex)
+                sym = np.zeros(n, dtype=np.float32)
+                sym[_lookup(self._by_symbol, idents)] += 0.5
+                sym[_lookup(self._by_exact, q.exact)] += 0.5
+                total += p.w_symbol * sym
             if p.w_stem and q.identifiers:
                 names = {_norm_ident(i) for i in q.identifiers}
                 names |= {n[:-1] for n in names if n.endswith("s")} | {n + "s" for n in names}
-                stem_hit = np.fromiter((st in names for st in c.stems), dtype=bool, count=len(c.files))
+                stem_hit = np.zeros(len(c.files), dtype=np.float32)
+                stem_hit[_lookup(self._by_stem, names)] = 1.0
                 total += p.w_stem * stem_hit[c.file_idx]
         for name, cand, w in (("dense", dense, p.w_dense), ("colbert", colbert, p.w_colbert)):
             if cand is None or not len(cand[0]):
