@@ -351,3 +351,44 @@ def test_offline_run_keeps_models_and_a_later_run_fills_the_gaps(model_repo, cou
     summary = build_index(model_repo, encoders=counting)
     assert summary.chunks_encoded > 0 and all("extra" in t for t in counting.multi.texts)
     check_consistent(idir)
+
+
+# -- resolving encoders ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def offline_hub(monkeypatch, tmp_path):
+    """An empty hub cache and no network: the default models cannot be had."""
+    constants = pytest.importorskip("huggingface_hub.constants")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty_hub_cache"))
+
+
+def test_unavailable_default_models_degrade_to_lexical_only_with_a_notice(offline_hub):
+    encoders, notices = pipeline.resolve_encoders()
+    assert encoders.dense is None and encoders.multi is None
+    assert len(notices) == 1
+    assert "not cached and the hub is unreachable; indexed lexical-only" in notices[0]
+    assert "Run 'codesearch index' again online" in notices[0]
+
+
+def test_an_explicit_model_that_cannot_be_had_raises(offline_hub):
+    from codesearch.errors import ModelUnavailableError
+
+    with pytest.raises(ModelUnavailableError, match="some-org/not-cached"):
+        pipeline.resolve_encoders("some-org/not-cached", None)
+
+
+def test_a_colbert_checkpoint_as_dense_model_is_refused(colbert_dir):
+    from codesearch.errors import ModelError
+
+    with pytest.raises(ModelError, match="not a single-vector model"):
+        pipeline.resolve_encoders(str(colbert_dir), None)
+
+
+def test_default_reuses_the_models_the_index_records(offline_hub, single_vector_dir):
+    s = Store(":memory:")
+    s.set_model("dense", str(single_vector_dir), "whatever@1", 64)
+    encoders, notices = pipeline.resolve_encoders(multi_model=None, store=s)
+    assert encoders.dense is not None and encoders.dense.name == str(single_vector_dir)
+    assert encoders.multi is None and notices == []
