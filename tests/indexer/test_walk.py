@@ -357,3 +357,28 @@ def test_docstring_examples_run():
     from codesearch.indexer import walk as walk_module
 
     assert doctest.testmod(walk_module).failed == 0
+
+
+@pytest.mark.parametrize("use_git", [False, True])
+def test_build_dir_that_is_a_python_package_is_kept(tmp_path, use_git):
+    if use_git:
+        if not HAS_GIT:
+            pytest.skip("git is not installed")
+        git(tmp_path, "init", "-q")
+    write(tmp_path, "pkg/build/__init__.py")
+    write(tmp_path, "pkg/build/wheel.py")
+    write(tmp_path, "build/lib/pkg/x.py")  # setup.py build output
+    result = walk(tmp_path)
+    assert result.git is use_git
+    assert paths(result) == ["pkg/build/__init__.py", "pkg/build/wheel.py"]
+    assert result.skipped["generated"] == ["build/"]
+
+
+def test_symlink_loop_and_in_root_dir_link(tmp_path):
+    write(tmp_path, "real/a.py")
+    (tmp_path / "alias").symlink_to(tmp_path / "real", target_is_directory=True)
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    result = walk(tmp_path)
+    assert paths(result) == ["real/a.py"]  # the directory link is not followed twice
+    assert result.skipped["unreadable"] == ["loop1", "loop2"]
