@@ -207,3 +207,9 @@ def test_second_writer_gets_a_clear_lock_error(tmp_path):
     # Released: the next writer gets it.
     with IndexLock(tmp_path) as lock:
         assert lock.held
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    assert doctest.testmod(store_mod).failed == 0
