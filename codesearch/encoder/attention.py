@@ -51,7 +51,7 @@ class _Group:
 
     n: int  # sequences
     length: int  # padded length L
-    gather: torch.Tensor | None  # (n * L,) rows of the stream (the dummy row for padding); None: a plain view
+    gather: torch.Tensor | None  # (n * L,) stream rows (padding points at a masked real row); None: a view
     start: int  # with gather None: the group is stream rows [start, start + n * L)
     src: torch.Tensor | None  # (valid,) rows of the padded (n * L) output that are real tokens
     dst: torch.Tensor | None  # (valid,) stream rows they go to
@@ -62,8 +62,10 @@ class _Group:
 class _Blocks:
     """Long sequences cut into blocks of w queries, each seeing 3w keys (blocked local window)."""
 
-    q_index: torch.Tensor  # (blocks * w,) stream rows of the queries (dummy row for padding)
-    kv_index: torch.Tensor  # (blocks * 3w,) stream rows of the keys (dummy row outside the sequence)
+    q_index: torch.Tensor  # (blocks * w,) stream rows of the queries
+    kv_index: torch.Tensor  # (blocks * 3w,) stream rows of the keys
+    # Positions outside a sequence point at its first row: masked as keys, dropped as queries,
+    # so no padding row has to be appended to the stream.
     mask: torch.Tensor  # additive (blocks, 1, w, 3w): band |i - j| <= w and key validity
     src: torch.Tensor  # (valid,) rows of the (blocks * w) output that are real queries
     dst: torch.Tensor  # (valid,) stream rows they go to
@@ -82,12 +84,17 @@ def _neg_inf_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
 
 
+# A sequence at least this long is attended on its own, straight from a view of the stream:
+# one SDPA call per sequence costs less than gathering and scattering it.
+ALONE = 256
+
+
 def _group_lengths(order: list[int], lengths: tuple[int, ...], slack: float = 1.25) -> list[list[int]]:
     """Greedy groups of sequences (given longest first) whose padded attention cost n * L^2
-    stays within ``slack`` of their real cost sum(l^2)."""
+    stays within ``slack`` of their real cost sum(l^2); long sequences stay alone."""
     groups: list[list[int]] = []
     for i in order:
-        if groups:
+        if groups and lengths[groups[-1][0]] < ALONE:
             g = groups[-1]
             top = lengths[g[0]]
             real = sum(lengths[j] ** 2 for j in g) + lengths[i] ** 2
@@ -131,7 +138,7 @@ def _make_group(
     st = torch.tensor([starts[i] for i in seqs], device=device)
     valid = pos[None, :] < ls[:, None]  # (n, L)
     rows = st[:, None] + pos[None, :]  # (n, L)
-    gather = torch.where(valid, rows, torch.full_like(rows, total)).reshape(-1)
+    gather = torch.where(valid, rows, st[:, None]).reshape(-1)
     src = torch.nonzero(valid.reshape(-1)).squeeze(1)
     return _Group(n, L, gather, 0, src, rows.reshape(-1)[src], mask)
 
@@ -157,8 +164,8 @@ def _make_blocks(
     k_pos = (b_k[:, None] - 1) * w + torch.arange(3 * w, device=device)[None, :]  # (B, 3w)
     q_valid = q_pos < b_len[:, None]
     k_valid = (k_pos >= 0) & (k_pos < b_keys[:, None])
-    q_rows = torch.where(q_valid, b_start[:, None] + q_pos, total)
-    k_rows = torch.where(k_valid, b_start[:, None] + k_pos, total)
+    q_rows = torch.where(q_valid, b_start[:, None] + q_pos, b_start[:, None])
+    k_rows = torch.where(k_valid, b_start[:, None] + k_pos, b_start[:, None])
     band = (q_pos[:, :, None] - k_pos[:, None, :]).abs() <= w  # (B, w, 3w)
     allowed = (band & k_valid[:, None, :])[:, None]  # (B, 1, w, 3w)
     src = torch.nonzero(q_valid.reshape(-1)).squeeze(1)
@@ -196,16 +203,12 @@ class SdpaBackend:
     def __call__(self, qkv: torch.Tensor, plan: SdpaPlan, is_local: bool) -> torch.Tensor:
         total, _, heads, hd = qkv.shape
         groups = plan.local_groups if is_local else plan.global_groups
-        padded = None
-        if any(g.gather is not None for g in groups) or (is_local and plan.blocks is not None):
-            # one zero row at index `total` stands for every padding position
-            padded = torch.cat([qkv, qkv.new_zeros(1, 3, heads, hd)])  # (T + 1, 3, heads, head_dim)
         out = qkv.new_empty(total, heads, hd)
         for g in groups:
             if g.gather is None:
                 x = qkv[g.start : g.start + g.n * g.length].view(g.n, g.length, 3, heads, hd)
             else:
-                x = padded[g.gather].view(g.n, g.length, 3, heads, hd)
+                x = qkv[g.gather].view(g.n, g.length, 3, heads, hd)
             x = x.permute(2, 0, 3, 1, 4)  # (3, n, heads, L, head_dim)
             o = F.scaled_dot_product_attention(x[0], x[1], x[2], attn_mask=g.mask)  # (n, heads, L, hd)
             o = o.transpose(1, 2).reshape(g.n * g.length, heads, hd)
@@ -216,8 +219,8 @@ class SdpaBackend:
         if is_local and plan.blocks is not None:
             b = plan.blocks
             nb, w = b.mask.shape[0], b.mask.shape[2]
-            q = padded[b.q_index, 0].view(nb, w, heads, hd).transpose(1, 2)  # (B, heads, w, hd)
-            kv = padded[b.kv_index, 1:].view(nb, 3 * w, 2, heads, hd).permute(2, 0, 3, 1, 4)  # (2, B, heads, 3w, hd)
+            q = qkv[b.q_index, 0].view(nb, w, heads, hd).transpose(1, 2)  # (B, heads, w, hd)
+            kv = qkv[b.kv_index, 1:].view(nb, 3 * w, 2, heads, hd).permute(2, 0, 3, 1, 4)  # (2, B, heads, 3w, hd)
             o = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=b.mask)  # (B, heads, w, hd)
             o = o.transpose(1, 2).reshape(nb * w, heads, hd)
             out[b.dst] = o[b.src]

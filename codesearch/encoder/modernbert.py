@@ -226,27 +226,29 @@ class Embeddings(nn.Module):
 
 
 def rope_tables(theta: float, head_dim: int, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of position * theta^(-2i/d), shape (max_positions, head_dim // 2), fp32.
+    """cos and sin of position * theta^(-2i/d), shape (max_positions, head_dim), fp32.
 
-    Precomputed once per theta and gathered by position id: a packed batch has positions that
-    restart per sequence, so a table lookup is simpler and cheaper than recomputing them.
+    Each frequency appears twice (``cat(freqs, freqs)``), matching the "rotate half" layout of
+    the checkpoints. Precomputed once per theta and gathered by position id: a packed batch has
+    positions that restart per sequence, so a table lookup is simpler than recomputing them.
     """
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
     freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    freqs = torch.cat((freqs, freqs), dim=-1)  # (max_positions, head_dim)
     return freqs.cos(), freqs.sin()
 
 
 def apply_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
-    """Rotate q and k of a packed ``(T, 3, heads, head_dim)`` tensor in place.
+    """Rotate q and k of a packed ``(T, 3, heads, head_dim)`` tensor in place:
+    ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x1, x2) = (-x2, x1)``.
 
-    With halves x1, x2 of each head: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), the same
-    as ``x * cat(cos, cos) + rotate_half(x) * cat(sin, sin)``. Computed in fp32 (as the
-    reference does) and written back in the stream's dtype; cos/sin are (T, 1, 1, head_dim/2).
+    In place on the q/k view, so the stream is not copied back; cos/sin are (T, 1, 1, head_dim)
+    in the stream's dtype (transformers also casts them to the model dtype).
     """
     half = qkv.shape[-1] // 2
-    qk = qkv[:, :2].float()  # (T, 2, heads, head_dim)
-    x1, x2 = qk[..., :half], qk[..., half:]
-    qkv[:, :2] = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(qkv.dtype)
+    qk = qkv[:, :2]  # (T, 2, heads, head_dim), a view
+    rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+    qk.mul_(cos).addcmul_(rotated, sin)
 
 
 # --------------------------------------------------------------------------------------------
@@ -341,10 +343,10 @@ class ModernBert(nn.Module):
         """Attach the attention backend (an object from ``attention.BACKENDS``)."""
         self.backend = backend
 
-    def _rope(self, kind: str, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = getattr(self, f"{kind}_cos")[position_ids]  # (T, head_dim/2)
-        sin = getattr(self, f"{kind}_sin")[position_ids]
-        return cos[:, None, None, :], sin[:, None, None, :]  # (T, 1, 1, head_dim/2)
+    def _rope(self, kind: str, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        cos = getattr(self, f"{kind}_cos")[position_ids].to(dtype)  # (T, head_dim)
+        sin = getattr(self, f"{kind}_sin")[position_ids].to(dtype)
+        return cos[:, None, None, :], sin[:, None, None, :]  # (T, 1, 1, head_dim)
 
     def forward(self, batch: PackedBatch) -> torch.Tensor:
         assert self.backend is not None, "call use_backend() first"
@@ -353,8 +355,8 @@ class ModernBert(nn.Module):
                 f"a sequence is longer than max_position_embeddings={self.config.max_position_embeddings}"
             )
         plan = self.backend.plan(batch, self.config.window)
-        ropes = {kind: self._rope(kind, batch.position_ids) for kind in (GLOBAL, LOCAL)}
         x = self.embeddings(batch.input_ids)  # (T, hidden)
+        ropes = {kind: self._rope(kind, batch.position_ids, x.dtype) for kind in (GLOBAL, LOCAL)}
         for layer, kind in zip(self.layers, self.config.layer_types):
             x = layer(x, ropes[kind], self.backend, plan)
         return self.final_norm(x)  # (T, hidden)
