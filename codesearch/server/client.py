@@ -122,3 +122,51 @@ def try_server_search(
         # CLI's own formatting and exit code.
         return None
     return doc
+
+
+def result_from_document(doc: dict[str, Any]) -> Any:
+    """Turn a ``POST /search`` document back into a `SearchResult` for the CLI's renderers.
+
+    The document carries what ``--json`` prints; fields it lacks (scope, chunk id, sources)
+    are left empty.
+    """
+    from codesearch.indexer.search import SearchHit, SearchResult
+
+    hits = [
+        SearchHit(
+            path=h["path"], start_line=int(h["start_line"]), end_line=int(h["end_line"]), score=float(h["score"]),
+            language=h["language"], symbol=h.get("symbol"), kind=h["kind"], scope=None, text=h["text"],
+            chunk_id=-1,
+        )
+        for h in doc["results"]
+    ]
+    return SearchResult(
+        query=doc["query"], mode=doc["mode"], hits=hits, indexes_used=tuple(doc.get("indexes_used", ())),
+        notices=list(doc.get("notices", ())),
+    )
+
+
+def try_server_result(
+    root: str | os.PathLike[str],
+    request: dict[str, Any],
+    *,
+    index_dir: str | os.PathLike[str] | None = None,
+    token: str | None = None,
+) -> Any:
+    """`try_server_search`, returned as a `SearchResult` (None when no usable server is up).
+
+    This is the one call ``codesearch query`` makes before opening the index itself.
+
+    Example
+    -------
+    >>> result = try_server_result("repo", {"query": "open the db", "k": 5, "mode": "hybrid"})  # doctest: +SKIP
+    >>> if result is None:                                                                   # doctest: +SKIP
+    ...     result = CodeSearch("repo").query("open the db", 5)
+    """
+    doc = try_server_search(root, request, index_dir=index_dir, token=token)
+    if doc is None:
+        return None
+    try:
+        return result_from_document(doc)
+    except (KeyError, TypeError, ValueError):  # a server of another version: search locally
+        return None

@@ -102,3 +102,12 @@ def test_remove_discovery_leaves_another_servers_file(tmp_path):
 def test_a_bad_query_falls_back_to_the_local_path(lexical_server, sample_repo):
     # The server answers 400; the CLI must then run locally and print its own error.
     assert try_server_search(sample_repo, {"query": "x", "mode": "nonsense"}) is None
+
+
+def test_server_result_round_trips_to_the_same_document(lexical_server, sample_repo):
+    from codesearch.server.client import try_server_result
+
+    request = {"query": "openDatabaseConnection", "k": 4, "mode": "lexical"}
+    result = try_server_result(sample_repo, request)
+    assert result is not None and result.hits[0].path == "server/main.go"
+    assert result_document(result) == try_server_search(sample_repo, request)
