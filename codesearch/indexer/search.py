@@ -595,21 +595,31 @@ class Searcher:
             raise QueryError(f"k must be at least 1, got {k} (pass k=10 for example)")
         notices: list[str] = []
         q = _analyse(query)
-        has_dense = self._dense is not None and len(self._dense) > 0 and self._encoder("dense") is not None
-        has_colbert = self._plaid is not None and len(self._plaid) > 0 and self._encoder("multi") is not None
+        dense_built = self._dense is not None and len(self._dense) > 0
+        colbert_built = self._plaid is not None and len(self._plaid) > 0
+        has_dense = dense_built and self._encoder("dense") is not None
+        has_colbert = colbert_built and self._encoder("multi") is not None
         if mode == "dense" and not has_dense:
             raise QueryError(
-                "this index has no dense vectors (index with a model: 'codesearch index --model PATH_OR_ID')"
+                "dense search needs the index's model to encode the query (open the index with its model)"
+                if dense_built
+                else "this index has no dense vectors (index with a model: 'codesearch index --model PATH_OR_ID')"
             )
         if mode == "colbert" and not has_colbert:
             raise QueryError(
-                "this index has no multi-vector index (index with a ColBERT model: 'codesearch index --multi-model ID')"
+                "colbert search needs the index's ColBERT model to encode the query (open the index with it)"
+                if colbert_built
+                else "this index has no multi-vector index (index with a ColBERT model: 'codesearch index --multi-model ID')"
             )
         use_lex = mode in ("hybrid", "lexical")
         use_dense = has_dense and mode in ("hybrid", "dense")
         use_colbert = has_colbert and mode in ("hybrid", "colbert")
         if mode == "hybrid" and not (has_dense or has_colbert):
-            notices.append("lexical index only: no model vectors in this index (index with a model for semantic search)")
+            notices.append(
+                "lexical index only: no query encoder for this index's vectors (open it with its model)"
+                if dense_built or colbert_built
+                else "lexical index only: no model vectors in this index (index with a model for semantic search)"
+            )
         mask = self._mask(language, glob)
         p = self._ranker.params
         n_cand = max(p.dense_candidates, 4 * k)

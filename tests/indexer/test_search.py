@@ -228,3 +228,12 @@ def test_hybrid_finds_what_each_index_misses(minilm_index):
     assert "zqxFrobnicate" in minilm_index.search(ident, k=1, mode="lexical").hits[0].symbol
     top = minilm_index.search(ident, k=3).hits[0]
     assert "zqxFrobnicate" in top.symbol and "lexical" in top.sources
+
+
+@pytest.mark.slow
+def test_vectors_without_a_query_encoder_fall_back_to_lexical(minilm_index):
+    with Searcher(minilm_index.index_dir) as bare:
+        with pytest.raises(QueryError, match="encode the query"):
+            bare.search("remove a file", mode="dense")
+        result = bare.search("sqlite connection", k=3)
+        assert result.indexes_used == ("lexical",) and "encoder" in result.notices[0]
