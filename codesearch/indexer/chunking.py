@@ -437,10 +437,12 @@ def _merge(
                 primary = prev.primary
             elif p.primary is not None and not prev.defs:
                 primary = p.primary
-            out[-1] = _Piece(
-                prev.start, p.end, prev.cost + p.cost, prev.scope, prev.defs + p.defs,
-                prev.base if prev.base == p.base else "block", primary,
-            )
+            # In place: pieces handed to _merge belong to it (fewer objects on big files).
+            prev.end = p.end
+            prev.cost += p.cost
+            prev.defs = prev.defs + p.defs
+            prev.base = prev.base if prev.base == p.base else "block"
+            prev.primary = primary
         else:
             out.append(p)
     return out
