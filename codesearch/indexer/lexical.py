@@ -42,7 +42,7 @@ import scipy.sparse as sp
 
 from codesearch.errors import IndexCorruptError
 
-__all__ = ["LexicalIndex", "tokenize", "query_tokens", "split_identifier", "STOPWORDS"]
+__all__ = ["LexicalIndex", "tokenize", "query_tokens", "split_identifier", "stem_word", "STOPWORDS"]
 
 FORMAT_VERSION = 1
 
@@ -76,7 +76,7 @@ def split_identifier(word: str) -> list[str]:
     return [p.lower() for p in _PART_RE.findall(word)]
 
 
-def _stem(token: str) -> str:
+def stem_word(token: str) -> str:
     """Light, conservative suffix stripping: plurals, -ing, -ed.
 
     Only long-enough words are touched so that short identifiers (``is``, ``bus``,
@@ -138,7 +138,7 @@ def tokenize(text: str, *, stem: bool = True) -> list[str]:
             # `_private` / `__init__`: the bare name matches queries without underscores.
             out.append(parts[0])
     if stem:
-        out = [_stem(t) for t in out]
+        out = [stem_word(t) for t in out]
     return out
 
 
@@ -149,7 +149,7 @@ def query_tokens(query: str, *, stem: bool = True, stopwords: bool = True) -> li
         kept = [t for t in tokens if t not in STOPWORDS]
         tokens = kept or tokens
     if stem:
-        tokens = list(dict.fromkeys(_stem(t) for t in tokens))
+        tokens = list(dict.fromkeys(stem_word(t) for t in tokens))
     return tokens
 
 
@@ -316,6 +316,11 @@ class LexicalIndex:
         if self._bm25 is None:
             self._bm25 = BM25Matrix(self._tf, k1=self.k1, b=self.b)
         return self._bm25
+
+    @property
+    def vocab(self) -> dict[str, int]:
+        """Token -> column of :attr:`tf` (read-only view; do not modify)."""
+        return self._vocab
 
     def term_ids(self, query: str) -> list[int]:
         """Vocabulary ids of the query's tokens (unknown tokens dropped)."""

@@ -30,7 +30,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from codesearch.errors import NotIndexedError, QueryError
-from codesearch.indexer.lexical import BM25Matrix, LexicalIndex, query_tokens, split_identifier, _stem
+from codesearch.indexer.lexical import BM25Matrix, LexicalIndex, query_tokens, split_identifier, stem_word
 
 __all__ = ["SearchHit", "SearchResult", "Searcher", "MODES", "RankingParams"]
 
@@ -179,8 +179,8 @@ def _path_tokens(path: str) -> frozenset[str]:
     toks: set[str] = set()
     for part in parts:
         for w in re.findall(r"[A-Za-z0-9]+", part):
-            toks.add(_stem(w.lower()))
-            toks.update(_stem(s) for s in split_identifier(w))
+            toks.add(stem_word(w.lower()))
+            toks.update(stem_word(s) for s in split_identifier(w))
     return frozenset(t for t in toks if len(t) > 1)
 
 
@@ -371,7 +371,7 @@ class _Ranker:
         of it, when the shorter has ``min_prefix`` letters ("implementations" ~ impls.rs).
         """
         c = self.corpus
-        vocab = self.lexical._vocab
+        vocab = self.lexical.vocab
         idf = self.file_bm25.idf
         w = {t: float(idf[vocab[t]]) if t in vocab else 0.0 for t in tokens}
         denom = sum(w.values())
@@ -415,7 +415,7 @@ class _Ranker:
         n = self._n
         total = np.zeros(n, dtype=np.float32)
         sources: dict[str, np.ndarray] = {}
-        term_ids = [self.lexical._vocab[t] for t in q.tokens if t in self.lexical._vocab]
+        term_ids = [self.lexical.vocab[t] for t in q.tokens if t in self.lexical.vocab]
         if use_lexical:
             lex = np.zeros(n, dtype=np.float32)
             lex[self._lex_dst] = self.lexical.bm25.scores(term_ids)[self._lex_src]
