@@ -84,6 +84,13 @@ def _segment_starts(lens: np.ndarray) -> np.ndarray:
     return np.cumsum(lens) - lens
 
 
+def _best(items: np.ndarray, scores: np.ndarray, n: int) -> np.ndarray:
+    """The ``n`` items with the highest scores, in no particular order."""
+    if len(items) <= n:
+        return items
+    return items[np.argpartition(-scores, n - 1)[:n]]
+
+
 def _top_k(doc_ids: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     if len(scores) > k:
         part = np.argpartition(-scores, k - 1)[:k]
@@ -189,11 +196,11 @@ class ResidualCodec:
         import faiss
 
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-        # 64 points per centroid pin the centroids down well enough and keep training to
-        # seconds at a million tokens (ColBERT samples documents for the same reason);
-        # at least a tenth is always held out.
+        # 32 points per centroid pin the centroids down well enough and keep training to
+        # seconds at a million tokens on a laptop (ColBERT samples documents for the same
+        # reason); at least a tenth is always held out.
         n = len(vectors)
-        n_train = max(min(64 * n_centroids, int(0.9 * n)), min(n, n_centroids))
+        n_train = max(min(32 * n_centroids, int(0.9 * n)), min(n, n_centroids))
         order = np.random.default_rng(seed).permutation(n)
         kmeans = faiss.Kmeans(
             vectors.shape[1],
@@ -201,7 +208,7 @@ class ResidualCodec:
             niter=niter,
             seed=seed,
             spherical=True,
-            max_points_per_centroid=64,
+            max_points_per_centroid=32,
             verbose=False,
         )
         kmeans.train(vectors[np.sort(order[:n_train])])
@@ -295,10 +302,12 @@ class PlaidIndex:
     max_centroids : int
         Cap on the automatic centroid count (k-means time grows with it).
     nprobe : int
-        Centroids probed per query token for candidate generation.
+        Centroids probed per query token for candidate generation. Probing is cheap here
+        (it reads the probed inverted lists only), so the default is generous: recall on
+        clustered data kept rising to 32 (BENCHMARKS.md).
     ndocs : int or None
-        Candidates kept after centroid interaction, re-ranked exactly; ``None`` uses
-        ``max(256, 16 * k)``.
+        Candidates scored by full centroid interaction; a quarter of them (at least ``k``)
+        are decompressed and re-ranked exactly. ``None`` uses ``max(512, 32 * k)``.
     kmeans_niter : int
         k-means iterations (ColBERT's default is 4).
     rebuild_ratio : float
@@ -329,7 +338,7 @@ class PlaidIndex:
         exact_threshold: int = EXACT_TOKEN_THRESHOLD,
         n_centroids: int | None = None,
         max_centroids: int = 2**14,
-        nprobe: int = 4,
+        nprobe: int = 32,
         ndocs: int | None = None,
         kmeans_niter: int = 4,
         rebuild_ratio: float = 1.5,
@@ -570,24 +579,43 @@ class PlaidIndex:
 
     def _plaid_search(self, q: np.ndarray, k: int, nprobe: int, ndocs: int | None):
         codec = self._codec
+        q_tok = len(q)
         centroid_scores = codec.centroids @ q.T  # (centroids, q_tokens)
         nprobe = min(nprobe, len(codec.centroids))
-        probed = np.argpartition(-centroid_scores, nprobe - 1, axis=0)[:nprobe]
-        probed = np.unique(probed)
+        probed = np.argpartition(-centroid_scores, nprobe - 1, axis=0)[:nprobe]  # (nprobe, q_tokens)
+        probe_centroid = probed.reshape(-1)
+        probe_qtok = np.tile(np.arange(q_tok), nprobe)
+        probe_score = centroid_scores[probe_centroid, probe_qtok]
+
+        # Stage 1, candidate generation: the documents in the probed centroids' lists. Each
+        # gets, per query token, the best score among the probed centroids it appears in
+        # (0 where none): a lower bound on centroid interaction that costs one pass over
+        # the probed lists, a few thousand entries, however large the collection.
         ivf_offsets, ivf_docs = self._inverted_lists()
-        lists = [ivf_docs[ivf_offsets[c] : ivf_offsets[c + 1]] for c in probed.tolist()]
-        candidates = np.unique(np.concatenate(lists)) if lists else _EMPTY_IDS
-        candidates = candidates[self._alive[candidates]]
-        if not len(candidates):
+        starts = ivf_offsets[probe_centroid]
+        lens = ivf_offsets[probe_centroid + 1] - starts
+        docs = ivf_docs[_token_index(starts, lens)]
+        entry_qtok = np.repeat(probe_qtok, lens)
+        entry_score = np.repeat(probe_score, lens)
+        alive = self._alive[docs]
+        docs, entry_qtok, entry_score = docs[alive], entry_qtok[alive], entry_score[alive]
+        if not len(docs):
             return _EMPTY_IDS.copy(), _EMPTY_SCORES.copy()
-        # Centroid interaction: MaxSim with every token replaced by its centroid's score.
+        candidates, slot = np.unique(docs, return_inverse=True)
+        best = np.zeros(len(candidates) * q_tok, dtype=np.float32)
+        np.maximum.at(best, slot * q_tok + entry_qtok, entry_score)
+        ndocs = ndocs or self.ndocs or max(512, 32 * k)
+        candidates = _best(candidates, best.reshape(-1, q_tok).sum(axis=1), ndocs)
+
+        # Stage 2, centroid interaction: MaxSim with every token of the candidates replaced
+        # by its centroid (no decompression); a quarter survive, as in PLAID.
         lens = self._doclens[candidates]
         tokens = _token_index(self._starts[candidates], lens)
         approx_tok = centroid_scores[self._codes[tokens]]  # (tokens, q_tokens)
         approx = np.maximum.reduceat(approx_tok, _segment_starts(lens), axis=0).sum(axis=1)
-        keep = ndocs or self.ndocs or max(256, 16 * k)
-        if len(candidates) > keep:
-            candidates = candidates[np.argpartition(-approx, keep - 1)[:keep]]
+        candidates = _best(candidates, approx, max(k, ndocs // 4))
+
+        # Stage 3: exact MaxSim on decompressed tokens of the survivors.
         scores = self._maxsim(candidates, [q], self._decompressed)[:, 0]
         return _top_k(self._ids[candidates], scores, k)
 
