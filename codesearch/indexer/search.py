@@ -113,6 +113,7 @@ class RankingParams:
     file_decay: float = 0.2  # each further hit from one file is multiplied by this
     max_per_file: int = 3  # hard cap on hits from one file
     dense_candidates: int = 200  # chunks taken from the dense / colbert indexes
+    vector_symbol_scale: float = 1.0  # vector weights on a bare-identifier query
 
 
 # ---- query analysis ---------------------------------------------------------------------
@@ -148,6 +149,7 @@ class _Query:
     wants_tests: bool
     wants_docs: bool
     wants_bench: bool
+    is_symbol: bool  # the whole query is one identifier ("HTTPAdapter", "Sinatra::Base")
 
 
 def _analyse(query: str) -> _Query:
@@ -169,6 +171,7 @@ def _analyse(query: str) -> _Query:
         wants_tests=any(w in _TEST_WORDS for w in words),
         wants_docs=any(w in _DOC_WORDS for w in words),
         wants_bench=any(w in _BENCH_WORDS for w in words),
+        is_symbol=single and bool(raw) and raw[0] == query.strip(),
     )
 
 
@@ -442,7 +445,9 @@ class _Ranker:
                 stem_hit = np.zeros(len(c.files), dtype=np.float32)
                 stem_hit[_lookup(self._by_stem, names)] = 1.0
                 total += p.w_stem * stem_hit[c.file_idx]
-        for name, cand, w in (("dense", dense, p.w_dense), ("colbert", colbert, p.w_colbert)):
+        # A bare identifier is a lookup: the exact-name signals know best, vectors blur it.
+        vscale = p.vector_symbol_scale if q.is_symbol else 1.0
+        for name, cand, w in (("dense", dense, p.w_dense * vscale), ("colbert", colbert, p.w_colbert * vscale)):
             if cand is None or not len(cand[0]):
                 continue
             rows, scores = cand
@@ -460,7 +465,7 @@ class _Ranker:
             present = np.zeros(len(c.files), dtype=bool)
             raw[fidx[keep]] = scores[keep]
             present[fidx[keep]] = True
-            total += p.w_file_dense * _minmax(raw, present)[c.file_idx]
+            total += p.w_file_dense * vscale * _minmax(raw, present)[c.file_idx]
         if p.demote < 1.0:
             factor = np.ones(4, dtype=np.float32)
             factor[1] = 1.0 if q.wants_tests else p.demote
