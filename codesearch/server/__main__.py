@@ -1,12 +1,15 @@
 """``python -m codesearch.server [PATH...] [options]``: the ``codesearch serve`` command alone.
 
 Handy where the console script is not on PATH (tests, IDE extensions using the venv's
-python). Same options, same exit codes: 0 after a clean shutdown, 1 for a user error.
+python). Same options, same exit codes: 0 after a clean shutdown, 1 for a user error
+(``Error: ...`` on one line), 2 for a usage error.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
+from typing import Any
 
 import typer
 
@@ -14,24 +17,20 @@ from codesearch.cli.serve import SERVE_EPILOG, serve
 from codesearch.errors import CodeSearchError
 
 
-def main() -> None:
-    """Run the serve command; a `CodeSearchError` becomes ``Error: ...`` and exit 1."""
-    app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
-    app.command("serve", epilog=SERVE_EPILOG)(serve)
+@functools.wraps(serve)
+def _serve(*args: Any, **kwargs: Any) -> None:
     try:
-        app(prog_name="python -m codesearch.server", standalone_mode=False)
+        serve(*args, **kwargs)
     except CodeSearchError as exc:
         print(f"Error: {exc}", file=sys.stderr)
-        sys.exit(1)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except Exception as exc:
-        import click
+        raise typer.Exit(1) from None
 
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
+
+def main() -> None:
+    """Run the serve command as its own program."""
+    app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+    app.command("serve", epilog=SERVE_EPILOG)(_serve)
+    app(prog_name="python -m codesearch.server")
 
 
 if __name__ == "__main__":

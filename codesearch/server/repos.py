@@ -122,7 +122,14 @@ class ServedRepo:
         Model and file options, as for `codesearch index`.
     """
 
-    def __init__(self, root: str | os.PathLike[str], options: RepoOptions):
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        options: RepoOptions,
+        *,
+        shared_encoders: dict | None = None,
+        run_lock: Any = None,
+    ):
         from codesearch.api import CodeSearch
 
         self.options = options
@@ -131,7 +138,13 @@ class ServedRepo:
         self.index_dir: Path = self._writer.index_dir
         # Status reads get their own object: the writer's status() waits for its runs.
         self._statuser = CodeSearch(root, **options.kwargs())
-        self._encoders: dict[Any, Any] = {}  # (model, multi_model) -> loaded encoders, shared
+        self._encoders: dict[Any, Any] = {}  # (model, multi_model) -> loaded encoders, this root's
+        # Models named explicitly are the same models for every root, so roots share them;
+        # DEFAULT resolves to whatever each index records, so those stay per root.
+        self._shared = shared_encoders if shared_encoders is not None else {}
+        # One index run at a time across roots: they would only compete for the same cores,
+        # and the second run finds the models the first one loaded.
+        self._run_lock = run_lock if run_lock is not None else threading.Lock()
         self._ref_lock = threading.Lock()
         self._reader: _Reader | None = None
         self._cond = threading.Condition()
@@ -272,7 +285,7 @@ class ServedRepo:
     def _share_encoders(self, cs: Any) -> None:
         pool = getattr(cs, "_encoders", None)
         if isinstance(pool, dict):
-            for key, value in self._encoders.items():
+            for key, value in [*self._shared.items(), *self._encoders.items()]:
                 pool.setdefault(key, value)
 
     def _collect_encoders(self, cs: Any) -> None:
@@ -280,6 +293,8 @@ class ServedRepo:
         if isinstance(pool, dict):
             for key, value in list(pool.items()):
                 self._encoders.setdefault(key, value)
+                if isinstance(key, tuple) and DEFAULT not in key:
+                    self._shared.setdefault(key, value)
 
     # -- indexing ----------------------------------------------------------------------
 
@@ -321,10 +336,13 @@ class ServedRepo:
                 self.run_state.progress = None
             retry = False
             try:
-                self._share_encoders(self._writer)
-                summary = self._writer.index(rebuild=rebuild, progress=self._on_progress)
-                self._collect_encoders(self._writer)
-                self._swap_reader()
+                with self._run_lock:
+                    if self._stopping:
+                        return
+                    self._share_encoders(self._writer)
+                    summary = self._writer.index(rebuild=rebuild, progress=self._on_progress)
+                    self._collect_encoders(self._writer)
+                    self._swap_reader()
                 self.run_state.last_summary = summary.to_dict()
                 self.run_state.last_error = None
             except _Cancelled:
@@ -392,6 +410,8 @@ class RepoSet:
         if options.index_dir is not None and len(roots) > 1:
             raise PathError("--index-dir names one index folder; serve one PATH with it (or drop --index-dir)")
         self.repos: list[ServedRepo] = []
+        shared: dict[Any, Any] = {}
+        run_lock = threading.Lock()
         seen: set[Path] = set()
         try:
             for root in roots:
@@ -399,7 +419,7 @@ class RepoSet:
                 if resolved in seen:
                     continue
                 seen.add(resolved)
-                self.repos.append(ServedRepo(root, options))
+                self.repos.append(ServedRepo(root, options, shared_encoders=shared, run_lock=run_lock))
         except BaseException:
             for repo in self.repos:
                 repo.close()

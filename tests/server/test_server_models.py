@@ -80,3 +80,19 @@ def test_encoders_are_loaded_once_per_root_across_swaps(tmp_path, single_vector_
         assert hits[0].path == "src/extra.py"
     finally:
         repos.close()
+
+
+def test_two_roots_share_explicitly_named_models(tmp_path, single_vector_dir):
+    from codesearch.server.repos import RepoOptions, RepoSet
+
+    roots = [write_sample_repo(tmp_path / name) for name in ("one", "two")]
+    repos = RepoSet(roots, RepoOptions(model=str(single_vector_dir), multi_model=None, device="cpu"))
+    try:
+        repos.start(index_now=True, watch=False)
+        assert all(repo.wait_idle(120) for repo in repos.repos)
+        loaded = [{key: id(value[0].dense) for key, value in repo._reader.cs._encoders.items()} for repo in repos.repos]
+        assert loaded[0] and loaded[0] == loaded[1]
+        for repo in repos.repos:
+            assert repo.query("parseConfigFile", 1, mode="dense").hits
+    finally:
+        repos.close()
