@@ -229,8 +229,10 @@ def _check_header(path: Path) -> None:
     n_pages = struct.unpack(">I", header[28:32])[0]
     change_counter, valid_for = struct.unpack(">I", header[24:28])[0], struct.unpack(">I", header[92:96])[0]
     # The in-header page count is only trustworthy when "version-valid-for" matches the
-    # change counter (SQLite file format, section 1.3.7).
-    if change_counter == valid_for and size < n_pages * page_size:
+    # change counter (SQLite file format, section 1.3.7), and only with no WAL beside the
+    # file: a checkpoint in progress may write page 1 before it extends the file.
+    wal = path.with_name(path.name + "-wal")
+    if change_counter == valid_for and not wal.exists() and size < n_pages * page_size:
         raise _corrupt(str(path), f"truncated: {size} bytes, header says {n_pages * page_size}")
 
 
