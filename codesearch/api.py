@@ -42,6 +42,7 @@ __all__ = [
     "model_info",
     "pull_model",
     "result_document",
+    "server_query",
 ]
 
 SCHEMA_VERSION = 1
@@ -490,6 +491,50 @@ class CodeSearch:
         ]
 
 
+def server_query(
+    cs: CodeSearch,
+    query: str,
+    k: int = 10,
+    *,
+    mode: str = "hybrid",
+    language: str | None = None,
+    glob: str | None = None,
+    files_only: bool = False,
+) -> SearchResult | None:
+    """Ask a running ``codesearch serve`` for this repository; None when there is none.
+
+    Why: a warm server answers in milliseconds, while a fresh process spends seconds
+    importing torch and loading the models. Any doubt (no server, another root, an error
+    status, a timeout) returns None and the caller searches on its own, so a broken server
+    never fails a query. The server keeps its index fresh with its file watcher, so no
+    refresh is needed; the result's notices say who answered.
+    """
+    from codesearch.indexer.search import SearchHit, SearchResult
+    from codesearch.server.client import try_server_search
+
+    if not query or not query.strip():
+        return None  # the local path raises the proper QueryError
+    request = {"query": query, "k": k, "mode": mode, "lang": language, "glob": glob, "files_only": files_only}
+    doc = try_server_search(cs.root, request, index_dir=cs.index_dir)
+    if doc is None or doc.get("schema_version") != SCHEMA_VERSION:
+        return None
+    try:
+        hits = [
+            SearchHit(
+                path=r["path"], start_line=int(r["start_line"]), end_line=int(r["end_line"]),
+                score=float(r["score"]), language=r["language"], symbol=r["symbol"], kind=r["kind"],
+                scope=None, text=r["text"], chunk_id=-1,
+            )
+            for r in doc["results"]
+        ]
+        notices = ["answered by the running 'codesearch serve' for this repository", *doc["notices"]]
+        return SearchResult(
+            query=doc["query"], mode=doc["mode"], hits=hits, indexes_used=tuple(doc["indexes_used"]), notices=notices
+        )
+    except (KeyError, TypeError, ValueError):
+        return None  # a server speaking another dialect: search locally
+
+
 def _widen(hit: SearchHit, root: Path, lines: int) -> SearchHit:
     try:
         source = (root / hit.path).read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
@@ -510,7 +555,7 @@ def _disk_usage(index_dir: Path) -> dict[str, int]:
     for entry in sorted(index_dir.iterdir()):
         if entry.is_dir():
             sizes[entry.name] = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
-        elif entry.name not in {".gitignore", "lock"}:
+        elif entry.name not in {".gitignore", "lock", "server.json"}:
             # SQLite's -wal/-shm side files are part of the store's footprint.
             name = entry.name.split("-", 1)[0] if entry.name.startswith(STORE_FILE) else entry.name
             sizes[name] = sizes.get(name, 0) + entry.stat().st_size

@@ -141,18 +141,21 @@ def query_command(
     jsonl_out: Annotated[bool, typer.Option("--jsonl", help="One JSON hit per line on stdout.")] = False,
     files_only: Annotated[bool, typer.Option("--files-only", "-l", help="Only the matching files, best first.")] = False,
     no_refresh: Annotated[bool, typer.Option("--no-refresh", help="Do not update a stale index first.")] = False,
+    no_server: Annotated[bool, typer.Option("--no-server", help="Search in this process even when 'codesearch serve' runs for the repository.")] = False,
     index_dir: IndexDirOpt = None,
 ) -> None:
     """Search an indexed repository."""
     if json_out and jsonl_out:
         raise typer.BadParameter("use --json or --jsonl, not both", param_hint="--json/--jsonl")
-    from codesearch.api import CodeSearch, find_index_root
+    from codesearch.api import CodeSearch, find_index_root, server_query
     from codesearch.cli import render
 
     root = path if path is not None or index_dir is not None else find_index_root(Path.cwd())
+    options = dict(mode=mode.value, language=lang, glob=glob, files_only=files_only)
     with CodeSearch(root or Path("."), index_dir=index_dir) as cs:
-        result = cs.query(query, top_k, mode=mode.value, language=lang, glob=glob,
-                          files_only=files_only, refresh=not no_refresh)
+        result = None if no_server else server_query(cs, query, top_k, **options)
+        if result is None:
+            result = cs.query(query, top_k, refresh=not no_refresh, **options)
         if context:
             result = cs.with_context(result, context)
     render.notices(result.notices)

@@ -127,3 +127,31 @@ def test_lexical_query_imports_no_torch(indexed):
     code, heavy = _probe(["query", "parseConfigFile", "-p", str(indexed), "--mode", "lexical"])
     assert code == 0
     assert "torch" not in heavy and "transformers" not in heavy
+
+
+def test_query_uses_a_running_server_and_falls_back_without_it(tmp_path):
+    root = write_sample_repo(tmp_path / "served")
+    assert cli("index", root, "--model", "none", "--multi-model", "none", "-q").returncode == 0
+    server = subprocess.Popen(
+        [str(SCRIPT), "serve", str(root), "--port", "0", "--mcp", "off", "--no-watch", "--no-index-on-start"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        first = server.stdout.readline()  # the bound address, one JSON line, once listening
+        assert json.loads(first)["port"] > 0, server.stderr.read()
+        served = cli("query", "parseConfigFile", "-p", root, "--mode", "lexical", "--json")
+        assert served.returncode == 0, served.stderr
+        doc = json.loads(served.stdout)
+        assert doc["results"][0]["path"] == "src/config.js"
+        assert any("codesearch serve" in n for n in doc["notices"])
+        local = cli("query", "parseConfigFile", "-p", root, "--mode", "lexical", "--json", "--no-server")
+        local_doc = json.loads(local.stdout)
+        assert not any("codesearch serve" in n for n in local_doc["notices"])
+        assert local_doc["results"] == doc["results"]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    after = cli("query", "parseConfigFile", "-p", root, "--mode", "lexical", "--json")
+    assert after.returncode == 0 and not any("codesearch serve" in n for n in json.loads(after.stdout)["notices"])
