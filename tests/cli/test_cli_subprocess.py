@@ -155,3 +155,10 @@ def test_query_uses_a_running_server_and_falls_back_without_it(tmp_path):
         server.wait(timeout=30)
     after = cli("query", "parseConfigFile", "-p", root, "--mode", "lexical", "--json")
     assert after.returncode == 0 and not any("codesearch serve" in n for n in json.loads(after.stdout)["notices"])
+
+
+def test_lexical_only_index_imports_no_torch(tmp_path):
+    root = write_sample_repo(tmp_path / "repo")
+    code, heavy = _probe(["index", str(root), "--model", "none", "--multi-model", "none", "-q"])
+    assert code == 0 and (root / ".codesearch" / "store.sqlite").is_file()
+    assert "torch" not in heavy and "transformers" not in heavy
