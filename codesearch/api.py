@@ -91,8 +91,8 @@ class IndexStatus:
     languages : dict[str, int]
         Files per language, most common first.
     models : dict[str, str | None]
-        ``{"dense": identity, "multi": identity}`` of the encoders the vectors came from;
-        None where that index is absent (lexical-only).
+        ``{"dense": name, "multi": name}`` of the models the vectors came from (hub id or
+        local folder); None where that index is absent (lexical-only).
     stale : dict[str, int]
         Files ``added``, ``changed`` and ``removed`` since the last index run.
     disk_bytes : dict[str, int]
@@ -436,9 +436,12 @@ class CodeSearch:
         encoders, notices = (pipeline.Encoders(), []) if lexical else self._get_encoders(self._search_models())
         from codesearch.indexer.search import Searcher
 
+        searcher = Searcher(self.index_dir, encoders=encoders)
         with self._state_lock:
-            if key not in self._searchers:
-                self._searchers[key] = (Searcher(self.index_dir, encoders=encoders), notices)
+            if key in self._searchers:  # another thread got there first
+                searcher.close()
+            else:
+                self._searchers[key] = (searcher, notices)
             return self._searchers[key]
 
     def _close_searchers(self) -> None:

@@ -44,6 +44,15 @@ def model_repo(tmp_path_factory, single_vector_dir, colbert_dir):
     return root, summary
 
 
+@pytest.fixture(scope="module")
+def model_search(model_repo):
+    """One CodeSearch with the index's own (default-resolved) models, shared: the encoders
+    load once, as they would in a long-lived app."""
+    root, _ = model_repo
+    with CodeSearch(root, device="cpu") as cs:
+        yield cs
+
+
 @pytest.mark.parametrize("query,path", sorted(EXPECTED.items()))
 def test_lexical_search_ranks_the_distinctive_chunk_first(lexical_repo, query, path):
     with CodeSearch(lexical_repo) as cs:
@@ -64,20 +73,16 @@ def test_index_summary_counts_the_sample(model_repo):
 
 
 @pytest.mark.parametrize("query,path", sorted(EXPECTED.items()))
-def test_hybrid_search_with_tiny_models_keeps_the_chunk_in_the_top_results(model_repo, query, path):
-    root, _ = model_repo
-    with CodeSearch(root, device="cpu") as cs:
-        result = cs.query(query, k=5)
+def test_hybrid_search_with_tiny_models_keeps_the_chunk_in_the_top_results(model_search, query, path):
+    result = model_search.query(query, k=5)
     assert result.mode == "hybrid"
     assert {"lexical", "dense", "colbert"} <= set(result.indexes_used)
     assert path in [h.path for h in result.hits[:3]]
 
 
 @pytest.mark.parametrize("mode", ["dense", "colbert"])
-def test_single_index_modes_run_with_tiny_models(model_repo, mode):
-    root, _ = model_repo
-    with CodeSearch(root, device="cpu") as cs:
-        result = cs.query("retry failed requests", k=4, mode=mode)
+def test_single_index_modes_run_with_tiny_models(model_search, mode):
+    result = model_search.query("retry failed requests", k=4, mode=mode)
     assert result.indexes_used and mode in result.indexes_used[0]
     assert 1 <= len(result.hits) <= 4
     assert all(h.start_line <= h.end_line for h in result.hits)
