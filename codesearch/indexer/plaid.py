@@ -254,6 +254,8 @@ class ResidualCodec:
 
     def decompress(self, codes: np.ndarray, packed: np.ndarray) -> np.ndarray:
         """Unit-norm float32 reconstruction ``normalise(centroid + decoded residual)``."""
+        if not len(packed):
+            return np.empty((0, self.dim), np.float32)
         residuals = self._lut[packed].reshape(len(packed), -1)[:, : self.dim]
         return _normalise(self.centroids[codes] + residuals)
 
@@ -418,7 +420,7 @@ class PlaidIndex:
 
     @property
     def build_error(self) -> float:
-        """Mean reconstruction error (L2, unit vectors) of the tokens the codec was built on."""
+        """Mean reconstruction error (L2) at build time, over tokens k-means did not train on."""
         return self._build_error
 
     def nbytes(self) -> int:
@@ -450,14 +452,15 @@ class PlaidIndex:
             raise ValueError("ids passed to add() must be unique")
         if not len(ids):
             return
-        docs = [np.asarray(v, dtype=np.float32).reshape(len(v), -1) for v in vectors]
+        docs = [np.asarray(v, dtype=np.float32) for v in vectors]
+        docs = [d if d.size else np.empty((0, self._dim or 0), np.float32) for d in docs]
         if self._dim is None:
             self._dim = next((d.shape[1] for d in docs if d.size), None)
             if self._dim is None:
                 raise ValueError("cannot infer dim from documents that have no tokens")
         for i, d in enumerate(docs):
-            if len(d) and d.shape[1] != self._dim:
-                raise ValueError(f"document {i} has dim {d.shape[1]}, index dim is {self._dim}")
+            if d.ndim != 2 or (len(d) and d.shape[1] != self._dim):
+                raise ValueError(f"document {i} has shape {d.shape}, expected (n_tokens, {self._dim})")
         self.remove(ids)
         lens = np.array([len(d) for d in docs], dtype=np.int64)
         flat = (

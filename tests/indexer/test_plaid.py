@@ -217,6 +217,17 @@ def test_empty_index_and_k_larger_than_size(docs, kind):
     assert [len(ids) for ids, _ in index.search([docs[0]], 5)] == [0]
 
 
+@pytest.mark.parametrize("kind", ["exact", "plaid"])
+def test_document_without_tokens_is_kept_but_never_returned(docs, kind):
+    index = make(kind, docs[:50])
+    index.add(np.array([7, 8]), [np.empty((0,), np.float32), np.empty((0, DIM), np.float32)])
+    assert len(index) == 52
+    ids, _ = index.search([docs[0]], 100)[0]
+    assert not np.isin(ids, [7, 8]).any()
+    index.remove(np.array([7]))
+    assert len(index) == 51
+
+
 @pytest.mark.parametrize("dim", [32, 33, 48])
 def test_codec_round_trip_and_4_bits_beat_2_bits(dim):
     x = _unit(np.random.default_rng(0).standard_normal((2000, dim)))
