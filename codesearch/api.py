@@ -17,6 +17,7 @@ Example
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ returns). Bumped only when a field changes meaning or disappears; new fields may
 
 MODES = ("hybrid", "lexical", "dense", "colbert")
 STORE_FILE = "store.sqlite"
+_META_INCLUDE, _META_EXCLUDE = "walk.include", "walk.exclude"  # store meta keys (JSON lists)
 
 
 def find_index_root(start: str | Path = ".") -> Path:
@@ -164,9 +166,11 @@ class CodeSearch:
     device : str
         ``"auto"``, ``"cpu"`` or ``"cuda"``: where the encoders run.
     include, exclude : sequence of str
-        Glob patterns of files to index or to skip (on top of .gitignore).
+        Glob patterns of files to index or to skip (on top of .gitignore), used by
+        `index`. The index remembers them: a ``refresh=True`` search and `status` compare
+        the files with the options of the last `index` run, not with these.
     max_file_bytes : int
-        Files larger than this are skipped.
+        Files larger than this are skipped (by `index`; remembered likewise).
 
     Notes
     -----
@@ -369,13 +373,7 @@ class CodeSearch:
             return IndexStatus(**base, indexed=False)
         with self._rw.reading():
             info = pipeline.index_info(self.index_dir)
-            stale = pipeline.staleness(
-                self.root,
-                index_dir=self.index_dir,
-                include=self.include,
-                exclude=self.exclude,
-                max_file_bytes=self.max_file_bytes,
-            )
+            stale = self._staleness()
         return IndexStatus(
             **base,
             indexed=True,
@@ -455,19 +453,23 @@ class CodeSearch:
         *,
         rebuild: bool = False,
         progress: Callable[[ProgressEvent], None] | None = None,
+        walk: tuple[tuple[str, ...], tuple[str, ...], int] | None = None,
     ) -> IndexSummary:
+        include, exclude, max_bytes = walk or (self.include, self.exclude, self.max_file_bytes)
         with self._rw.writing():
             encoders, notices = self._get_encoders(models)
             summary = pipeline.build_index(
                 self.root,
                 index_dir=self.index_dir,
                 encoders=encoders,
-                include=self.include,
-                exclude=self.exclude,
-                max_file_bytes=self.max_file_bytes,
+                include=include,
+                exclude=exclude,
+                max_file_bytes=max_bytes,
                 rebuild=rebuild,
                 progress=progress,
             )
+            if walk is None:
+                self._record_walk()
             # Searchers hold the previous generation; the next search opens the new one.
             with self._state_lock:
                 self._close_searchers()
@@ -475,18 +477,43 @@ class CodeSearch:
             summary = dataclasses.replace(summary, notices=[*notices, *summary.notices])
         return summary
 
-    def _refresh(self) -> list[str]:
-        stale = pipeline.staleness(
-            self.root,
-            index_dir=self.index_dir,
-            include=self.include,
-            exclude=self.exclude,
-            max_file_bytes=self.max_file_bytes,
+    def _recorded_walk(self) -> tuple[tuple[str, ...], tuple[str, ...], int]:
+        """The include/exclude globs and size limit of the last index run.
+
+        Why: a refresh (or a status) must compare the files with the index as it was built:
+        with this object's own (possibly default) options, files left out on purpose by
+        ``index --include/--exclude/--max-file-size`` would look new and be indexed.
+        """
+        from codesearch.indexer.store import Store
+
+        with Store(self.index_dir / STORE_FILE, readonly=True) as store:
+            include = json.loads(store.get_meta(_META_INCLUDE) or "[]")
+            exclude = json.loads(store.get_meta(_META_EXCLUDE) or "[]")
+            max_bytes = int(store.get_meta("max_file_bytes") or self.max_file_bytes)
+        return tuple(include), tuple(exclude), max_bytes
+
+    def _record_walk(self) -> None:
+        # The pipeline records max_file_bytes itself; the globs are recorded here, under the
+        # index's write lock, right after the run that used them.
+        from codesearch.indexer.store import IndexLock, Store
+
+        with IndexLock(self.index_dir), Store(self.index_dir / STORE_FILE) as store, store.transaction():
+            store.set_meta(_META_INCLUDE, json.dumps(list(self.include)))
+            store.set_meta(_META_EXCLUDE, json.dumps(list(self.exclude)))
+
+    def _staleness(self) -> pipeline.Staleness:
+        include, exclude, max_bytes = self._recorded_walk()
+        return pipeline.staleness(
+            self.root, index_dir=self.index_dir, include=include, exclude=exclude, max_file_bytes=max_bytes
         )
+
+    def _refresh(self) -> list[str]:
+        stale = self._staleness()
         if not stale.stale:
             return []
         n = len(stale.added) + len(stale.changed) + len(stale.removed)
-        summary = self._index(self._search_models())
+        include, exclude, max_bytes = self._recorded_walk()
+        summary = self._index(self._search_models(), walk=(include, exclude, max_bytes))
         return [
             f"index refreshed: {n} file(s) added, changed or removed since the last run "
             f"({summary.seconds:.1f}s)",

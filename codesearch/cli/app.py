@@ -75,13 +75,15 @@ def _model_option(value: Optional[str]) -> Any:
     return None if value.strip().lower() == "none" else value
 
 
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "m": 1024**2, "mb": 1024**2, "g": 1024**3, "gb": 1024**3}
+# Decimal units, so the default "1MB" is the API's max_file_bytes=1_000_000; KiB/MiB binary.
+_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
 
 def _parse_size(value: str) -> int:
-    """'1000000', '500k', '2MB' -> bytes; anything else is a usage error (exit 2)."""
+    """'1000000', '500k', '2MB', '1MiB' -> bytes; anything else is a usage error (exit 2)."""
     text = value.strip().lower()
-    number = text.rstrip("kmgb")
+    number = text.rstrip("kmgib")
     unit = text[len(number) :]
     try:
         size = int(float(number) * _SIZE_UNITS[unit])
@@ -111,7 +113,7 @@ def index(
     rebuild: Annotated[bool, typer.Option("--rebuild", help="Drop the index and build it again.")] = False,
     include: Annotated[Optional[list[str]], typer.Option("--include", help="Only index files matching GLOB (repeatable).", metavar="GLOB")] = None,
     exclude: Annotated[Optional[list[str]], typer.Option("--exclude", help="Skip files matching GLOB (repeatable).", metavar="GLOB")] = None,
-    max_file_size: Annotated[str, typer.Option("--max-file-size", help="Skip files larger than this (bytes, or 500k, 2MB).")] = "1MB",
+    max_file_size: Annotated[str, typer.Option("--max-file-size", help="Skip files larger than this (bytes, or 500k, 2MB, 1MiB).")] = "1MB",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar, no summary.")] = False,
 ) -> None:
     """Index a repository (incremental: unchanged files cost a stat)."""

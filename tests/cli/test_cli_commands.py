@@ -71,10 +71,15 @@ def test_index_include_exclude_and_max_file_size(fresh_repo):
     run("index", fresh_repo, *LEXICAL, "-q", "--include", "*.py", "--include", "*.go", "--exclude", "server/**")
     status = json.loads(run("status", fresh_repo, "--json").stdout)
     assert status["files"] == 1 and status["languages"] == {"python": 1}
+    # The index remembers its globs: the files left out are not "stale", and a query's
+    # refresh does not pull them in.
+    assert status["is_stale"] is False
+    query = run("query", "parseConfigFile", "-p", fresh_repo, "--mode", "lexical", "--files-only")
+    assert "src/config.js" not in query.stdout and "refreshed" not in query.stderr
     result = run("index", fresh_repo, *LEXICAL, "--rebuild", "--max-file-size", "200")
     status = json.loads(run("status", fresh_repo, "--json").stdout)
     small = [p for p, text in FILES.items() if len(text.encode()) <= 200]
-    assert status["files"] == len(small)
+    assert status["files"] == len(small) and status["is_stale"] is False
     assert "too_large" in result.stderr
 
 
