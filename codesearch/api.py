@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from codesearch.errors import CodeSearchError, NotIndexedError, PathError, QueryError
+from codesearch.errors import CodeSearchError, IndexLockedError, NotIndexedError, PathError, QueryError
 from codesearch.indexer import pipeline
 from codesearch.indexer.pipeline import DEFAULT, IndexSummary, ProgressEvent
 
@@ -497,9 +497,13 @@ class CodeSearch:
         # index's write lock, right after the run that used them.
         from codesearch.indexer.store import IndexLock, Store
 
-        with IndexLock(self.index_dir), Store(self.index_dir / STORE_FILE) as store, store.transaction():
-            store.set_meta(_META_INCLUDE, json.dumps(list(self.include)))
-            store.set_meta(_META_EXCLUDE, json.dumps(list(self.exclude)))
+        try:
+            with IndexLock(self.index_dir), Store(self.index_dir / STORE_FILE) as store, store.transaction():
+                store.set_meta(_META_INCLUDE, json.dumps(list(self.include)))
+                store.set_meta(_META_EXCLUDE, json.dumps(list(self.exclude)))
+        except IndexLockedError:
+            # Another process started writing in between; its own run records its options.
+            pass
 
     def _staleness(self) -> pipeline.Staleness:
         include, exclude, max_bytes = self._recorded_walk()
