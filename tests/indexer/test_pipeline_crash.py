@@ -43,10 +43,10 @@ CHILD = textwrap.dedent(
     """
 )
 
-# (stage, minimum `done`) at which to kill: before any encoding; after a few encoded
-# batches; right before the store transaction; after the first derived index was saved.
+# (stage, minimum `done`) at which to kill: after a few encoded batches; right before the
+# store transaction; after the first derived index was saved. (A kill while chunking
+# leaves the same state as one right before the transaction: nothing committed.)
 KILL_POINTS = {
-    "chunk": ("chunk", 0),
     "encode": ("encode", 6),
     "write": ("write", 0),
     "sync": ("sync", 1),
