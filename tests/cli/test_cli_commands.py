@@ -297,3 +297,20 @@ def test_a_copied_repo_keeps_working(repo, tmp_path):
     copy = Path(shutil.copytree(repo, tmp_path / "moved"))
     result = run("query", "parseConfigFile", "-p", copy, "--mode", "lexical", "--files-only")
     assert result.stdout.splitlines()[0] == "src/config.js"
+
+
+def test_cuda_requested_without_a_gpu_is_a_user_error(fresh_repo, single_vector_dir):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    result = run("index", fresh_repo, "--model", single_vector_dir, "--multi-model", "none", "--device", "cuda", ok=False)
+    assert_user_error(result, "cuda")
+
+
+def test_a_colbert_checkpoint_as_the_dense_model_is_a_user_error(fresh_repo, colbert_dir):
+    result = run("index", fresh_repo, "--model", colbert_dir, "--multi-model", "none", ok=False)
+    assert_user_error(result, str(colbert_dir), "--multi-model")
+
+
+def test_models_info_of_a_missing_folder(tmp_path):
+    assert_user_error(run("models", "info", tmp_path / "nope", ok=False), "nope")
