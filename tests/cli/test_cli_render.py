@@ -1,0 +1,68 @@
+"""Terminal rendering: links and highlighting only on a terminal, progress only on a tty."""
+
+from __future__ import annotations
+
+import io
+import re
+import sys
+import pytest
+from rich.console import Console
+
+from codesearch.cli import render
+from codesearch.indexer.pipeline import ProgressEvent
+from codesearch.indexer.search import SearchHit, SearchResult
+
+HIT = SearchHit(
+    path="src/http_client.py", start_line=17, end_line=18, score=0.8731, language="python",
+    symbol="retry_with_backoff", kind="function", scope=None,
+    text="def retry_with_backoff(call, attempts=5):\n    return call()", chunk_id=1,
+)
+RESULT = SearchResult(query="retry", mode="lexical", hits=[HIT], indexes_used=("lexical",))
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_terminal_output_has_a_file_link_and_highlighting(monkeypatch, tmp_path):
+    buf = io.StringIO()
+    monkeypatch.setattr(render, "stdout", lambda: Console(file=buf, force_terminal=True, width=120))
+    render.search_result(RESULT, root=tmp_path, as_json=False, as_jsonl=False, files_only=False)
+    out = buf.getvalue()
+    uri = (tmp_path / "src/http_client.py").resolve().as_uri()
+    assert f"\x1b]8;id=" in out and uri in out  # OSC 8 hyperlink to the file
+    assert "\x1b[" in out  # colours
+    text = re.sub(r"\x1b\[[0-9;]*m|\x1b\]8;[^\x1b]*\x1b\\", "", out)  # drop colours and links
+    assert text.splitlines()[0] == "src/http_client.py:17-18  0.8731  retry_with_backoff (function)"
+    assert "17 def retry_with_backoff(call, attempts=5):" in text  # with line numbers
+
+
+def test_piped_output_is_plain_text(monkeypatch, tmp_path, capsys):
+    render.search_result(RESULT, root=tmp_path, as_json=False, as_jsonl=False, files_only=False)
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "src/http_client.py:17-18  0.8731  retry_with_backoff (function)"
+    assert out.splitlines()[1:3] == HIT.text.splitlines()
+    assert "\x1b" not in out
+
+
+def _events() -> list[ProgressEvent]:
+    return [
+        ProgressEvent("walk", 5, 5, files=5),
+        ProgressEvent("encode", 10, 40, files=5, chunks=12, tokens=900, tokens_per_s=450.0),
+        ProgressEvent("encode", 40, 40, files=5, chunks=12, tokens=3600, tokens_per_s=480.0),
+    ]
+
+
+@pytest.mark.parametrize("tty,enabled,shown", [(True, True, True), (True, False, False), (False, True, False)])
+def test_progress_only_on_a_terminal_and_not_quiet(monkeypatch, tty, enabled, shown):
+    err = _Tty() if tty else io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    with render.IndexProgress(enabled=enabled) as progress:
+        for event in _events():
+            progress(event)
+    out = err.getvalue()
+    if shown:
+        assert "encode" in out and "tok/s" in out and "40/40" in out
+    else:
+        assert out == ""
