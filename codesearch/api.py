@@ -517,7 +517,12 @@ class CodeSearch:
             return []
         n = len(stale.added) + len(stale.changed) + len(stale.removed)
         include, exclude, max_bytes = self._recorded_walk()
-        summary = self._index(self._search_models(), walk=(include, exclude, max_bytes))
+        try:
+            summary = self._index(self._search_models(), walk=(include, exclude, max_bytes))
+        except IndexLockedError:
+            # Another process is indexing right now: search what is there rather than fail.
+            return [f"{n} file(s) changed since the last run, but another process is updating the index; "
+                    "searched the current index"]
         return [
             f"index refreshed: {n} file(s) added, changed or removed since the last run "
             f"({summary.seconds:.1f}s)",

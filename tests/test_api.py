@@ -276,3 +276,16 @@ def test_closed_instance_refuses_work(lexical_repo):
     cs.close()  # idempotent
     with pytest.raises(CodeSearchError, match="closed"):
         cs.search("HttpClient", mode="lexical")
+
+
+def test_refresh_while_another_process_indexes_searches_the_current_index(tmp_path):
+    from codesearch.indexer.store import IndexLock
+
+    root = write_sample_repo(tmp_path / "repo")
+    with CodeSearch(root, model=None, multi_model=None) as cs:
+        cs.index()
+        (root / "src" / "late.py").write_text("def arrived_late_zz9():\n    pass\n")
+        with IndexLock(cs.index_dir):
+            result = cs.query("parseConfigFile", k=1, mode="lexical", refresh=True)
+        assert result.hits[0].path == "src/config.js"
+        assert any("another process" in n for n in result.notices)
