@@ -289,3 +289,26 @@ def test_refresh_while_another_process_indexes_searches_the_current_index(tmp_pa
             result = cs.query("parseConfigFile", k=1, mode="lexical", refresh=True)
         assert result.hits[0].path == "src/config.js"
         assert any("another process" in n for n in result.notices)
+
+
+def test_encoders_load_once_and_are_shared_by_index_and_search(tmp_path, monkeypatch, single_vector_dir, colbert_dir):
+    from codesearch.indexer import pipeline
+
+    calls: list[tuple[object, object]] = []
+    real = pipeline.resolve_encoders
+
+    def counting(dense, multi, **kwargs):
+        calls.append((dense, multi))
+        return real(dense, multi, **kwargs)
+
+    monkeypatch.setattr(pipeline, "resolve_encoders", counting)
+    root = write_sample_repo(tmp_path / "repo")
+    with CodeSearch(root, model=str(single_vector_dir), multi_model=str(colbert_dir), device="cpu") as cs:
+        assert calls == []  # nothing loads at construction
+        cs.index()
+        cs.search("retry", k=2)
+        cs.search("retry", k=2, mode="dense")
+        cs.search("retry", k=2, mode="lexical")
+        (root / "src" / "config.js").write_text("function parseConfigFile() { return 1 }\n")
+        cs.search("parseConfigFile", k=2, refresh=True)  # re-embeds with the same encoders
+    assert calls == [(str(single_vector_dir), str(colbert_dir))]
