@@ -166,15 +166,21 @@ def query_command(
 
 @app.command(epilog="Example: codesearch status ./repo --json")
 def status(
-    path: PathArg = Path("."),
+    path: Annotated[Optional[Path], typer.Argument(help="Repository folder (default: nearest indexed parent of the current folder, else the current folder).", show_default=False)] = None,
     index_dir: IndexDirOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
     """Show what is indexed, with which models, how stale it is and its size on disk."""
-    from codesearch.api import CodeSearch
+    from codesearch.api import CodeSearch, find_index_root
     from codesearch.cli import render
+    from codesearch.errors import NotIndexedError
 
-    with CodeSearch(path, index_dir=index_dir) as cs:
+    if path is None and index_dir is None:
+        try:
+            path = find_index_root(Path.cwd())
+        except NotIndexedError:
+            path = Path(".")  # reported as "not indexed" below, not as an error
+    with CodeSearch(path or Path("."), index_dir=index_dir) as cs:
         info = cs.status()
     render.index_status(info, as_json=json_out)
 

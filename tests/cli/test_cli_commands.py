@@ -201,7 +201,15 @@ def test_status_text_and_json(repo):
     assert doc["disk_bytes"]["total"] > 0
 
 
-def test_status_of_a_folder_without_index(tmp_path):
+def test_status_finds_the_index_from_a_subfolder(repo, monkeypatch):
+    monkeypatch.chdir(repo / "src")
+    doc = json.loads(run("status", "--json").stdout)
+    assert doc["indexed"] is True and doc["root"] == str(repo.resolve())
+
+
+def test_status_of_a_folder_without_index(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert "not indexed" in run("status").stdout
     assert "not indexed" in run("status", tmp_path).stdout
     assert json.loads(run("status", tmp_path, "--json").stdout)["indexed"] is False
 
