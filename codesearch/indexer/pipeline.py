@@ -586,21 +586,31 @@ def _build(
                 f"(run 'codesearch index' again with {recorded[role].name} available to add them)"
             )
     total_texts = sum(len(t) for _, _, t in jobs)
-    enc_t0 = time.perf_counter()
+    # One stream of texts per encoder (a dense model's chunks and whole files together), so
+    # a small edit costs one encode call, not one per kind.
+    streams: dict[int, tuple[Any, list[tuple[str, str, str]]]] = {}
     for kind, enc, todo in jobs:
-        items = list(todo.items())
+        streams.setdefault(id(enc), (enc, []))[1].extend((kind, h, t) for h, t in todo.items())
+    enc_t0 = time.perf_counter()
+    for enc, items in streams.values():
         for batch in _batches(items):
-            texts = [t for _, t in batch]
+            texts = [t for _, _, t in batch]
             out = enc.encode(texts, kind="document")
             vectors = list(out) if enc.multivector else [np.asarray(out)[i] for i in range(len(texts))]
-            store.put_vectors(enc.identity, kind, zip([h for h, _ in batch], vectors))
-            newly_encoded[kind].update(h for h, _ in batch)
+            by_kind: dict[str, list[tuple[str, np.ndarray]]] = defaultdict(list)
+            for (kind, h, _), v in zip(batch, vectors):
+                by_kind[kind].append((h, v))
+            with store.transaction():  # the batch is cached whole or not at all
+                for kind, pairs in by_kind.items():
+                    store.put_vectors(enc.identity, kind, pairs)
+            for kind, pairs in by_kind.items():
+                newly_encoded[kind].update(h for h, _ in pairs)
             texts_encoded += len(texts)
             tokens_encoded += sum(min(n, int(enc.max_length)) for n in enc.count_tokens(texts))
             elapsed = max(time.perf_counter() - enc_t0, 1e-9)
             report(
                 "encode", texts_encoded, total_texts, files=len(work), chunks=chunks_made,
-                tokens=tokens_encoded, tokens_per_s=tokens_encoded / elapsed, message=kind,
+                tokens=tokens_encoded, tokens_per_s=tokens_encoded / elapsed, message="/".join(by_kind),
             )
 
     # 4. one transaction: files, chunks, models, meta -------------------------------------
@@ -683,15 +693,16 @@ def _build(
     )
 
 
-def _batches(items: list[tuple[str, str]]) -> Iterable[list[tuple[str, str]]]:
-    batch: list[tuple[str, str]] = []
+def _batches(items: list[tuple[str, str, str]]) -> Iterable[list[tuple[str, str, str]]]:
+    """Consecutive runs of (kind, hash, text) of at most ENCODE_BATCH texts / ..._CHARS chars."""
+    batch: list[tuple[str, str, str]] = []
     chars = 0
     for item in items:
-        if batch and (len(batch) >= ENCODE_BATCH or chars + len(item[1]) > ENCODE_BATCH_CHARS):
+        if batch and (len(batch) >= ENCODE_BATCH or chars + len(item[2]) > ENCODE_BATCH_CHARS):
             yield batch
             batch, chars = [], 0
         batch.append(item)
-        chars += len(item[1])
+        chars += len(item[2])
     if batch:
         yield batch
 
