@@ -94,9 +94,7 @@ def _parse_size(value: str) -> int:
     return size
 
 
-PathArg = Annotated[
-    Path, typer.Argument(help="Repository folder.", show_default=True)
-]
+PathArg = Annotated[Path, typer.Argument(help="Repository folder.", show_default=True)]
 IndexDirOpt = Annotated[
     Optional[Path],
     typer.Option("--index-dir", help="Where the index lives (default: PATH/.codesearch)."),
@@ -106,15 +104,15 @@ IndexDirOpt = Annotated[
 @app.command(epilog="Example: codesearch index ./repo --model none --exclude 'tests/**'")
 def index(
     path: PathArg = Path("."),
-    model: Annotated[Optional[str], typer.Option(help="Dense model: hub id or local folder; 'none' disables.", show_default="gte-modernbert-base")] = None,
-    multi_model: Annotated[Optional[str], typer.Option("--multi-model", help="ColBERT model: hub id or local folder; 'none' disables.", show_default="LateOn-Code-edge")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Dense model: hub id or local folder; 'none' disables.", show_default="the index's model, else gte-modernbert-base")] = None,
+    multi_model: Annotated[Optional[str], typer.Option("--multi-model", help="ColBERT model: hub id or local folder; 'none' disables.", show_default="the index's model, else LateOn-Code-edge")] = None,
     device: Annotated[Device, typer.Option(help="Where the encoder runs.")] = Device.auto,
     index_dir: IndexDirOpt = None,
     rebuild: Annotated[bool, typer.Option("--rebuild", help="Drop the index and build it again.")] = False,
     include: Annotated[Optional[list[str]], typer.Option("--include", help="Only index files matching GLOB (repeatable).", metavar="GLOB")] = None,
     exclude: Annotated[Optional[list[str]], typer.Option("--exclude", help="Skip files matching GLOB (repeatable).", metavar="GLOB")] = None,
     max_file_size: Annotated[str, typer.Option("--max-file-size", help="Skip files larger than this (bytes, or 500k, 2MB, 1MiB).")] = "1MB",
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar, no summary.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar, no summary (notices still show).")] = False,
 ) -> None:
     """Index a repository (incremental: unchanged files cost a stat)."""
     size = _parse_size(max_file_size)
@@ -126,7 +124,9 @@ def index(
                     max_file_bytes=size) as cs:
         with render.IndexProgress(enabled=not quiet) as progress:
             summary = cs.index(rebuild=rebuild, progress=progress)
-    if not quiet:
+    if quiet:
+        render.notices(summary.notices)
+    else:
         render.index_summary(summary)
 
 

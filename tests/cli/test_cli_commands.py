@@ -265,6 +265,8 @@ def test_default_models_unavailable_offline_degrade_to_lexical_with_a_notice(fre
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     result = run("index", fresh_repo)
     assert "Notice:" in result.stderr and "lexical" in result.stderr
+    quiet = run("index", fresh_repo, "--quiet")  # no summary, but the notice still shows
+    assert quiet.stderr.startswith("Notice:") and "lexical" in quiet.stderr
 
 
 def test_index_locked_by_another_indexer(fresh_repo):
