@@ -26,7 +26,7 @@ from codesearch.errors import (
     PathError,
     QueryError,
 )
-from codesearch.server.service import SearchTimeoutError, ServerBusyError, Service
+from codesearch.server.service import MAX_K, SearchTimeoutError, ServerBusyError, Service
 
 # -- request and response models (they make the OpenAPI schema) ---------------------------
 
@@ -36,8 +36,8 @@ class SearchRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    query: str = Field(min_length=1, description="Natural language, an identifier, or code.")
-    k: int = Field(10, ge=1, le=1000, description="How many results.")
+    query: str = Field(min_length=1, max_length=20_000, description="Natural language, an identifier, or code.")
+    k: int = Field(10, ge=1, le=MAX_K, description="How many results.")
     mode: Literal["hybrid", "lexical", "dense", "colbert"] = Field("hybrid", description="Which indexes rank.")
     lang: str | None = Field(None, description="Only this language (python, go, ...).")
     glob: str | None = Field(None, description="Only paths matching this gitignore-style glob.")

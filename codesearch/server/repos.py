@@ -152,7 +152,8 @@ class ServedRepo:
         self._rebuild = False
         self._stopping = False
         self.run_state = IndexRunState()
-        self.watcher: Any = None  # RepoWatcher, set by start_watch
+        self.watcher: Any = None  # RepoWatcher, set by start()
+        self.watch_error: str | None = None
         self._thread = threading.Thread(target=self._index_loop, name=f"codesearch-index-{self.root.name}", daemon=True)
 
     # -- life cycle --------------------------------------------------------------------
@@ -176,8 +177,20 @@ class ServedRepo:
         if watch:
             from codesearch.server.watch import QUIET_S, RepoWatcher
 
-            self.watcher = RepoWatcher(self.root, self.index_dir, self.request_index, quiet_s=quiet_s or QUIET_S)
-            self.watcher.start()
+            watcher = RepoWatcher(self.root, self.index_dir, self.request_index, quiet_s=quiet_s or QUIET_S)
+            try:
+                watcher.start()
+            except OSError as exc:
+                # Typically the inotify watch limit on a huge tree: serve without watching
+                # (POST /index still works) rather than not at all.
+                watcher.stop()
+                self.watch_error = (
+                    f"cannot watch {self.root} ({exc}); changes are picked up by POST /index "
+                    "(or raise fs.inotify.max_user_watches)"
+                )
+                log.warning("%s", self.watch_error)
+            else:
+                self.watcher = watcher
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop watching, stop the indexer (a running run is cancelled), close everything.
@@ -387,6 +400,7 @@ class ServedRepo:
             "index_dir": str(self.index_dir),
             "ready": ready,
             "watching": self.watcher is not None,
+            "watch_error": self.watch_error,
             "indexing": self.run_state.to_dict(),
             "index": index,
             "error": error,

@@ -205,7 +205,12 @@ def _serve_http(service: Service, options: ServeOptions, token: str | None) -> N
         for repo in service.repos.repos:
             info = ServerInfo(host=host, port=bound_port, pid=os.getpid(), token_required=bool(token),
                               root=str(repo.root), started_at=started)
-            write_discovery(repo.index_dir, info)
+            try:
+                write_discovery(repo.index_dir, info)
+            except OSError as exc:  # a read-only checkout: serve anyway, without the fast path
+                log.warning("cannot write the discovery file in %s (%s); 'codesearch query' will not "
+                            "find this server", repo.index_dir, exc)
+                continue
             written.append(repo.index_dir)
         url = ServerInfo(host, bound_port, os.getpid(), bool(token), "", started).url
         _announce(

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from codesearch import __version__
-from codesearch.errors import ServerError
+from codesearch.errors import QueryError, ServerError
 from codesearch.server.repos import RepoSet, scoped_glob
 
 SCHEMA_VERSION = 1
+MAX_K = 1000  # results per search; bounds the work and the response size of one request
 
 
 class ServerBusyError(ServerError):
@@ -98,6 +99,8 @@ class Service:
         """
         from codesearch.api import result_document
 
+        if k > MAX_K:
+            raise QueryError(f"k={k} is more than this server returns (pass k <= {MAX_K})")
         repo, subdir = self.repos.resolve(path)
         result = repo.query(
             query, k, mode=mode, language=lang, glob=scoped_glob(subdir, glob), files_only=files_only
