@@ -46,6 +46,10 @@ def search_result(result: Any, *, root: Path, as_json: bool, as_jsonl: bool, fil
     if as_json:
         write_json(result_document(result))
         return
+    if not result.hits and not as_jsonl:
+        # Said on stderr, so a pipe sees no output at all (like grep), a person sees why.
+        sys.stderr.write("No results.\n")
+        return
     if as_jsonl:
         for hit in result.hits:
             line = {"schema_version": SCHEMA_VERSION, **hit_document(hit)}
@@ -61,8 +65,6 @@ def search_result(result: Any, *, root: Path, as_json: bool, as_jsonl: bool, fil
         return
     for hit in result.hits:
         _rich_hit(console, hit, root)
-    if not result.hits:
-        sys.stderr.write("No results.\n")
 
 
 def _location(hit: Any) -> str:

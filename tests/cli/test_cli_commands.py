@@ -324,3 +324,10 @@ def test_a_colbert_checkpoint_as_the_dense_model_is_a_user_error(fresh_repo, col
 
 def test_models_info_of_a_missing_folder(tmp_path):
     assert_user_error(run("models", "info", tmp_path / "nope", ok=False), "nope")
+
+
+def test_no_results_is_said_on_stderr_only(repo):
+    result = run("query", "zzqqxxj", "-p", repo, "--mode", "lexical")
+    assert result.stdout == "" and result.stderr.strip() == "No results."
+    doc = json.loads(run("query", "zzqqxxj", "-p", repo, "--mode", "lexical", "--json").stdout)
+    assert doc["results"] == []
