@@ -15,6 +15,7 @@ the indexes, not loading a model.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -276,6 +277,8 @@ class ServedRepo:
         searchers = None
         if callable(get_searcher):
             searchers = {"lexical": get_searcher(lexical=True), "full": get_searcher(lexical=False)}
+            for searcher, _ in searchers.values():
+                _pin_snapshot(searcher)
         reader = _Reader(cs, searchers)
         reader.query("warm up", 1, mode="lexical")
         reader.query("warm up", 1, mode="hybrid")
@@ -405,6 +408,28 @@ class ServedRepo:
             "index": index,
             "error": error,
         }
+
+
+def _pin_snapshot(searcher: Any) -> None:
+    """Hold a read transaction open on the searcher's store connection.
+
+    Why: a `Searcher` keeps its ranking indexes in memory but reads each hit's record
+    (path, lines, text) from SQLite when it answers. Between the writer's commit of the
+    next generation and the swap to a reader on it, an unpinned old reader would rank with
+    generation N and print records of generation N+1 (moved lines, dropped chunks). In WAL
+    mode an open read transaction keeps seeing the snapshot it started on, so the old
+    reader stays wholly on generation N until it is closed. Best effort: a store without a
+    ``conn`` (another implementation) is left as it is.
+    """
+    conn = getattr(getattr(searcher, "_store", None), "conn", None)
+    if conn is None or getattr(conn, "in_transaction", True):
+        return
+    try:
+        conn.execute("BEGIN")
+        conn.execute("SELECT count(*) FROM chunks").fetchone()  # the snapshot starts at the first read
+    except Exception:  # noqa: BLE001 - pinning is an optimisation of consistency, never a failure
+        with contextlib.suppress(Exception):
+            conn.execute("ROLLBACK")
 
 
 class RepoSet:

@@ -141,3 +141,29 @@ def test_error_classes_map_to_http_statuses():
     assert status_for(ServerBusyError("b")) == 503
     assert status_for(SearchTimeoutError("t")) == 504
     assert status_for(IndexCorruptError("c")) == 500
+
+
+def test_a_reader_stays_on_its_generation_until_the_swap(tmp_path, monkeypatch):
+    # Another process commits a new generation (a `codesearch index` in a terminal): the
+    # served reader keeps answering from its own snapshot, records included, instead of
+    # ranking with one generation and reading records of the next.
+    root = write_sample_repo(tmp_path / "repo")
+    repos = RepoSet([root], RepoOptions(model=None, multi_model=None))
+    try:
+        repos.start(index_now=True, watch=False)
+        (repo,) = repos.repos
+        assert repo.wait_idle(60)
+        before = repo.query("parseConfigFile", 3, mode="lexical").hits
+        path = root / "src" / "config.js"
+        path.write_text("// moved down\n\n\n\n" + path.read_text())
+        with CodeSearch(root, model=None, multi_model=None) as cs:
+            cs.index()
+            moved = cs.query("parseConfigFile", 3, mode="lexical").hits[0]
+        assert (moved.end_line, moved.text) != (before[0].end_line, before[0].text)  # a new generation
+        assert repo.query("parseConfigFile", 3, mode="lexical").hits == before
+        repo.request_index()  # the server's own run swaps to the new generation
+        assert repo.wait_idle(60)
+        now = repo.query("parseConfigFile", 3, mode="lexical").hits[0]
+        assert (now.end_line, now.text) == (moved.end_line, moved.text)
+    finally:
+        repos.close()
