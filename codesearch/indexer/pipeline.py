@@ -418,7 +418,12 @@ def build_index(
     include, exclude, max_file_bytes
         Passed to :func:`codesearch.indexer.walk.walk`.
     rebuild
-        Delete the index (store, vectors cache, derived files) and build it anew.
+        Build the index anew: every file re-read and re-chunked, new chunk ids, models
+        recorded from ``encoders`` (another model than before is allowed), every derived
+        index rebuilt. It happens inside the existing store, in one transaction, so readers
+        keep the old index until the new one is committed and a killed rebuild leaves the
+        old index; vectors of the same model and text still come from the cache. An
+        unreadable store is deleted first.
     chunk_tokens
         Chunk budget; default ``min(256, the models' document max_length)``. A different
         budget than the last run re-chunks every file (vectors still come from the cache
@@ -449,12 +454,19 @@ def build_index(
     _prepare_index_dir(idir)
     lock = IndexLock(idir).acquire()
     try:
-        if rebuild:
+        try:
+            store = Store(idir / STORE_FILE)
+        except IndexCorruptError:
+            if not rebuild:
+                raise
+            # Unreadable: nothing to keep. (A readable store is rebuilt in place instead, so
+            # readers see the old index until the new one commits.)
             _remove_index_files(idir)
-        store = Store(idir / STORE_FILE)
+            store = Store(idir / STORE_FILE)
         try:
             return _build(
-                store, root_path, idir, encoders, include, exclude, max_file_bytes, chunk_tokens, report, t0, walk
+                store, root_path, idir, encoders, include, exclude, max_file_bytes, chunk_tokens, report, t0,
+                walk, rebuild,
             )
         finally:
             store.close()
@@ -474,20 +486,26 @@ def _build(
     report: _Progress,
     t0: float,
     walk: Callable[..., Any],
+    rebuild: bool,
 ) -> IndexSummary:
     from codesearch.indexer.chunking import chunk_source
 
-    _check_models(store, encoders, idir)
+    # A rebuild starts from nothing - no recorded models, no files - but inside the same
+    # store: the old index stays readable until the final transaction replaces it, and
+    # vectors of the same model and text still come from the cache.
+    if not rebuild:
+        _check_models(store, encoders, idir)
     notices: list[str] = []
     prev_gen = store.generation
-    recorded = store.models()
+    recorded = {} if rebuild else store.models()
     roles = encoders.by_role()
 
     # 1. walk -----------------------------------------------------------------------------
     report("walk", 0, 0, message="walking files")
     result = walk(root, include=include, exclude=exclude, max_file_bytes=max_file_bytes, index_dir=idir)
     skipped = {reason: len(paths) for reason, paths in result.skipped.items() if paths}
-    old_files = store.files()
+    all_old = store.files()
+    old_files = {} if rebuild else all_old
     if not result.files and not old_files:
         what = ", ".join(f"{n} {reason}" for reason, n in sorted(skipped.items())) or "no files at all"
         raise NothingToIndexError(
@@ -496,7 +514,7 @@ def _build(
     report("walk", len(result.files), len(result.files), files=len(result.files))
 
     budget, counter, counter_id = _chunk_budget(encoders, chunk_tokens)
-    old_budget, old_counter = store.get_meta("chunk_tokens"), store.get_meta("chunk_counter")
+    old_budget, old_counter = (None, None) if rebuild else (store.get_meta("chunk_tokens"), store.get_meta("chunk_counter"))
     # Re-chunk everything when the budget changes, or when a real tokenizer replaces the
     # approximate count (a model added to a lexical-only index). A run that lacks the
     # recorded model (offline) keeps the old chunks and chunks changed files approximately.
@@ -563,7 +581,7 @@ def _build(
                 for w in work:
                     if w.hash not in cached:
                         todo.setdefault(w.hash, _file_text_for_encoder(w.path, w.text, enc.max_length))
-                for fid, path, h in store.files_missing_vectors(enc.identity):
+                for fid, path, h in [] if rebuild else store.files_missing_vectors(enc.identity):
                     if fid not in changing_ids and h not in todo:
                         text = _read_text(root / path)
                         if text is not None:
@@ -573,7 +591,7 @@ def _build(
                     for c, h in zip(w.chunks, w.hashes):
                         if h not in cached and h not in todo:
                             todo[h] = c.encoder_text
-                for _cid, fid, h, text in store.chunks_missing_vectors(enc.identity, kind):
+                for _cid, fid, h, text in [] if rebuild else store.chunks_missing_vectors(enc.identity, kind):
                     if fid not in changing_ids and h not in todo:
                         todo[h] = text
             if todo:
@@ -622,6 +640,8 @@ def _build(
     changed = bool(work or removed or models_changed or rechunk_all or any(newly_encoded.values()))
     new_gen = prev_gen + 1 if changed else prev_gen
     with store.transaction():
+        if rebuild:
+            store.clear()  # files, chunks, models, meta (and so every derived generation)
         for fid, size, mtime_ns in touched:
             store.touch_file(fid, size=size, mtime_ns=mtime_ns)
         for f in removed:
@@ -680,7 +700,7 @@ def _build(
         index_dir=str(idir),
         files_indexed=len(work),
         files_unchanged=unchanged,
-        files_removed=len(removed),
+        files_removed=len(removed) if not rebuild else sum(1 for p in all_old if p not in seen),
         files_renamed=renamed,
         skipped=skipped,
         chunks_total=store.count("chunks"),
@@ -862,7 +882,13 @@ def _sync_derived(idir: Path, store: Store, prev_gen: int, delta: _Delta, report
         store.set_meta(f"gen.{name}", gen)
         report("sync", i + 1, len(names), message=name)
     for name in set(DERIVED) - set(names):
+        # A model the index no longer records (after a rebuild): its index file goes too.
         store.delete_meta(f"gen.{name}")
+        stale = idir / DERIVED[name][0]
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
 
 
 def load_derived(index_dir: str | os.PathLike[str], store: Store) -> dict[str, Any]:

@@ -186,6 +186,45 @@ def test_corrupt_store_asks_for_rebuild_and_rebuild_recovers(repo):
     assert chunk_set(idir) == expected
 
 
+def test_rebuild_replaces_the_index_in_one_commit(repo):
+    build_index(repo)
+    idir = pipeline.default_index_dir(repo)
+    before = chunk_set(idir)
+    with _store(repo) as s:
+        old_ids = {r.id for r in s.iter_chunk_records()}
+    seen_by_reader = []
+
+    def progress(event):
+        if event.stage == "write" and event.done == 0:
+            # Just before the rebuild's transaction: a reader still has the whole old index.
+            with Store(idir / STORE_FILE, readonly=True) as r:
+                seen_by_reader.append((r.count("files"), len(load_derived(idir, r)["lexical"])))
+
+    summary = build_index(repo, rebuild=True, progress=progress)
+    assert seen_by_reader == [(5, len(old_ids))]
+    assert summary.files_indexed == 5 and summary.files_removed == 0
+    assert chunk_set(idir) == before
+    with _store(repo) as s:
+        assert not old_ids & {r.id for r in s.iter_chunk_records()}  # ids are never reused
+    check_consistent(idir)
+
+
+def test_interrupted_rebuild_leaves_the_old_index(repo):
+    build_index(repo)
+    idir = pipeline.default_index_dir(repo)
+    before = chunk_set(idir)
+
+    def interrupt(event):
+        if event.stage == "write":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        build_index(repo, rebuild=True, progress=interrupt)
+    assert chunk_set(idir) == before
+    check_consistent(idir)
+    IndexLock(idir).acquire().release()  # the lock was released
+
+
 def test_crash_between_store_commit_and_sync_is_healed(repo):
     build_index(repo)
     idir = pipeline.default_index_dir(repo)
@@ -331,6 +370,14 @@ def test_another_model_is_a_mismatch(model_repo, counting, tmp_path_factory):
     # Refused before touching anything: the index is still the first model's.
     with _store(model_repo) as s:
         assert s.models()["dense"].identity == counting.dense.identity
+    # --rebuild switches models: the ColBERT index of the old run goes, since this run has none.
+    summary = build_index(model_repo, encoders=Encoders(dense=other), rebuild=True)
+    assert summary.models == {"dense": other.name}
+    idir = pipeline.default_index_dir(model_repo)
+    assert not (idir / "plaid").exists()
+    check_consistent(idir)
+    with _store(model_repo) as s:
+        assert {m for (m,) in s.conn.execute("SELECT DISTINCT model FROM vectors")} == {other.identity}
 
 
 def test_lexical_only_index_gains_vectors_on_a_later_run(model_repo, counting):
