@@ -26,6 +26,7 @@ Example
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import time
@@ -677,6 +678,9 @@ def _build(
         store.set_meta("chunk_tokens", budget)
         store.set_meta("chunk_counter", counter_id)
         store.set_meta("max_file_bytes", max_file_bytes)
+        # The walk options, so a later staleness check compares with the index as built.
+        store.set_meta("walk.include", json.dumps(list(include)))
+        store.set_meta("walk.exclude", json.dumps(list(exclude)))
         store.set_meta("generation", new_gen)
     report("write", 1, 1, files=len(work), chunks=chunks_made)
 

@@ -141,6 +141,14 @@ def test_staleness_of_an_unindexed_folder(repo):
     assert not st.indexed and len(st.added) == 5
 
 
+def test_walk_options_are_recorded(repo):
+    build_index(repo, exclude=["pkg/mod3.py"], max_file_bytes=50_000)
+    with _store(repo) as s:
+        meta = s.meta()
+    assert (meta["walk.include"], meta["walk.exclude"], meta["max_file_bytes"]) == ("[]", '["pkg/mod3.py"]', "50000")
+    assert not staleness(repo, exclude=["pkg/mod3.py"]).stale
+
+
 def test_new_chunk_budget_rechunks_everything(repo):
     build_index(repo)
     summary = build_index(repo, chunk_tokens=32)
