@@ -331,3 +331,14 @@ def test_no_results_is_said_on_stderr_only(repo):
     assert result.stdout == "" and result.stderr.strip() == "No results."
     doc = json.loads(run("query", "zzqqxxj", "-p", repo, "--mode", "lexical", "--json").stdout)
     assert doc["results"] == []
+
+
+def test_another_model_for_an_existing_index_needs_rebuild(fresh_repo, single_vector_dir, tmp_path):
+    from fixtures import models
+
+    other = models.make_single_vector(tmp_path / "other_model", seed=7)
+    run("index", fresh_repo, "--model", single_vector_dir, "--multi-model", "none", "-q")
+    result = run("index", fresh_repo, "--model", other, "--multi-model", "none", ok=False)
+    assert_user_error(result, "--rebuild")
+    run("index", fresh_repo, "--model", other, "--multi-model", "none", "-q", "--rebuild")
+    assert json.loads(run("status", fresh_repo, "--json").stdout)["models"]["dense"] == str(other)
