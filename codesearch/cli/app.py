@@ -32,6 +32,10 @@ class _Group(TyperGroup):
         except CodeSearchError as exc:
             typer.echo(f"Error: {exc}", err=True)
             raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            # Index writes are atomic: Ctrl-C leaves the previous index or a resumable one.
+            typer.echo("\nInterrupted (the index is intact; run the command again to resume)", err=True)
+            raise typer.Exit(130) from None
 
 
 app = typer.Typer(
