@@ -312,3 +312,25 @@ def test_encoders_load_once_and_are_shared_by_index_and_search(tmp_path, monkeyp
         (root / "src" / "config.js").write_text("function parseConfigFile() { return 1 }\n")
         cs.search("parseConfigFile", k=2, refresh=True)  # re-embeds with the same encoders
     assert calls == [(str(single_vector_dir), str(colbert_dir))]
+
+
+def test_concurrent_hybrid_searches_share_the_encoders(model_search):
+    queries = sorted(EXPECTED)
+    expected = {q: [h.path for h in model_search.search(q, k=3)] for q in queries}
+    results: list[tuple[str, list[str]]] = []
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            for q in queries:
+                results.append((q, [h.path for h in model_search.search(q, k=3)]))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(results) == 3 * len(queries)
+    assert all(paths == expected[q] for q, paths in results)
