@@ -213,9 +213,12 @@ class CodeSearch:
         self.include = tuple(include)
         self.exclude = tuple(exclude)
         self.max_file_bytes = int(max_file_bytes)
-        # (dense, multi) model arguments -> (encoders, notices from resolving them)
+        # (dense, multi) model arguments -> (encoders, notices from resolving them).
+        # codesearch.server.repos pre-fills and reads this dict to share loaded encoders
+        # between the CodeSearch objects of successive index generations: keep its shape.
         self._encoders: dict[tuple[Any, Any], tuple[pipeline.Encoders, list[str]]] = {}
-        self._searchers: dict[str, tuple[Any, list[str]]] = {}  # "lexical" | "full"
+        # "lexical" | "full" -> (Searcher, notices); the server holds these via _get_searcher.
+        self._searchers: dict[str, tuple[Any, list[str]]] = {}
         self._state_lock = threading.Lock()  # guards lazy creation of encoders and searcher
         self._rw = _ReadWriteLock()  # searches read, index runs write
         self._closed = False
@@ -426,6 +429,8 @@ class CodeSearch:
 
     def _get_searcher(self, *, lexical: bool) -> tuple[Any, list[str]]:
         # A lexical search gets a searcher without encoders, so it never loads a model.
+        # Also called by codesearch.server.repos (it keeps a generation's searchers warm):
+        # keep the signature and the (searcher, notices) return.
         key = "lexical" if lexical else "full"
         with self._state_lock:
             ready = self._searchers.get(key)
