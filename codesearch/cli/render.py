@@ -185,7 +185,7 @@ def index_summary(summary: Any) -> None:
     d = summary.to_dict()
     table = Table(title=f"codesearch index {d.get('root', '')}", show_header=False, title_justify="left")
     table.add_column(style="bold")
-    table.add_column()
+    table.add_column(overflow="fold")  # long model paths wrap, never get cut
     for key, label in _SUMMARY_ROWS:
         if key in d:
             value = d[key] if key != "models" else (d[key] or "none (lexical only)")
@@ -247,7 +247,7 @@ def _key_values(rows: list[tuple[str, str]]) -> None:
     if console.is_terminal:
         table = Table(show_header=False, box=None)
         table.add_column(style="bold")
-        table.add_column()
+        table.add_column(overflow="fold")
         for key, value in rows:
             table.add_row(key, escape(str(value)))
         console.print(table)
