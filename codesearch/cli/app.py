@@ -57,6 +57,23 @@ models_app = typer.Typer(
 app.add_typer(models_app, name="models")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from codesearch import __version__
+
+        typer.echo(f"codesearch {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    pass
+
+
 class Mode(str, Enum):
     hybrid = "hybrid"
     lexical = "lexical"

@@ -52,3 +52,10 @@ def test_usage_errors_exit_2(argv):
     result = CliRunner().invoke(app, argv)
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
+
+
+def test_version():
+    from codesearch import __version__
+
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.stdout.strip() == f"codesearch {__version__}"
