@@ -6,10 +6,12 @@ requests:
 * ``steady``  - searches only;
 * ``reindex`` - the same searches while the server rebuilds the index again and again
   (``POST /index {"rebuild": true}``, the heaviest run there is; the next one is asked for
-  as soon as the previous one ends).
+  as soon as the previous one ends), or with ``--reindex edit`` while three files at a
+  time get a new function and an incremental run follows (what the watcher does).
 
 Each client is an asyncio task with its own keep-alive connection, sending one request at
-a time (closed loop). Reported per phase: requests, failures (anything but HTTP 200 with a
+a time (closed loop); by default over a minimal raw HTTP/1.1 client, so that the client's
+own CPU use (it shares the cores with the server) stays small. Reported per phase: requests, failures (anything but HTTP 200 with a
 result list, or a transport error), p50/p99 latency, requests/s, and index runs finished.
 
 The folder is copied to a temp dir and indexed there first (nothing is written next to the
@@ -18,7 +20,7 @@ source); the server runs in a subprocess, exactly as ``codesearch serve`` does.
 Run::
 
     /work/venv/bin/python benchmarks/serve_load.py                          # requests, lexical
-    /work/venv/bin/python benchmarks/serve_load.py --model minilm --mode hybrid
+    /work/venv/bin/python benchmarks/serve_load.py --model minilm --mode hybrid --reindex edit
     /work/venv/bin/python benchmarks/serve_load.py --repo PATH --clients 1,8 --duration 5 --json out.json
 
 Client and server share the machine's cores: on 2 cores the client's own work is part of
@@ -98,30 +100,91 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-async def _client(http: httpx.AsyncClient, n: int, args, deadline: float, budget: list[int],
+class RawConnection:
+    """A minimal HTTP/1.1 keep-alive client for ``POST /search``.
+
+    Why not httpx here: on 2 cores the client shares the CPU with the server, and httpx
+    spends several times the server's own per-request work; this one costs a few dozen
+    microseconds, so the numbers say more about the server. (`--client httpx` uses httpx.)
+    """
+
+    def __init__(self, url: str):
+        host_port = url.split("://", 1)[1]
+        self.host, port = host_port.rsplit(":", 1)
+        self.port = int(port)
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: dict) -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host.strip("[]"), self.port)
+        data = json.dumps(body).encode()
+        head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(data)}\r\n\r\n").encode()
+        self.writer.write(head + data)
+        status_line = await self.reader.readline()
+        status = int(status_line.split()[1])
+        length = 0
+        while True:
+            line = await self.reader.readline()
+            if line in (b"\r\n", b""):
+                break
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        payload = await self.reader.readexactly(length)
+        return status, payload
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+async def _client(url: str, http: httpx.AsyncClient, n: int, args, deadline: float, budget: list[int],
                   latencies: list[float], failures: list[str]) -> None:
+    raw = RawConnection(url) if args.client == "raw" else None
     i = n
-    while time.perf_counter() < deadline and budget[0] > 0:
-        budget[0] -= 1
-        body = {"query": QUERIES[i % len(QUERIES)], "k": args.k, "mode": args.mode}
-        i += 1
-        start = time.perf_counter()
-        try:
-            response = await http.post("/search", json=body)
-            ok = response.status_code == 200 and isinstance(response.json().get("results"), list)
-            if not ok:
-                failures.append(f"{response.status_code}: {response.text[:120]}")
-        except httpx.HTTPError as exc:
-            failures.append(repr(exc))
-            continue
-        latencies.append(time.perf_counter() - start)
+    try:
+        while time.perf_counter() < deadline and budget[0] > 0:
+            budget[0] -= 1
+            body = {"query": QUERIES[i % len(QUERIES)], "k": args.k, "mode": args.mode}
+            i += 1
+            start = time.perf_counter()
+            try:
+                if raw is not None:
+                    status, payload = await raw.post("/search", body)
+                else:
+                    response = await http.post("/search", json=body)
+                    status, payload = response.status_code, response.content
+                ok = status == 200 and isinstance(json.loads(payload).get("results"), list)
+                if not ok:
+                    failures.append(f"{status}: {payload[:120]!r}")
+            except (httpx.HTTPError, OSError, ValueError, asyncio.IncompleteReadError) as exc:
+                failures.append(repr(exc))
+                if raw is not None:
+                    await raw.close()
+                continue
+            latencies.append(time.perf_counter() - start)
+    finally:
+        if raw is not None:
+            await raw.close()
 
 
-async def _reindexer(url: str, stop: asyncio.Event, runs: list[int]) -> None:
+async def _reindexer(url: str, stop: asyncio.Event, runs: list[int], how: str, root: Path) -> None:
+    files = sorted(p for p in root.rglob("*.py") if ".codesearch" not in p.parts)
+    n = 0
     async with httpx.AsyncClient(base_url=url, timeout=60) as http:
         base = (await http.get("/status")).json()["roots"][0]["indexing"]["runs"]
         while not stop.is_set():
-            await http.post("/index", json={"rebuild": True})
+            if how == "rebuild":
+                await http.post("/index", json={"rebuild": True})
+            else:  # edit: append a function to three files, then an incremental run
+                for path in files[n % len(files): n % len(files) + 3]:
+                    with open(path, "a", encoding="utf-8") as fh:
+                        fh.write(f"\n\ndef _serve_load_added_{n}(value):\n    return value + {n}\n")
+                n += 3
+                await http.post("/index", json={})
             while not stop.is_set():
                 state = (await http.get("/status")).json()["roots"][0]["indexing"]
                 runs[0] = state["runs"] - base
@@ -130,7 +193,7 @@ async def _reindexer(url: str, stop: asyncio.Event, runs: list[int]) -> None:
                 await asyncio.sleep(0.1)
 
 
-async def _phase(url: str, clients: int, reindex: bool, args) -> dict:
+async def _phase(url: str, clients: int, reindex: bool, args, root: Path) -> dict:
     latencies: list[float] = []
     failures: list[str] = []
     budget = [args.max_requests]
@@ -141,12 +204,13 @@ async def _phase(url: str, clients: int, reindex: bool, args) -> dict:
         # Warm-up: one request per connection, not measured.
         await asyncio.gather(*(http.post("/search", json={"query": "warm up", "k": 1, "mode": args.mode})
                                for _ in range(clients)))
-        background = asyncio.create_task(_reindexer(url, stop, runs)) if reindex else None
+        background = asyncio.create_task(_reindexer(url, stop, runs, args.reindex, root)) if reindex else None
         if reindex:
             await asyncio.sleep(0.5)  # let the first rebuild start
         start = time.perf_counter()
         deadline = start + args.duration
-        await asyncio.gather(*(_client(http, n, args, deadline, budget, latencies, failures) for n in range(clients)))
+        await asyncio.gather(*(_client(url, http, n, args, deadline, budget, latencies, failures)
+                               for n in range(clients)))
         elapsed = time.perf_counter() - start
         stop.set()
         if background is not None:
@@ -177,6 +241,10 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--workers", type=int, default=4, help="server search threads")
     ap.add_argument("--no-reindex", action="store_true", help="skip the phases with a concurrent re-index")
+    ap.add_argument("--reindex", default="rebuild", choices=["rebuild", "edit"],
+                    help="rebuild: full rebuilds back to back; edit: append to 3 files + incremental run, repeated")
+    ap.add_argument("--client", default="raw", choices=["raw", "httpx"],
+                    help="raw: a minimal keep-alive HTTP/1.1 client (cheap); httpx: httpx.AsyncClient")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     args.model = _model_arg(args.model)
@@ -196,7 +264,7 @@ def main() -> None:
             rows = []
             for clients in (int(c) for c in args.clients.split(",")):
                 for reindex in (False, True) if not args.no_reindex else (False,):
-                    row = asyncio.run(_phase(url, clients, reindex, args))
+                    row = asyncio.run(_phase(url, clients, reindex, args, root))
                     rows.append(row)
                     print(
                         f"clients={row['clients']:>3} {row['phase']:<8} requests={row['requests']:>5} "
@@ -215,8 +283,10 @@ def main() -> None:
         "model": args.model,
         "multi_model": args.multi_model,
         "mode": args.mode,
+        "reindex": args.reindex,
         "k": args.k,
         "server_workers": args.workers,
+        "client": args.client,
         "cpus": os.cpu_count(),
         "loadavg_at_end": os.getloadavg(),
         "results": rows,

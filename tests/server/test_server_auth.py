@@ -38,7 +38,7 @@ def token_server(sample_repo, tmp_path_factory):
         server.stop()
 
 
-@pytest.mark.parametrize("host", ["0.0.0.0", "192.0.2.10", "example.com", "::"])
+@pytest.mark.parametrize("host", ["0.0.0.0", "example.com"])
 def test_non_loopback_bind_without_token_is_refused(sample_repo, host):
     proc = subprocess.run(
         [sys.executable, "-m", "codesearch.server", str(sample_repo), "--host", host, "--port", "0", *LEXICAL],
