@@ -453,7 +453,9 @@ def build_index(
     encoders = encoders or Encoders()
     report = _Progress(progress)
     _prepare_index_dir(idir)
-    lock = IndexLock(idir).acquire()
+    # A searcher may hold the lock for a moment to save an index it rebuilt; wait for that,
+    # never for another writer.
+    lock = IndexLock(idir).acquire(wait_for_readers=30.0)
     try:
         try:
             store = Store(idir / STORE_FILE)
@@ -895,12 +897,15 @@ def _sync_derived(idir: Path, store: Store, prev_gen: int, delta: _Delta, report
             stale.unlink(missing_ok=True)
 
 
-def load_derived(index_dir: str | os.PathLike[str], store: Store) -> dict[str, Any]:
+def load_derived(index_dir: str | os.PathLike[str], store: Store, *, wait_s: float = 30.0) -> dict[str, Any]:
     """Load every derived index the store calls for, at the store's generation.
 
-    An index whose recorded generation differs from the store's (a crash between the
-    store commit and the index write), or whose file is missing or corrupt, is rebuilt
-    from the store's vectors - in memory, and on disk too when no indexer holds the lock.
+    An index whose recorded generation differs from the store's, or whose file is missing
+    or corrupt, is rebuilt from the store's vectors (no encoding) - in memory, and on disk
+    too when no indexer holds the lock. Except while an indexer holds the lock: then the
+    mismatch is its sync in progress (it committed the store and is writing the index
+    files), so this waits up to ``wait_s`` seconds for those files instead of rebuilding
+    what the writer is about to write.
 
     Returns
     -------
@@ -910,9 +915,14 @@ def load_derived(index_dir: str | os.PathLike[str], store: Store) -> dict[str, A
         and ``"plaid"`` (:class:`PlaidIndex`).
     """
     idir = Path(index_dir)
+    deadline = time.monotonic() + wait_s
+    out: dict[str, Any] = {}
     for _attempt in range(3):
         gen = store.generation
-        out: dict[str, Any] = {}
+        if _out_of_sync(idir, store, gen):
+            _wait_for_writer(idir, store, deadline)
+            gen = store.generation
+        out = {}
         stale: list[str] = []
         for name in _wanted(store):
             path = idir / DERIVED[name][0]
@@ -934,13 +944,30 @@ def load_derived(index_dir: str | os.PathLike[str], store: Store) -> dict[str, A
     return out
 
 
+def _out_of_sync(idir: Path, store: Store, gen: int) -> bool:
+    return any(
+        store.get_meta(f"gen.{name}") != str(gen) or not (idir / DERIVED[name][0]).exists()
+        for name in _wanted(store)
+    )
+
+
+def _wait_for_writer(idir: Path, store: Store, deadline: float) -> None:
+    """Poll (cheap meta reads) until the derived files match the store, or no writer is left."""
+    while time.monotonic() < deadline and IndexLock.writer_active(idir):
+        time.sleep(0.05)
+        if not _out_of_sync(idir, store, store.generation):
+            return
+
+
 def _persist_rebuilt(idir: Path, store: Store, gen: int, indexes: dict[str, Any]) -> None:
     if not os.access(idir, os.W_OK):
         return
+    if IndexLock.writer_active(idir):
+        return  # the writer brings them up to date itself
     try:
-        lock = IndexLock(idir).acquire()
+        lock = IndexLock(idir).acquire(role="reader")
     except (IndexLockedError, OSError):
-        return  # the writer will bring them up to date itself
+        return
     try:
         writer = Store(idir / STORE_FILE) if store.readonly else store
         try:

@@ -684,6 +684,14 @@ class Store:
             self._exec("DELETE FROM meta")
 
 
+def _read_holder(fd: int) -> tuple[str, str]:
+    """(pid, role) written by the lock's holder, or ("", "") when none is written."""
+    parts = os.pread(fd, 64, 0).decode(errors="replace").split()
+    if not parts:
+        return "", ""
+    return parts[0], parts[1] if len(parts) > 1 else "writer"
+
+
 class IndexLock:
     """The one-writer lock of an index folder: ``fcntl.flock`` on ``<index_dir>/lock``.
 
@@ -701,23 +709,62 @@ class IndexLock:
         self.path = Path(index_dir) / LOCK_FILE
         self._fd: int | None = None
 
-    def acquire(self) -> IndexLock:
+    def acquire(self, *, role: str = "writer", wait_for_readers: float = 0.0) -> IndexLock:
+        """Take the lock or raise :class:`IndexLockedError` at once.
+
+        Parameters
+        ----------
+        role
+            ``"writer"`` (an index run) or ``"reader"`` (a searcher saving an index it had
+            to rebuild: it holds the lock for a file write or two).
+        wait_for_readers
+            Seconds to wait when the holder is a reader; a writer never waits for a writer.
+        """
+        import time
+
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        deadline = time.monotonic() + wait_for_readers
+        while True:
             try:
-                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-            finally:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                pid, holder_role = _read_holder(fd)
+                # No holder line yet (or already cleared): the lock is changing hands.
+                if holder_role in ("reader", "") and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    continue
                 os.close(fd)
-            raise IndexLockedError(
-                f"Index at {self.path.parent} is being written by another codesearch process "
-                f"(pid {holder}); wait for it to finish or stop it, then run again"
-            ) from None
+                raise IndexLockedError(
+                    f"Index at {self.path.parent} is being written by another codesearch process "
+                    f"(pid {pid or 'unknown'}); wait for it to finish or stop it, then run again"
+                ) from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.pwrite(fd, f"{os.getpid()} {role}\n".encode(), 0)
         self._fd = fd
         return self
+
+    @staticmethod
+    def writer_active(index_dir: str | os.PathLike[str]) -> bool:
+        """Whether an index run holds the lock now, without touching the lock.
+
+        Reads the holder line (``"<pid> <role>"``); the holder clears it on release, and a
+        holder killed with -9 leaves a pid that no longer runs.
+        """
+        try:
+            with open(Path(index_dir) / LOCK_FILE, "rb") as fh:
+                pid, role = _read_holder(fh.fileno())
+        except OSError:
+            return False
+        if not pid or role != "writer":
+            return False
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return False
+        except (PermissionError, ValueError):
+            return True
+        return True
 
     def release(self) -> None:
         if self._fd is not None:
@@ -732,7 +779,7 @@ class IndexLock:
         return self._fd is not None
 
     def __enter__(self) -> IndexLock:
-        return self.acquire()
+        return self if self.held else self.acquire()
 
     def __exit__(self, *exc: object) -> None:
         self.release()

@@ -249,6 +249,45 @@ def test_crash_between_store_commit_and_sync_is_healed(repo):
     check_consistent(idir)
 
 
+def test_reader_waits_for_a_syncing_writer_instead_of_rebuilding(repo, monkeypatch):
+    import threading
+
+    build_index(repo)
+    idir = pipeline.default_index_dir(repo)
+    rebuilt = []
+    real = pipeline._rebuild_index
+    monkeypatch.setattr(pipeline, "_rebuild_index", lambda name, store: rebuilt.append(name) or real(name, store))
+    # A writer between its store commit and its derived-index writes.
+    lock = IndexLock(idir).acquire()
+    with _store(repo) as w:
+        w.set_meta("generation", w.generation + 1)
+        lexical = real("lexical", w)
+
+        def finish_sync():
+            lexical.save(idir / "lexical.npz")
+            w.set_meta("gen.lexical", w.generation)
+            lock.release()
+
+        timer = threading.Timer(0.4, finish_sync)
+        timer.start()
+        with Store(idir / STORE_FILE, readonly=True) as r:
+            derived = load_derived(idir, r)
+        timer.join()
+        assert len(derived["lexical"]) == w.count("chunks")
+    assert rebuilt == []  # it waited for the writer's file
+
+
+def test_reader_rebuilds_in_memory_when_the_writer_takes_too_long(repo):
+    build_index(repo)
+    idir = pipeline.default_index_dir(repo)
+    with IndexLock(idir), _store(repo) as w:
+        w.set_meta("generation", w.generation + 1)
+        with Store(idir / STORE_FILE, readonly=True) as r:
+            derived = load_derived(idir, r, wait_s=0.2)
+            assert len(derived["lexical"]) == r.count("chunks")
+        assert w.get_meta("gen.lexical") != str(w.generation)  # not persisted under a writer's lock
+
+
 def test_missing_derived_file_is_rebuilt(repo):
     build_index(repo)
     idir = pipeline.default_index_dir(repo)

@@ -213,3 +213,25 @@ def test_docstring_examples_run():
     import doctest
 
     assert doctest.testmod(store_mod).failed == 0
+
+
+def test_writer_active_reads_the_holder_without_taking_the_lock(tmp_path):
+    assert not IndexLock.writer_active(tmp_path)
+    with IndexLock(tmp_path):
+        assert IndexLock.writer_active(tmp_path)
+    assert not IndexLock.writer_active(tmp_path)
+    with IndexLock(tmp_path).acquire(role="reader"):
+        assert not IndexLock.writer_active(tmp_path)
+    # A holder killed with -9 leaves its line behind; a pid that no longer runs is no writer.
+    (tmp_path / "lock").write_text("999999999 writer\n")
+    assert not IndexLock.writer_active(tmp_path)
+
+
+def test_a_writer_waits_for_a_reader_holding_the_lock_but_not_for_a_writer(tmp_path):
+    import threading
+
+    reader = IndexLock(tmp_path).acquire(role="reader")
+    threading.Timer(0.3, reader.release).start()
+    with IndexLock(tmp_path).acquire(wait_for_readers=10):
+        with pytest.raises(IndexLockedError):
+            IndexLock(tmp_path).acquire(wait_for_readers=10)
