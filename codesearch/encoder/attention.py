@@ -16,11 +16,11 @@ shape ``(total_tokens, 3, heads, head_dim)`` after RoPE.
 How the ``sdpa`` path avoids quadratic cost on local layers
 -----------------------------------------------------------
 A local layer lets token i see tokens j with |i - j| <= w (w = 64). Every sequence is cut into
-blocks of w tokens; block k only needs keys from blocks k-1, k, k+1 (3w keys), and a band mask
-inside that (w, 3w) tile removes the keys farther than w. All blocks of all sequences go through
-one SDPA call on ``(blocks, heads, w, 3w)`` tensors, so a local layer costs O(n * w), not
-O(n^2). Sequences short enough that blocking does not pay (length <= 3w) are attended whole,
-with the band mask when they are longer than the window.
+blocks of b = 2w query tokens; a block only needs the b + 2w keys from w before it to w after
+it, and a band mask inside that (b, b + 2w) tile removes the keys farther than w. All blocks of
+all sequences go through one SDPA call on ``(blocks, heads, b, b + 2w)`` tensors, so a local
+layer costs O(n * w), not O(n^2). Sequences short enough that blocking does not pay
+(length <= 3w) are attended whole, with the band mask when they are longer than the window.
 
 Global layers attend whole sequences: sequences of similar length are grouped and padded
 *inside the attention call only* (keys beyond a sequence's end are masked), so a batch of
@@ -110,7 +110,6 @@ def _make_group(
     starts: list[int],
     lengths: tuple[int, ...],
     n_keys: tuple[int, ...],
-    total: int,
     window: int | None,
     dtype: torch.dtype,
     device: torch.device,
@@ -148,26 +147,27 @@ def _make_blocks(
     starts: list[int],
     lengths: tuple[int, ...],
     n_keys: tuple[int, ...],
-    total: int,
     w: int,
+    block: int,
     dtype: torch.dtype,
     device: torch.device,
 ) -> _Blocks:
-    nblocks = [-(-lengths[i] // w) for i in seqs]
+    span = block + 2 * w  # keys a block of queries can reach: w before it, w after it
+    nblocks = [-(-lengths[i] // block) for i in seqs]
     counts = torch.tensor(nblocks, device=device)
     b_start = torch.repeat_interleave(torch.tensor([starts[i] for i in seqs], device=device), counts)
     b_len = torch.repeat_interleave(torch.tensor([lengths[i] for i in seqs], device=device), counts)
     b_keys = torch.repeat_interleave(torch.tensor([n_keys[i] for i in seqs], device=device), counts)
     b_k = torch.cat([torch.arange(n, device=device) for n in nblocks])  # block number in its sequence
 
-    q_pos = b_k[:, None] * w + torch.arange(w, device=device)[None, :]  # (B, w) positions in sequence
-    k_pos = (b_k[:, None] - 1) * w + torch.arange(3 * w, device=device)[None, :]  # (B, 3w)
+    q_pos = b_k[:, None] * block + torch.arange(block, device=device)[None, :]  # (B, block) positions
+    k_pos = b_k[:, None] * block - w + torch.arange(span, device=device)[None, :]  # (B, span)
     q_valid = q_pos < b_len[:, None]
     k_valid = (k_pos >= 0) & (k_pos < b_keys[:, None])
     q_rows = torch.where(q_valid, b_start[:, None] + q_pos, b_start[:, None])
     k_rows = torch.where(k_valid, b_start[:, None] + k_pos, b_start[:, None])
-    band = (q_pos[:, :, None] - k_pos[:, None, :]).abs() <= w  # (B, w, 3w)
-    allowed = (band & k_valid[:, None, :])[:, None]  # (B, 1, w, 3w)
+    band = (q_pos[:, :, None] - k_pos[:, None, :]).abs() <= w  # (B, block, span)
+    allowed = (band & k_valid[:, None, :])[:, None]  # (B, 1, block, span)
     src = torch.nonzero(q_valid.reshape(-1)).squeeze(1)
     return _Blocks(q_rows.reshape(-1), k_rows.reshape(-1), _neg_inf_mask(allowed, dtype), src, q_rows.reshape(-1)[src])
 
@@ -177,9 +177,14 @@ class SdpaBackend:
 
     name = "sdpa"
 
-    def __init__(self, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+    def __init__(
+        self, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", block: int | None = None
+    ):
+        # block: queries per tile on local layers (default 2w: 128 queries see 256 keys; smaller
+        # tiles waste less on the band, larger ones run the SDPA kernel more efficiently)
         self.dtype = dtype
         self.device = torch.device(device)
+        self.block = block
 
     def plan(self, batch, window: int) -> SdpaPlan:
         lengths = batch.lengths
@@ -188,7 +193,7 @@ class SdpaBackend:
         total = int(batch.cu_seqlens[-1])
         order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
         plan = SdpaPlan(total)
-        mk = dict(starts=starts, lengths=lengths, n_keys=n_keys, total=total, dtype=self.dtype, device=self.device)
+        mk = dict(starts=starts, lengths=lengths, n_keys=n_keys, dtype=self.dtype, device=self.device)
         for g in _group_lengths(order, lengths):
             plan.global_groups.append(_make_group(g, window=None, **mk))
         # Local layers: blocking pays off once a sequence is longer than its 3w-key tile.
@@ -197,7 +202,7 @@ class SdpaBackend:
         for g in _group_lengths(short, lengths):
             plan.local_groups.append(_make_group(g, window=window, **mk))
         if long:
-            plan.blocks = _make_blocks(long, w=window, **mk)
+            plan.blocks = _make_blocks(long, w=window, block=self.block or 2 * window, **mk)
         return plan
 
     def __call__(self, qkv: torch.Tensor, plan: SdpaPlan, is_local: bool) -> torch.Tensor:
@@ -218,11 +223,11 @@ class SdpaBackend:
                 out[g.dst] = o[g.src]
         if is_local and plan.blocks is not None:
             b = plan.blocks
-            nb, w = b.mask.shape[0], b.mask.shape[2]
-            q = qkv[b.q_index, 0].view(nb, w, heads, hd).transpose(1, 2)  # (B, heads, w, hd)
-            kv = qkv[b.kv_index, 1:].view(nb, 3 * w, 2, heads, hd).permute(2, 0, 3, 1, 4)  # (2, B, heads, 3w, hd)
-            o = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=b.mask)  # (B, heads, w, hd)
-            o = o.transpose(1, 2).reshape(nb * w, heads, hd)
+            nb, block, span = b.mask.shape[0], b.mask.shape[2], b.mask.shape[3]
+            q = qkv[b.q_index, 0].view(nb, block, heads, hd).transpose(1, 2)  # (B, heads, block, hd)
+            kv = qkv[b.kv_index, 1:].view(nb, span, 2, heads, hd).permute(2, 0, 3, 1, 4)  # (2, B, heads, span, hd)
+            o = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=b.mask)  # (B, heads, block, hd)
+            o = o.transpose(1, 2).reshape(nb * block, heads, hd)
             out[b.dst] = o[b.src]
         return out
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -290,6 +291,8 @@ class TextTokenizer:
         self.mask_id = self._special(conf, smap, "mask_token", ["[MASK]", "<mask>"])
         self.unk_id = self._special(conf, smap, "unk_token", ["[UNK]", "<unk>"])
         self._specials = self._tok.num_special_tokens_to_add(False)
+        # truncation is tokenizer state: one caller at a time (the server encodes from threads)
+        self._lock = threading.Lock()
 
     def _special(self, conf: dict, smap: dict, key: str, fallbacks: list[str]) -> int | None:
         for value in (conf.get(key), smap.get(key), *fallbacks):
@@ -305,15 +308,17 @@ class TextTokenizer:
     def encode(self, texts: list[str], max_length: int | None) -> list[list[int]]:
         """Token ids with the checkpoint's special tokens ([CLS] ... [SEP]); when longer than
         ``max_length``, the text is cut and the final [SEP] kept."""
-        if max_length is None:
-            self._tok.no_truncation()
-        else:
-            self._tok.enable_truncation(max(max_length, self._specials + 1))
-        return [e.ids for e in self._tok.encode_batch(list(texts))]
+        with self._lock:
+            if max_length is None:
+                self._tok.no_truncation()
+            else:
+                self._tok.enable_truncation(max(max_length, self._specials + 1))
+            return [e.ids for e in self._tok.encode_batch(list(texts))]
 
     def count(self, texts: list[str]) -> list[int]:
-        self._tok.no_truncation()
-        return [len(e.ids) for e in self._tok.encode_batch(list(texts))]
+        with self._lock:
+            self._tok.no_truncation()
+            return [len(e.ids) for e in self._tok.encode_batch(list(texts))]
 
 
 # --------------------------------------------------------------------------------------------

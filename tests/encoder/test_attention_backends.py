@@ -67,7 +67,7 @@ def test_local_layers_use_blocks_for_long_sequences():
     """Long sequences go through (blocks, w, 3w) tiles: cost linear in length, not quadratic."""
     batch = PackedBatch.from_ids([[1] * 1000, [1] * 10])
     plan = SdpaBackend().plan(batch, 64)
-    assert plan.blocks is not None and plan.blocks.mask.shape == (16, 1, 64, 192)
+    assert plan.blocks is not None and plan.blocks.mask.shape == (8, 1, 128, 256)
     assert [g.length for g in plan.local_groups] == [10]
 
 

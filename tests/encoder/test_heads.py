@@ -3,6 +3,7 @@ states, and a non-ModernBERT model (all-MiniLM-L6-v2) against sentence-transform
 
 from __future__ import annotations
 
+import functools
 import json
 import string
 
@@ -25,11 +26,17 @@ DOCS = [
 QUERIES = ["where do we retry failed http requests?", "", "parse config"]
 
 
-def hf_hidden(directory, ids: list[list[int]], masks: list[list[int]] | None = None) -> list[torch.Tensor]:
-    """transformers' ModernBertModel (fp32), one padded batch, every position returned."""
+@functools.cache
+def hf_model(directory: str, attn: str):
+    """transformers' own ModernBertModel on the checkpoint, fp32 (loaded once per test session)."""
     from transformers import ModernBertModel
 
-    model = ModernBertModel.from_pretrained(str(directory), attn_implementation="sdpa", dtype=torch.float32).eval()
+    return ModernBertModel.from_pretrained(directory, attn_implementation=attn, dtype=torch.float32).eval()
+
+
+def hf_hidden(directory, ids: list[list[int]], masks: list[list[int]] | None = None) -> list[torch.Tensor]:
+    """transformers' ModernBertModel (fp32), one padded batch, every position returned."""
+    model = hf_model(str(directory), "sdpa")
     masks = masks or [[1] * len(x) for x in ids]
     L = max(map(len, ids))
     input_ids = torch.full((len(ids), L), model.config.pad_token_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -24,11 +25,17 @@ TEXTS = [
 ]
 
 
-def reference_hidden(directory, ids: list[list[int]], attn: str = "sdpa") -> list[torch.Tensor]:
-    """transformers' ModernBertModel, fp32, one right-padded batch, real tokens only."""
+@functools.cache
+def hf_model(directory: str, attn: str):
+    """transformers' own ModernBertModel on the checkpoint, fp32 (loaded once per test session)."""
     from transformers import ModernBertModel
 
-    model = ModernBertModel.from_pretrained(str(directory), attn_implementation=attn, dtype=torch.float32).eval()
+    return ModernBertModel.from_pretrained(directory, attn_implementation=attn, dtype=torch.float32).eval()
+
+
+def reference_hidden(directory, ids: list[list[int]], attn: str = "sdpa") -> list[torch.Tensor]:
+    """transformers' ModernBertModel, fp32, one right-padded batch, real tokens only."""
+    model = hf_model(str(directory), attn)
     pad = model.config.pad_token_id
     L = max(map(len, ids))
     input_ids = torch.full((len(ids), L), pad)
