@@ -572,13 +572,11 @@ def _build(
     # 3. encode what the cache lacks, one committed batch at a time ----------------------
     changing_ids = {w.old_id for w in work if w.old_id is not None} | {f.id for f in removed}
     newly_encoded: dict[str, set[str]] = defaultdict(set)
-    cached_before: dict[str, set[str]] = {}
     texts_encoded = tokens_encoded = 0
     jobs: list[tuple[str, Any, dict[str, str]]] = []  # (kind, encoder, text hash -> text)
     for role, enc in roles.items():
         for kind in ("dense", "file") if role == "dense" else ("colbert",):
             cached = store.cached_hashes(enc.identity, kind)
-            cached_before[kind] = cached
             todo: dict[str, str] = {}
             if kind == "file":
                 for w in work:
@@ -692,7 +690,6 @@ def _build(
         added_chunks=added_chunks,
         removed_files=[f.id for f in removed],
         changed_files=changed_files,
-        cached_before=cached_before,
         newly_encoded=newly_encoded,
     )
     _sync_derived(idir, store, prev_gen, delta, report)
@@ -749,7 +746,6 @@ class _Delta:
     added_chunks: list[int]
     removed_files: list[int]
     changed_files: list[int]
-    cached_before: dict[str, set[str]]
     newly_encoded: dict[str, set[str]]
 
 
