@@ -518,14 +518,18 @@ def _build(
 
     budget, counter, counter_id = _chunk_budget(encoders, chunk_tokens)
     old_budget, old_counter = (None, None) if rebuild else (store.get_meta("chunk_tokens"), store.get_meta("chunk_counter"))
+    degraded = counter_id == "approx" and old_counter not in (None, "approx")
+    if degraded:
+        # A run without the recorded model (offline) keeps the old chunks and budget, and
+        # chunks changed files with the approximate count; the record stays the model's.
+        counter_id = old_counter
+        if chunk_tokens is None and old_budget:
+            budget = int(old_budget)
     # Re-chunk everything when the budget changes, or when a real tokenizer replaces the
-    # approximate count (a model added to a lexical-only index). A run that lacks the
-    # recorded model (offline) keeps the old chunks and chunks changed files approximately.
+    # approximate count (a model added to a lexical-only index).
     rechunk_all = bool(old_files) and (
-        old_budget != str(budget) or (counter_id != "approx" and old_counter != counter_id)
+        old_budget != str(budget) or (not degraded and counter_id != "approx" and old_counter != counter_id)
     )
-    if counter_id == "approx" and old_counter not in (None, "approx"):
-        counter_id = old_counter  # keep the record: see above
 
     # 2. classify and chunk ---------------------------------------------------------------
     work: list[_Work] = []

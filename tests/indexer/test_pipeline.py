@@ -438,6 +438,7 @@ def test_offline_run_keeps_models_and_a_later_run_fills_the_gaps(model_repo, cou
     build_index(model_repo, encoders=counting)
     (model_repo / "pkg/extra.py").write_text(module_source("extra", 2, lines=5))
     summary = build_index(model_repo)  # the model is unavailable this time
+    assert summary.files_indexed == 1  # the other files keep their model-tokenized chunks
     assert any("no dense vectors" in n.lower() or "no dense encoder" in n.lower() for n in summary.notices)
     idir = pipeline.default_index_dir(model_repo)
     check_consistent(idir, complete=False)
