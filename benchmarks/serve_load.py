@@ -75,9 +75,10 @@ def _model_arg(value: str) -> str:
     return str(MINILM) if value == "minilm" else value
 
 
-def _start_server(root: Path, args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen, str]:
+def _start_server(root: Path, args: argparse.Namespace, log: Path, *, watch: bool = False) -> tuple[subprocess.Popen, str]:
     cmd = [
-        sys.executable, "-m", "codesearch.server", str(root), "--port", "0", "--no-watch", "--no-index-on-start",
+        sys.executable, "-m", "codesearch.server", str(root), "--port", "0", "--no-index-on-start",
+        "--watch" if watch else "--no-watch",
         "--model", args.model, "--multi-model", args.multi_model, "--device", "cpu",
         "--workers", str(args.workers),
     ]
@@ -229,6 +230,34 @@ async def _phase(url: str, clients: int, reindex: bool, args, root: Path) -> dic
     }
 
 
+def _watch_latency(root: Path, args: argparse.Namespace, log: Path) -> dict:
+    """Save a new file N times in a watched repo; seconds until a search finds it."""
+    proc, url = _start_server(root, args, log, watch=True)
+    took: list[float] = []
+    try:
+        with httpx.Client(base_url=url, timeout=30) as http:
+            for i in range(args.watch_saves):
+                name = f"watch_probe_{i}_{os.getpid()}"
+                start = time.perf_counter()
+                (root / f"{name}.py").write_text(f"def {name}():\n    return {i}\n")
+                while time.perf_counter() - start < 30:
+                    doc = http.post("/search", json={"query": name, "mode": "lexical", "k": 3}).json()
+                    if any(name in r["text"] for r in doc["results"]):
+                        took.append(time.perf_counter() - start)
+                        break
+                    time.sleep(0.01)
+                time.sleep(0.5)  # let the run end before the next save
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return {
+        "saves": args.watch_saves,
+        "found": len(took),
+        "p50_s": round(_percentile(took, 0.5), 3),
+        "max_s": round(max(took), 3) if took else None,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repo", default=str(DEFAULT_REPO), help="folder to serve (copied first)")
@@ -245,6 +274,8 @@ def main() -> None:
                     help="rebuild: full rebuilds back to back; edit: append to 3 files + incremental run, repeated")
     ap.add_argument("--client", default="raw", choices=["raw", "httpx"],
                     help="raw: a minimal keep-alive HTTP/1.1 client (cheap); httpx: httpx.AsyncClient")
+    ap.add_argument("--watch-saves", type=int, default=10,
+                    help="then save a new file this many times in a watched server and time until it is found")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     args.model = _model_arg(args.model)
@@ -275,6 +306,10 @@ def main() -> None:
         finally:
             proc.terminate()
             proc.wait(30)
+        watch = _watch_latency(root, args, Path(tmp) / "server-watch.log") if args.watch_saves else None
+        if watch:
+            print(f"watch: saved {watch['saves']} new files, found {watch['found']}, "
+                  f"p50 {watch['p50_s']:.2f}s max {watch['max_s']:.2f}s (debounce 0.25s)", flush=True)
     report = {
         "repo": args.repo,
         "files": summary.files_indexed,
@@ -290,8 +325,9 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "loadavg_at_end": os.getloadavg(),
         "results": rows,
+        "watch": watch,
     }
-    print(json.dumps({k: v for k, v in report.items() if k != "results"}))
+    print(json.dumps({k: v for k, v in report.items() if k not in ("results", "watch")}))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
 

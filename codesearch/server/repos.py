@@ -279,6 +279,7 @@ class ServedRepo:
             searchers = {"lexical": get_searcher(lexical=True), "full": get_searcher(lexical=False)}
             for searcher, _ in searchers.values():
                 _pin_snapshot(searcher)
+                _batch_queries(searcher)
         reader = _Reader(cs, searchers)
         reader.query("warm up", 1, mode="lexical")
         reader.query("warm up", 1, mode="hybrid")
@@ -408,6 +409,19 @@ class ServedRepo:
             "index": index,
             "error": error,
         }
+
+
+def _batch_queries(searcher: Any) -> None:
+    """Route the searcher's query encodings through the process's `QueryBatcher` s.
+
+    Why here and not in the pool of encoders: the writer shares that pool and must encode
+    documents unwrapped; the searcher is the only place that encodes queries.
+    """
+    from codesearch.server.batching import batched_encoders
+
+    encoders = getattr(searcher, "_encoders", None)
+    if encoders is not None:
+        searcher._encoders = batched_encoders(encoders)
 
 
 def _pin_snapshot(searcher: Any) -> None:

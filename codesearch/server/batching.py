@@ -1,0 +1,129 @@
+"""Query micro-batching: concurrent searches share one encoder forward pass.
+
+A hybrid search spends most of its CPU encoding the query. When several searches arrive
+together, encoding their queries one by one costs nearly one forward pass each, while one
+batched pass costs far less per query. `QueryBatcher` wraps an encoder: the first search
+thread that finds the encoder idle becomes the leader and encodes every query waiting at
+that moment (up to ``max_batch``) in one call; the others wait for their row. No timer: a
+lone query is encoded at once, so batching adds no latency when the server is quiet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+MAX_BATCH = 32
+
+
+class _Item:
+    __slots__ = ("text", "done", "result", "error")
+
+    def __init__(self, text: str):
+        self.text = text
+        self.done = False
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+class QueryBatcher:
+    """An encoder whose single-query ``encode(..., kind="query")`` calls are batched.
+
+    Every other call and attribute goes straight to the wrapped encoder, so the wrapper can
+    stand wherever the encoder does.
+
+    Parameters
+    ----------
+    encoder:
+        A `codesearch.encoder.Encoder` (single-vector: rows of an array; multi-vector: a
+        list of per-query arrays).
+    max_batch:
+        Most queries per forward pass.
+    """
+
+    def __init__(self, encoder: Any, *, max_batch: int = MAX_BATCH):
+        self._encoder = encoder
+        self._max_batch = max_batch
+        self._cond = threading.Condition()
+        self._pending: list[_Item] = []
+        self._busy = False
+        self.batches = 0  # forward passes made (tests and stats)
+        self.queries = 0  # queries encoded through them
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._encoder, name)
+
+    @property
+    def wrapped(self) -> Any:
+        """The encoder underneath."""
+        return self._encoder
+
+    def encode(self, texts: list[str], kind: str = "document", **kwargs: Any) -> Any:
+        """Batched for one query; anything else (documents, several texts) passes through."""
+        if kind != "query" or len(texts) != 1 or kwargs:
+            return self._encoder.encode(texts, kind=kind, **kwargs)
+        item = _Item(texts[0])
+        with self._cond:
+            self._pending.append(item)
+            while not item.done:
+                if self._busy:
+                    self._cond.wait()
+                    continue
+                self._busy = True
+                batch, self._pending = self._pending[: self._max_batch], self._pending[self._max_batch :]
+                self._cond.release()
+                try:
+                    self._run(batch)
+                finally:
+                    self._cond.acquire()
+                    self._busy = False
+                    self._cond.notify_all()
+        if item.error is not None:
+            raise item.error
+        return item.result
+
+    def _run(self, batch: list[_Item]) -> None:
+        try:
+            out = self._encoder.encode([item.text for item in batch], kind="query")
+        except BaseException as exc:  # every waiter gets the failure, none hangs
+            for item in batch:
+                item.error, item.done = exc, True
+            return
+        self.batches += 1
+        self.queries += len(batch)
+        for i, item in enumerate(batch):
+            # Same shape as an unbatched call: (1, dim) rows, or a one-element list.
+            item.result = out[i : i + 1] if hasattr(out, "shape") else [out[i]]
+            item.done = True
+
+
+_BATCHERS: dict[int, tuple[Any, QueryBatcher]] = {}  # id(encoder) -> (encoder, its batcher)
+_BATCHERS_LOCK = threading.Lock()
+
+
+def batcher_for(encoder: Any) -> Any:
+    """The one `QueryBatcher` of ``encoder`` in this process (None stays None).
+
+    One per encoder object, so readers of successive generations and roots that share a
+    model also share the batching.
+    """
+    if encoder is None or isinstance(encoder, QueryBatcher):
+        return encoder
+    with _BATCHERS_LOCK:
+        entry = _BATCHERS.get(id(encoder))
+        if entry is None or entry[0] is not encoder:
+            entry = (encoder, QueryBatcher(encoder))
+            _BATCHERS[id(encoder)] = entry
+        return entry[1]
+
+
+def batched_encoders(encoders: Any) -> Any:
+    """A copy of a `pipeline.Encoders` whose encoders batch their queries."""
+    if encoders is None or not dataclasses.is_dataclass(encoders):
+        return encoders
+    changes = {}
+    for role in ("dense", "multi"):
+        if hasattr(encoders, role):
+            changes[role] = batcher_for(getattr(encoders, role))
+    return dataclasses.replace(encoders, **changes)
