@@ -371,14 +371,15 @@ class CodeSearch:
         """Describe the index: files, chunks, languages, models, staleness, size on disk."""
         self._check_open()
         store_path = self.index_dir / STORE_FILE
-        base = {"root": str(self.root), "index_dir": str(self.index_dir)}
+        root, index_dir = str(self.root), str(self.index_dir)
         if not store_path.is_file():
-            return IndexStatus(**base, indexed=False)
+            return IndexStatus(root=root, index_dir=index_dir, indexed=False)
         with self._rw.reading():
             info = pipeline.index_info(self.index_dir)
             stale = self._staleness()
         return IndexStatus(
-            **base,
+            root=root,
+            index_dir=index_dir,
             indexed=True,
             files=info.files,
             chunks=info.chunks,

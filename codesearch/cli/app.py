@@ -174,11 +174,13 @@ def query_command(
     from codesearch.cli import render
 
     root = path if path is not None or index_dir is not None else find_index_root(Path.cwd())
-    options = dict(mode=mode.value, language=lang, glob=glob, files_only=files_only)
     with CodeSearch(root or Path("."), index_dir=index_dir) as cs:
-        result = None if no_server else server_query(cs, query, top_k, **options)
+        result = None if no_server else server_query(
+            cs, query, top_k, mode=mode.value, language=lang, glob=glob, files_only=files_only
+        )
         if result is None:
-            result = cs.query(query, top_k, refresh=not no_refresh, **options)
+            result = cs.query(query, top_k, mode=mode.value, language=lang, glob=glob, files_only=files_only,
+                              refresh=not no_refresh)
         if context:
             result = cs.with_context(result, context)
     render.notices(result.notices)
