@@ -1,6 +1,6 @@
 """DenseIndex exact vs IVF-Flat on clustered unit vectors: build, memory, latency, recall@10.
 
-    python benchmarks/dense_bench.py                    # 200,000 x 384
+    python benchmarks/dense_bench.py                    # 100,000 x 384
     python benchmarks/dense_bench.py --n 50000 --dim 768
 
 Recall@10 is measured against exact inner-product search over the same vectors.
@@ -26,7 +26,7 @@ def clustered(n: int, dim: int, n_clusters: int, noise: float, seed: int) -> np.
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=200_000)
+    parser.add_argument("--n", type=int, default=100_000)
     parser.add_argument("--dim", type=int, default=384)
     parser.add_argument("--clusters", type=int, default=1000)
     parser.add_argument("--noise", type=float, default=1.0, help="per-dim noise around a centre")
