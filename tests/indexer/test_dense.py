@@ -209,3 +209,9 @@ def test_k_larger_than_size(kind):
 def test_bad_arguments_raise_value_error(call):
     with pytest.raises(ValueError):
         call(DenseIndex(DIM))
+
+
+def test_empty_index_save_load(tmp_path):
+    DenseIndex(DIM).save(tmp_path / "empty.faiss")
+    loaded = DenseIndex.load(tmp_path / "empty.faiss")
+    assert len(loaded) == 0 and loaded.dim == DIM and loaded.kind == "exact"

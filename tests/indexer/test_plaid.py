@@ -272,3 +272,10 @@ def test_codec_round_trip_and_4_bits_beat_2_bits(dim):
 def test_bad_arguments_raise_value_error(call):
     with pytest.raises(ValueError):
         call(PlaidIndex(DIM))
+
+
+def test_empty_index_save_load(tmp_path):
+    PlaidIndex().save(tmp_path / "plaid")
+    loaded = PlaidIndex.load(tmp_path / "plaid")
+    assert len(loaded) == 0 and loaded.dim is None
+    assert [len(ids) for ids, _ in loaded.search([np.zeros((2, DIM), np.float32)], 3)] == [0]
