@@ -309,7 +309,8 @@ class PlaidIndex:
         clustered data kept rising to 32 (BENCHMARKS.md).
     ndocs : int or None
         Candidates scored by full centroid interaction; a quarter of them (at least ``k``)
-        are decompressed and re-ranked exactly. ``None`` uses ``max(512, 32 * k)``.
+        are decompressed and re-ranked exactly. ``None`` uses ``max(512, 8 * k)``
+        (PLAID's own defaults run from 25 k at k=10 to 4 k at k=1000).
     kmeans_niter : int
         k-means iterations (ColBERT's default is 4).
     rebuild_ratio : float
@@ -607,7 +608,7 @@ class PlaidIndex:
         candidates, slot = np.unique(docs, return_inverse=True)
         best = np.zeros(len(candidates) * q_tok, dtype=np.float32)
         np.maximum.at(best, slot * q_tok + entry_qtok, entry_score)
-        ndocs = ndocs or self.ndocs or max(512, 32 * k)
+        ndocs = ndocs or self.ndocs or max(512, 8 * k)
         candidates = _best(candidates, best.reshape(-1, q_tok).sum(axis=1), ndocs)
 
         # Stage 2, centroid interaction: MaxSim with every token of the candidates replaced
