@@ -268,7 +268,7 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=5.0, help="seconds per phase")
     ap.add_argument("--max-requests", type=int, default=5000, help="requests per phase at most")
     ap.add_argument("--k", type=int, default=10)
-    ap.add_argument("--workers", type=int, default=4, help="server search threads")
+    ap.add_argument("--workers", type=int, default=8, help="server search threads")
     ap.add_argument("--no-reindex", action="store_true", help="skip the phases with a concurrent re-index")
     ap.add_argument("--reindex", default="rebuild", choices=["rebuild", "edit"],
                     help="rebuild: full rebuilds back to back; edit: append to 3 files + incremental run, repeated")
@@ -303,6 +303,10 @@ def main() -> None:
                         f"rps={row['rps']:.0f} index_runs={row['index_runs']}",
                         flush=True,
                     )
+            with httpx.Client(base_url=url, timeout=30) as http:
+                batching = http.get("/status").json()["search"].get("query_batching")
+            if batching:
+                print(f"query batching: {batching}", flush=True)
         finally:
             proc.terminate()
             proc.wait(30)

@@ -44,7 +44,7 @@ def serve(
     index_dir: Annotated[Optional[Path], typer.Option("--index-dir", help="Index folder (one PATH only; default PATH/.codesearch).")] = None,
     include: Annotated[Optional[list[str]], typer.Option("--include", metavar="GLOB", help="Only index files matching GLOB (repeatable).")] = None,
     exclude: Annotated[Optional[list[str]], typer.Option("--exclude", metavar="GLOB", help="Skip files matching GLOB (repeatable).")] = None,
-    workers: Annotated[int, typer.Option(min=1, help="Threads that run searches.")] = 4,
+    workers: Annotated[int, typer.Option(min=1, help="Threads that run searches (concurrent queries share encoder passes).")] = 8,
     max_pending: Annotated[int, typer.Option(min=1, help="Searches running or queued before 503.")] = 64,
     search_timeout: Annotated[float, typer.Option(min=0.01, help="Seconds per search before 504.")] = 10.0,
     max_connections: Annotated[int, typer.Option(min=1, help="Open connections before 503.")] = 256,

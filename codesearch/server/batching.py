@@ -127,3 +127,13 @@ def batched_encoders(encoders: Any) -> Any:
         if hasattr(encoders, role):
             changes[role] = batcher_for(getattr(encoders, role))
     return dataclasses.replace(encoders, **changes)
+
+
+def batching_stats() -> list[dict[str, Any]]:
+    """Per encoder: forward passes made for queries and queries encoded (``GET /status``)."""
+    with _BATCHERS_LOCK:
+        entries = list(_BATCHERS.values())
+    return [
+        {"encoder": str(getattr(enc, "name", type(enc).__name__)), "batches": b.batches, "queries": b.queries}
+        for enc, b in entries
+    ]

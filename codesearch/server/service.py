@@ -17,6 +17,7 @@ from typing import Any
 
 from codesearch import __version__
 from codesearch.errors import QueryError, ServerError
+from codesearch.server.batching import batching_stats
 from codesearch.server.repos import RepoSet, scoped_glob
 
 SCHEMA_VERSION = 1
@@ -46,7 +47,7 @@ class Limits:
         in the background and its slot frees then).
     """
 
-    workers: int = 4
+    workers: int = 8
     max_pending: int = 64
     timeout_s: float = 10.0
 
@@ -165,6 +166,7 @@ class Service:
                 "max_pending": self.limits.max_pending,
                 "timeout_s": self.limits.timeout_s,
                 "pending": self._pending,
+                "query_batching": batching_stats(),
             },
             "roots": [repo.status() for repo in repos],
         }
