@@ -187,7 +187,12 @@ async def _reindexer(url: str, stop: asyncio.Event, runs: list[int], how: str, r
                 n += 3
                 await http.post("/index", json={})
             while not stop.is_set():
-                state = (await http.get("/status")).json()["roots"][0]["indexing"]
+                response = await http.get("/status")
+                if response.status_code != 200:  # counted: /status must not fail during a run either
+                    runs[1].append(f"/status {response.status_code}: {response.text[:200]}")
+                    await asyncio.sleep(0.1)
+                    continue
+                state = response.json()["roots"][0]["indexing"]
                 runs[0] = state["runs"] - base
                 if state["state"] == "idle":
                     break
@@ -198,7 +203,7 @@ async def _phase(url: str, clients: int, reindex: bool, args, root: Path) -> dic
     latencies: list[float] = []
     failures: list[str] = []
     budget = [args.max_requests]
-    runs = [0]
+    runs: list = [0, []]  # index runs finished, /status failures
     stop = asyncio.Event()
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as http:
@@ -222,6 +227,7 @@ async def _phase(url: str, clients: int, reindex: bool, args, root: Path) -> dic
         "requests": len(latencies) + len(failures),
         "failures": len(failures),
         "failure_examples": failures[:3],
+        "status_failures": runs[1][:3],
         "p50_ms": round(_percentile(latencies, 0.50) * 1000, 2),
         "p99_ms": round(_percentile(latencies, 0.99) * 1000, 2),
         "rps": round(len(latencies) / elapsed, 1),
@@ -300,7 +306,8 @@ def main() -> None:
                     print(
                         f"clients={row['clients']:>3} {row['phase']:<8} requests={row['requests']:>5} "
                         f"failures={row['failures']} p50={row['p50_ms']:.1f}ms p99={row['p99_ms']:.1f}ms "
-                        f"rps={row['rps']:.0f} index_runs={row['index_runs']}",
+                        f"rps={row['rps']:.0f} index_runs={row['index_runs']}"
+                        + (f" status_failures={row['status_failures']}" if row["status_failures"] else ""),
                         flush=True,
                     )
             with httpx.Client(base_url=url, timeout=30) as http:

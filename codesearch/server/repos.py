@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import sqlite3
 import threading
 import time
 from collections.abc import Sequence
@@ -397,6 +398,10 @@ class ServedRepo:
             error = None
         except CodeSearchError as exc:  # e.g. read while a rebuild recreates the store
             index, error = None, str(exc)
+        except (OSError, sqlite3.Error) as exc:
+            # A rebuild deletes and recreates files while status walks and sizes them;
+            # the next poll sees the new index. Status must not fail for that.
+            index, error = None, f"index is being rewritten ({type(exc).__name__}: {exc}); ask again"
         with self._ref_lock:
             ready = self._reader is not None
         return {
