@@ -80,7 +80,7 @@ def _start_server(root: Path, args: argparse.Namespace, log: Path, *, watch: boo
         sys.executable, "-m", "codesearch.server", str(root), "--port", "0", "--no-index-on-start",
         "--watch" if watch else "--no-watch",
         "--model", args.model, "--multi-model", args.multi_model, "--device", "cpu",
-        "--workers", str(args.workers),
+        "--workers", str(args.workers), "--query-batching" if args.query_batching else "--no-query-batching",
     ]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(log, "w"), text=True, env=env)
@@ -282,6 +282,8 @@ def main() -> None:
                     help="raw: a minimal keep-alive HTTP/1.1 client (cheap); httpx: httpx.AsyncClient")
     ap.add_argument("--watch-saves", type=int, default=10,
                     help="then save a new file this many times in a watched server and time until it is found")
+    ap.add_argument("--no-query-batching", dest="query_batching", action="store_false",
+                    help="start the server with --no-query-batching (A/B of the micro-batching)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     args.model = _model_arg(args.model)
@@ -333,6 +335,7 @@ def main() -> None:
         "k": args.k,
         "server_workers": args.workers,
         "client": args.client,
+        "query_batching": args.query_batching,
         "cpus": os.cpu_count(),
         "loadavg_at_end": os.getloadavg(),
         "results": rows,

@@ -49,6 +49,7 @@ def serve(
     search_timeout: Annotated[float, typer.Option(min=0.01, help="Seconds per search before 504.")] = 10.0,
     max_connections: Annotated[int, typer.Option(min=1, help="Open connections before 503.")] = 256,
     debounce_ms: Annotated[int, typer.Option(min=0, help="Quiet period after file changes before re-indexing.")] = 250,
+    query_batching: Annotated[bool, typer.Option("--query-batching/--no-query-batching", help="Encode concurrent queries in shared forward passes.")] = True,
 ) -> None:
     """Serve indexed repositories over HTTP (JSON API + MCP at /mcp) or MCP over stdio."""
     from codesearch.server.repos import RepoOptions
@@ -63,7 +64,7 @@ def serve(
     options = ServeOptions(
         host=host, port=port, token=token, mcp=mcp.value, watch=watch, index_on_start=index_on_start,
         limits=Limits(workers=workers, max_pending=max_pending, timeout_s=search_timeout),
-        max_connections=max_connections, debounce_s=debounce_ms / 1000,
+        max_connections=max_connections, debounce_s=debounce_ms / 1000, query_batching=query_batching,
     )
     run_server(paths or [Path(".")], repo_options, options)
 

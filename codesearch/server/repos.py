@@ -131,6 +131,7 @@ class ServedRepo:
         *,
         shared_encoders: dict | None = None,
         run_lock: Any = None,
+        query_batching: bool = True,
     ):
         from codesearch.api import CodeSearch
 
@@ -147,6 +148,7 @@ class ServedRepo:
         # One index run at a time across roots: they would only compete for the same cores,
         # and the second run finds the models the first one loaded.
         self._run_lock = run_lock if run_lock is not None else threading.Lock()
+        self._query_batching = query_batching
         self._ref_lock = threading.Lock()
         self._reader: _Reader | None = None
         self._cond = threading.Condition()
@@ -280,7 +282,8 @@ class ServedRepo:
             searchers = {"lexical": get_searcher(lexical=True), "full": get_searcher(lexical=False)}
             for searcher, _ in searchers.values():
                 _pin_snapshot(searcher)
-                _batch_queries(searcher)
+                if self._query_batching:
+                    _batch_queries(searcher)
         reader = _Reader(cs, searchers)
         reader.query("warm up", 1, mode="lexical")
         reader.query("warm up", 1, mode="hybrid")
@@ -462,7 +465,9 @@ class RepoSet:
         Passed to each `ServedRepo`; ``index_dir`` only makes sense with one root.
     """
 
-    def __init__(self, roots: Sequence[str | os.PathLike[str]], options: RepoOptions):
+    def __init__(
+        self, roots: Sequence[str | os.PathLike[str]], options: RepoOptions, *, query_batching: bool = True
+    ):
         if not roots:
             roots = ["."]
         if options.index_dir is not None and len(roots) > 1:
@@ -477,7 +482,9 @@ class RepoSet:
                 if resolved in seen:
                     continue
                 seen.add(resolved)
-                self.repos.append(ServedRepo(root, options, shared_encoders=shared, run_lock=run_lock))
+                self.repos.append(ServedRepo(
+                        root, options, shared_encoders=shared, run_lock=run_lock, query_batching=query_batching
+                    ))
         except BaseException:
             for repo in self.repos:
                 repo.close()

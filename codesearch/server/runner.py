@@ -57,6 +57,8 @@ class ServeOptions:
         uvicorn's ``limit_concurrency``: connections beyond it get 503 at once.
     debounce_s:
         Quiet period of the watcher.
+    query_batching:
+        Encode concurrent searches' queries in shared forward passes.
     """
 
     host: str = DEFAULT_HOST
@@ -68,6 +70,7 @@ class ServeOptions:
     limits: Limits = Limits()
     max_connections: int = 256
     debounce_s: float = 0.25
+    query_batching: bool = True
 
 
 def is_loopback(host: str) -> bool:
@@ -153,7 +156,7 @@ def serve(roots: Sequence[str | os.PathLike[str]], repo_options: RepoOptions, op
     token = options.token or None
     if options.mcp != "stdio":
         check_bind(options.host, token)
-    repos = RepoSet(roots, repo_options)
+    repos = RepoSet(roots, repo_options, query_batching=options.query_batching)
     service = Service(repos, options.limits)
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
