@@ -96,3 +96,26 @@ def test_two_roots_share_explicitly_named_models(tmp_path, single_vector_dir):
             assert repo.query("parseConfigFile", 1, mode="dense").hits
     finally:
         repos.close()
+
+
+def test_served_query_encodings_go_through_the_batcher(model_server):
+    import threading
+
+    _, server, *_ = model_server
+    with server.client() as http:
+        before = {b["encoder"]: b["queries"] for b in http.get("/status").json()["search"]["query_batching"]}
+
+    def one(i: int) -> None:
+        with server.client() as http:
+            assert http.post("/search", json={"query": f"retry number {i}", "mode": "hybrid"}).status_code == 200
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with server.client() as http:
+        stats = http.get("/status").json()["search"]["query_batching"]
+    # Both encoders (dense, ColBERT) encoded the 8 queries through their batchers.
+    assert len(stats) == 2
+    assert all(b["queries"] - before.get(b["encoder"], 0) == 8 for b in stats)
