@@ -420,8 +420,9 @@ def load(
     tokenizer = TextTokenizer(directory)
 
     if config.get("model_type") == "modernbert":
+        attention = select_backend(backend, dev, dt)  # before reading weights: fail fast
         model = build_modernbert(directory, config, dev, dt)
-        model.use_backend(select_backend(backend, dev, dt))
+        model.use_backend(attention)
         backbone = runtime.PackedBackbone(model, dev)
         hidden = model.config.hidden_size
         model_max = model.config.max_position_embeddings

@@ -290,6 +290,8 @@ class Encoder:
         """
         if kind not in ("document", "query"):
             raise ValueError(f"kind must be 'document' or 'query', not {kind!r}")
+        if isinstance(texts, str):
+            raise TypeError("encode() takes a list of texts, not one string; wrap it: encode([text])")
         texts = list(texts)
         tok = self.head.tokenize(self.tokenizer, texts, kind)
         results: list = [None] * len(texts)
@@ -310,6 +312,8 @@ class Encoder:
     def hidden_states(self, texts: list[str], batch_tokens: int | None = None) -> list[torch.Tensor]:
         """Last-layer hidden states of ``[CLS] text [SEP]`` (truncated to ``max_length``), real
         tokens only: one float32 CPU tensor ``(n_tokens, hidden)`` per text, in input order."""
+        if isinstance(texts, str):
+            raise TypeError("hidden_states() takes a list of texts, not one string; wrap it: hidden_states([text])")
         ids = self.tokenizer.encode(list(texts), self.max_length)
         results: list = [None] * len(ids)
         for batch in self._batches(ids, batch_tokens):

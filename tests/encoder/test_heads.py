@@ -182,3 +182,9 @@ def test_minilm_hidden_states_real_tokens_only(minilm_dir):
     enc = load(minilm_dir, device="cpu", dtype="float32")
     hs = enc.hidden_states(["hello world", "a much longer sentence with many more words in it"])
     assert [h.shape for h in hs] == [(4, 384), (12, 384)]
+
+
+def test_one_string_instead_of_a_list_is_refused(single_vector_dir):
+    enc = load(single_vector_dir, device="cpu")
+    with pytest.raises(TypeError, match="list of texts"):
+        enc.encode("def f(): pass")
