@@ -385,7 +385,9 @@ class ServedRepo:
                 self.run_state.state = "queued" if self._requested else "idle"
                 self._cond.notify_all()
             if retry and not self._stopping:
-                threading.Timer(LOCKED_RETRY_S, self.request_index, kwargs={"rebuild": rebuild}).start()
+                timer = threading.Timer(LOCKED_RETRY_S, self.request_index, kwargs={"rebuild": rebuild})
+                timer.daemon = True  # never holds up shutdown
+                timer.start()
 
     def _on_progress(self, event: Any) -> None:
         if self._stopping:

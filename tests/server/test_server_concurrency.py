@@ -167,3 +167,32 @@ def test_a_reader_stays_on_its_generation_until_the_swap(tmp_path, monkeypatch):
         assert (now.end_line, now.text) == (moved.end_line, moved.text)
     finally:
         repos.close()
+
+
+def test_a_run_blocked_by_another_indexer_is_retried(tmp_path):
+    from codesearch.indexer.store import IndexLock
+
+    root = write_sample_repo(tmp_path / "repo")
+    repos = RepoSet([root], RepoOptions(model=None, multi_model=None))
+    try:
+        repos.start(index_now=True, watch=False)
+        (repo,) = repos.repos
+        assert repo.wait_idle(60)
+        runs = repo.run_state.runs
+        lock = IndexLock(repo.index_dir).acquire()  # as a `codesearch index` in a terminal would
+        try:
+            (root / "src" / "late.py").write_text("def arrived_while_locked():\n    pass\n")
+            repo.request_index()
+            deadline = time.monotonic() + 30
+            while repo.run_state.runs == runs and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert "being written by another codesearch process" in repo.run_state.last_error
+        finally:
+            lock.release()
+        deadline = time.monotonic() + 30
+        while not repo.query("arrived_while_locked", 1, mode="lexical").hits and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert repo.query("arrived_while_locked", 1, mode="lexical").hits[0].path == "src/late.py"
+        assert repo.wait_idle(30) and repo.run_state.last_error is None
+    finally:
+        repos.close()
