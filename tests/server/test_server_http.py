@@ -139,3 +139,32 @@ def test_discovery_file_names_the_bound_port_and_no_token(lexical_server, sample
     assert info["host"] == "127.0.0.1" and info["pid"] == lexical_server.info["pid"]
     assert info["token_required"] is False and "token" not in info
     assert info["root"] == str(sample_repo)
+
+
+def test_two_roots_one_server(tmp_path):
+    from codesearch.server.client import try_server_search
+    from serverkit import LEXICAL, start_server
+
+    one = tmp_path / "one"
+    two = tmp_path / "two"
+    for root, ident in ((one, "alpha_only_in_one"), (two, "beta_only_in_two")):
+        (root / "src").mkdir(parents=True)
+        (root / "src" / "mod.py").write_text(f"def {ident}():\n    return 1\n")
+    server = start_server([str(one), str(two), *LEXICAL, "--no-watch"], tmp_path / "logs")
+    try:
+        status = server.wait_idle(min_runs=1)
+        assert [r["root"] for r in status["roots"]] == [str(one), str(two)]
+        with server.client() as http:
+            default = http.post("/search", json={"query": "beta_only_in_two", "mode": "lexical"}).json()
+            second = http.post("/search", json={"query": "beta_only_in_two", "mode": "lexical",
+                                                "path": str(two)}).json()
+            only_two = http.get("/status", params={"path": str(two / "src")}).json()
+        assert not any("beta_only_in_two" in r["text"] for r in default["results"])  # searched root one
+        assert "beta_only_in_two" in second["results"][0]["text"]
+        assert [r["root"] for r in only_two["roots"]] == [str(two)]
+        for root, ident in ((one, "alpha_only_in_one"), (two, "beta_only_in_two")):
+            doc = try_server_search(root, {"query": ident, "mode": "lexical"})
+            assert doc is not None and ident in doc["results"][0]["text"]
+    finally:
+        assert server.stop() == 0
+    assert not (one / ".codesearch" / "server.json").exists() and not (two / ".codesearch" / "server.json").exists()
