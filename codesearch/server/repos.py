@@ -305,9 +305,47 @@ class ServedRepo:
     # same arguments on the same root resolve to the same models.
     def _share_encoders(self, cs: Any) -> None:
         pool = getattr(cs, "_encoders", None)
-        if isinstance(pool, dict):
-            for key, value in [*self._shared.items(), *self._encoders.items()]:
-                pool.setdefault(key, value)
+        if not isinstance(pool, dict):
+            return
+        for key, value in [*self._shared.items(), *self._encoders.items()]:
+            pool.setdefault(key, value)
+        # The writer asks for (model, multi_model); a reader asks for what the index holds,
+        # e.g. (DEFAULT, None) for a dense-only index. Compose such a pair from encoders
+        # already loaded for each role, so a model is never loaded a second time.
+        wanted = [(cs.model, cs.multi_model)]
+        search_models = getattr(cs, "_search_models", None)
+        if callable(search_models):
+            with contextlib.suppress(CodeSearchError, OSError):
+                wanted.append(tuple(search_models()))
+        for key in wanted:
+            if key not in pool and (composed := self._compose(key)) is not None:
+                pool[key] = composed
+
+    def _compose(self, key: tuple[Any, Any]) -> tuple[Any, list[str]] | None:
+        """Encoders for ``key`` from the ones loaded for each role, loading only the
+        roles that are missing; None when no role is loaded yet (the caller loads all)."""
+        from codesearch.indexer.pipeline import Encoders, resolve_encoders
+
+        found: dict[str, Any] = {}
+        missing: dict[str, Any] = {}
+        for role, arg in zip(("dense", "multi"), key):
+            if arg is None:
+                found[role] = None
+                continue
+            for (dense_arg, multi_arg), (encoders, _notices) in [*self._encoders.items(), *self._shared.items()]:
+                if (dense_arg if role == "dense" else multi_arg) == arg and getattr(encoders, role, None) is not None:
+                    found[role] = getattr(encoders, role)
+                    break
+            else:
+                missing[role] = arg
+        if not missing:
+            return Encoders(dense=found["dense"], multi=found["multi"]), []
+        if not any(found.values()):
+            return None
+        loaded, notices = resolve_encoders(
+            missing.get("dense"), missing.get("multi"), device=self.options.device, index_dir=self.index_dir
+        )
+        return Encoders(dense=found.get("dense", loaded.dense), multi=found.get("multi", loaded.multi)), notices
 
     def _collect_encoders(self, cs: Any) -> None:
         pool = getattr(cs, "_encoders", None)

@@ -119,3 +119,25 @@ def test_served_query_encodings_go_through_the_batcher(model_server):
     # Both encoders (dense, ColBERT) encoded the 8 queries through their batchers.
     assert len(stats) == 2
     assert all(b["queries"] - before.get(b["encoder"], 0) == 8 for b in stats)
+
+
+def test_a_dense_only_index_loads_its_model_once(tmp_path, single_vector_dir, monkeypatch):
+    # The writer asks for (DEFAULT, DEFAULT), the reader for (DEFAULT, None): two keys,
+    # one dense model.
+    from codesearch.server.repos import RepoOptions, RepoSet
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    root = write_sample_repo(tmp_path / "repo")
+    with CodeSearch(root, model=str(single_vector_dir), multi_model=None) as cs:
+        cs.index()
+    repos = RepoSet([root], RepoOptions(device="cpu"))
+    try:
+        repos.start(index_now=True, watch=False)
+        (repo,) = repos.repos
+        assert repo.wait_idle(120)
+        assert repo.run_state.last_error is None
+        dense = {id(value[0].dense) for value in repo._encoders.values() if value[0].dense is not None}
+        assert len(repo._encoders) >= 2 and len(dense) == 1
+        assert repo.query("parseConfigFile", 1, mode="dense").hits
+    finally:
+        repos.close()
