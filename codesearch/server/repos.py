@@ -130,6 +130,7 @@ class ServedRepo:
         options: RepoOptions,
         *,
         shared_encoders: dict | None = None,
+        by_identity: dict | None = None,
         run_lock: Any = None,
         query_batching: bool = True,
     ):
@@ -145,6 +146,9 @@ class ServedRepo:
         # Models named explicitly are the same models for every root, so roots share them;
         # DEFAULT resolves to whatever each index records, so those stay per root.
         self._shared = shared_encoders if shared_encoders is not None else {}
+        # Every loaded encoder by identity (name + hash of config and weights), across roots:
+        # roots whose indexes record the same model (DEFAULT) share it through this.
+        self._by_identity = by_identity if by_identity is not None else {}
         # One index run at a time across roots: they would only compete for the same cores,
         # and the second run finds the models the first one loaded.
         self._run_lock = run_lock if run_lock is not None else threading.Lock()
@@ -337,7 +341,11 @@ class ServedRepo:
                     found[role] = getattr(encoders, role)
                     break
             else:
-                missing[role] = arg
+                recorded = self._recorded_identities().get(role) if arg == DEFAULT else None
+                if recorded is not None and recorded in self._by_identity:
+                    found[role] = self._by_identity[recorded]
+                else:
+                    missing[role] = arg
         if not missing:
             return Encoders(dense=found["dense"], multi=found["multi"]), []
         if not any(found.values()):
@@ -347,6 +355,21 @@ class ServedRepo:
         )
         return Encoders(dense=found.get("dense", loaded.dense), multi=found.get("multi", loaded.multi)), notices
 
+    def _recorded_identities(self) -> dict[str, str]:
+        """Role (``dense`` | ``multi``) -> identity of the model this root's index records."""
+        from codesearch.indexer.store import Store
+
+        path = self.index_dir / "store.sqlite"
+        if not path.is_file():
+            return {}
+        try:
+            with Store(path, readonly=True) as store:
+                records = store.models()
+        except (CodeSearchError, OSError, sqlite3.Error):
+            return {}
+        roles = {"dense": "dense", "colbert": "multi"}
+        return {roles[role]: rec.identity for role, rec in records.items() if role in roles}
+
     def _collect_encoders(self, cs: Any) -> None:
         pool = getattr(cs, "_encoders", None)
         if isinstance(pool, dict):
@@ -354,6 +377,11 @@ class ServedRepo:
                 self._encoders.setdefault(key, value)
                 if isinstance(key, tuple) and DEFAULT not in key:
                     self._shared.setdefault(key, value)
+                for role in ("dense", "multi"):
+                    encoder = getattr(value[0], role, None)
+                    identity = getattr(encoder, "identity", None)
+                    if identity is not None:
+                        self._by_identity.setdefault(identity, encoder)
 
     # -- indexing ----------------------------------------------------------------------
 
@@ -514,6 +542,7 @@ class RepoSet:
             raise PathError("--index-dir names one index folder; serve one PATH with it (or drop --index-dir)")
         self.repos: list[ServedRepo] = []
         shared: dict[Any, Any] = {}
+        by_identity: dict[str, Any] = {}
         run_lock = threading.Lock()
         seen: set[Path] = set()
         try:
@@ -523,7 +552,8 @@ class RepoSet:
                     continue
                 seen.add(resolved)
                 self.repos.append(ServedRepo(
-                        root, options, shared_encoders=shared, run_lock=run_lock, query_batching=query_batching
+                        root, options, shared_encoders=shared, by_identity=by_identity, run_lock=run_lock,
+                        query_batching=query_batching,
                     ))
         except BaseException:
             for repo in self.repos:

@@ -141,3 +141,29 @@ def test_a_dense_only_index_loads_its_model_once(tmp_path, single_vector_dir, mo
         assert repo.query("parseConfigFile", 1, mode="dense").hits
     finally:
         repos.close()
+
+
+def test_roots_whose_indexes_record_the_same_model_share_it(tmp_path, single_vector_dir, monkeypatch):
+    from codesearch.server.repos import RepoOptions, RepoSet
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    roots = [write_sample_repo(tmp_path / name) for name in ("one", "two")]
+    for root in roots:
+        with CodeSearch(root, model=str(single_vector_dir), multi_model=None) as cs:
+            cs.index()
+    repos = RepoSet(roots, RepoOptions(device="cpu"))  # DEFAULT: whatever each index records
+    try:
+        repos.start(index_now=True, watch=False)
+        assert all(repo.wait_idle(120) for repo in repos.repos)
+        dense = {
+            id(value[0].dense)
+            for repo in repos.repos
+            for value in [*repo._encoders.values(), *repo._reader.cs._encoders.values()]
+            if value[0].dense is not None
+        }
+        assert len(dense) == 1
+        for repo in repos.repos:
+            assert repo.run_state.last_error is None
+            assert repo.query("parseConfigFile", 1, mode="dense").hits
+    finally:
+        repos.close()
