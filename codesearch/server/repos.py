@@ -9,8 +9,10 @@ warmed on the new generation and swapped in under a lock; requests already runni
 on the old reader, which is closed when its last request returns. A search therefore sees
 one committed generation or the next, never a half-written one, and never waits for a run.
 
-Encoders are loaded once per root and handed to each new reader, so a swap costs opening
-the indexes, not loading a model.
+Encoders are loaded once and handed to each new reader, so a swap costs opening the
+indexes, not loading a model; roots share a model when they name the same one or when their
+indexes record the same one (same identity), and a reader's pair of encoders is composed
+from models already loaded for each role.
 """
 
 from __future__ import annotations
