@@ -31,7 +31,7 @@ def _model(value: Optional[str]) -> Any:
 
 
 def serve(
-    paths: Annotated[Optional[list[Path]], typer.Argument(help="Repositories to serve (default: the current folder).")] = None,
+    paths: Annotated[Optional[list[Path]], typer.Argument(help="Repositories to serve (default: the indexed folder at or above the current one, else the current one).")] = None,
     host: Annotated[str, typer.Option(help="Address to listen on; anything but loopback needs --token.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port; 0 picks a free one (printed as a JSON line on stdout).")] = 7420,
     token: Annotated[Optional[str], typer.Option(envvar="CODESEARCH_TOKEN", show_envvar=True, help="Require 'Authorization: Bearer TOKEN' on every request.")] = None,
@@ -66,7 +66,19 @@ def serve(
         limits=Limits(workers=workers, max_pending=max_pending, timeout_s=search_timeout),
         max_connections=max_connections, debounce_s=debounce_ms / 1000, query_batching=query_batching,
     )
-    run_server(paths or [Path(".")], repo_options, options)
+    run_server(paths or [_default_root()], repo_options, options)
+
+
+def _default_root() -> Path:
+    """The nearest indexed folder at or above the current one (as `codesearch query` finds
+    it), else the current folder (which the server then indexes)."""
+    from codesearch.api import find_index_root
+    from codesearch.errors import NotIndexedError
+
+    try:
+        return find_index_root(Path.cwd())
+    except NotIndexedError:
+        return Path(".")
 
 
 SERVE_EPILOG = "Example: codesearch serve ./repo --port 0   (MCP for an agent: codesearch serve ./repo --mcp stdio)"

@@ -58,3 +58,20 @@ def test_index_dir_with_two_roots_is_refused(sample_repo, tmp_path):
     proc = _serve(str(sample_repo), str(tmp_path), "--index-dir", str(tmp_path / "idx"), "--port", "0", *LEXICAL)
     assert proc.returncode == 1
     assert "--index-dir" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_no_path_serves_the_indexed_folder_above(sample_repo, tmp_path):
+    import json
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "codesearch.server", "--port", "0", "--no-watch",
+                             "--no-index-on-start", *LEXICAL],
+                            cwd=sample_repo / "src", stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env=server_env())
+    try:
+        info = json.loads(proc.stdout.readline())
+        assert info["roots"] == [str(sample_repo)]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        proc.stdout.close()
