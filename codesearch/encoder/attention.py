@@ -60,14 +60,14 @@ class _Group:
 
 @dataclass
 class _Blocks:
-    """Long sequences cut into blocks of w queries, each seeing 3w keys (blocked local window)."""
+    """Long sequences cut into blocks of b queries, each seeing b + 2w keys (blocked local window)."""
 
-    q_index: torch.Tensor  # (blocks * w,) stream rows of the queries
-    kv_index: torch.Tensor  # (blocks * 3w,) stream rows of the keys
+    q_index: torch.Tensor  # (blocks * b,) stream rows of the queries
+    kv_index: torch.Tensor  # (blocks * (b + 2w),) stream rows of the keys
     # Positions outside a sequence point at its first row: masked as keys, dropped as queries,
     # so no padding row has to be appended to the stream.
-    mask: torch.Tensor  # additive (blocks, 1, w, 3w): band |i - j| <= w and key validity
-    src: torch.Tensor  # (valid,) rows of the (blocks * w) output that are real queries
+    mask: torch.Tensor  # additive (blocks, 1, b, b + 2w): band |i - j| <= w and key validity
+    src: torch.Tensor  # (valid,) rows of the (blocks * b) output that are real queries
     dst: torch.Tensor  # (valid,) stream rows they go to
 
 
