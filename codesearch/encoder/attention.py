@@ -196,7 +196,7 @@ class SdpaBackend:
         mk = dict(starts=starts, lengths=lengths, n_keys=n_keys, dtype=self.dtype, device=self.device)
         for g in _group_lengths(order, lengths):
             plan.global_groups.append(_make_group(g, window=None, **mk))
-        # Local layers: blocking pays off once a sequence is longer than 3w (measured crossover).
+        # Local layers: blocking pays off once a sequence is longer than 3w (below that, L^2 <= 3wL scores).
         short = [i for i in order if lengths[i] <= 3 * window]
         long = [i for i in order if lengths[i] > 3 * window]
         for g in _group_lengths(short, lengths):
