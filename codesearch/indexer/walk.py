@@ -380,8 +380,9 @@ def _git_listing(root: Path) -> list[str] | None:
     if proc.returncode != 0:
         return None
     out = proc.stdout.decode("utf-8", errors="surrogateescape")
-    # An unmerged path (a merge conflict) is listed once per conflict stage.
-    return sorted({p for p in out.split("\0") if p})
+    # An unmerged path (a merge conflict) is listed once per conflict stage. An empty,
+    # uninitialised submodule lists itself as "./": that is no file.
+    return sorted({p for p in out.split("\0") if p and p not in ("./", ".")})
 
 
 class _Walker:
@@ -576,7 +577,10 @@ class _Walker:
             self.consider(rel=prefix + p, abs_path=abs_dir / p)
 
     def walk_dir(self, abs_dir: Path, rel_dir: str) -> bool:
-        listing = _git_listing(abs_dir)
+        # A nested folder is listed by git only when it is a repository of its own: asked
+        # about an uninitialised submodule, git would answer for the enclosing repository.
+        nested_repo = not rel_dir or (abs_dir / ".git").exists()
+        listing = _git_listing(abs_dir) if nested_repo else None
         if listing:
             self.walk_git(listing, abs_dir, rel_dir)
             return True

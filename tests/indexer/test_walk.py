@@ -382,3 +382,17 @@ def test_symlink_loop_and_in_root_dir_link(tmp_path):
     result = walk(tmp_path)
     assert paths(result) == ["real/a.py"]  # the directory link is not followed twice
     assert result.skipped["unreadable"] == ["loop1", "loop2"]
+
+
+@pytest.mark.skipif(not HAS_GIT, reason="git is not installed")
+def test_uninitialised_submodule_is_an_empty_folder_not_a_loop(tmp_path):
+    # A submodule that was never cloned: git lists the gitlink, the folder is empty, and
+    # `git ls-files` inside it answers for the enclosing repository with "./".
+    git(tmp_path, "init", "-q")
+    write(tmp_path, "a/f.py")
+    git(tmp_path, "add", "a/f.py")
+    git(tmp_path, "update-index", "--add", "--cacheinfo",
+        "160000,1234567890123456789012345678901234567890,sub")
+    (tmp_path / "sub").mkdir()
+    git(tmp_path, "commit", "-qm", "x")
+    assert paths(walk(tmp_path)) == ["a/f.py"]
