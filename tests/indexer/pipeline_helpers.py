@@ -10,18 +10,18 @@ from codesearch.indexer import pipeline
 from codesearch.indexer.store import STORE_FILE, Store
 
 
-def function_source(name: str, body_word: str = "value", lines: int = 14) -> str:
+def function_source(name: str, body_word: str = "value", lines: int = 30) -> str:
     body = "".join(f"    {body_word}_{i} = {name}_helper({i}) + {i}\n" for i in range(lines))
     return f"def {name}(x):\n    \"\"\"Compute {name} of x.\"\"\"\n{body}    return x\n\n\n"
 
 
-def module_source(stem: str, n_functions: int = 3, lines: int = 14) -> str:
+def module_source(stem: str, n_functions: int = 3, lines: int = 30) -> str:
     return f'"""Module {stem}."""\n\nimport os\n\n\n' + "".join(
         function_source(f"{stem}_fn{i}", lines=lines) for i in range(n_functions)
     )
 
 
-def make_repo(root: Path, n_files: int = 4, n_functions: int = 3, lines: int = 14) -> Path:
+def make_repo(root: Path, n_files: int = 4, n_functions: int = 3, lines: int = 30) -> Path:
     """A small Python package plus a README; with the defaults every function is one chunk
     under the approximate token count (the tiny models' tokenizer splits them further)."""
     (root / "pkg").mkdir(parents=True, exist_ok=True)

@@ -95,14 +95,14 @@ def test_edit_keeps_ids_of_moved_chunks_and_replaces_the_edited_one(repo):
         old = {r.symbol: r.id for r in s.chunk_records(s.file_chunk_ids(fid))}
     src = (repo / "pkg/mod0.py").read_text()
     # Edit fn0 so it gains lines: fn1 and fn2 move down but keep their text.
-    src = src.replace(function_source("mod0_fn0"), function_source("mod0_fn0", body_word="edited", lines=15))
+    src = src.replace(function_source("mod0_fn0"), function_source("mod0_fn0", body_word="edited", lines=35))
     (repo / "pkg/mod0.py").write_text(src)
     summary = build_index(repo)
     assert summary.files_indexed == 1
     with _store(repo) as s:
         new = {r.symbol: r for r in s.chunk_records(s.file_chunk_ids(fid))}
     assert new["mod0_fn1"].id == old["mod0_fn1"] and new["mod0_fn2"].id == old["mod0_fn2"]
-    assert new["mod0_fn0"].id != old["mod0_fn0"] and "edited_14" in new["mod0_fn0"].text
+    assert new["mod0_fn0"].id != old["mod0_fn0"] and "edited_34" in new["mod0_fn0"].text
     derived = check_consistent(pipeline.default_index_dir(repo))
     assert old["mod0_fn0"] not in index_ids(derived["lexical"])
 
