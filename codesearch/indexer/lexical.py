@@ -29,6 +29,7 @@ Examples
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -125,21 +126,33 @@ def tokenize(text: str, *, stem: bool = True) -> list[str]:
     """
     out: list[str] = []
     for word in _WORD_RE.findall(text):
-        stripped = word.strip("_")
-        if not stripped or stripped.isdigit():
-            continue
-        whole = word.lower()
-        parts = split_identifier(stripped)
-        if len(whole) > 1:
-            out.append(whole)
-        if len(parts) > 1:
-            out.extend(p for p in parts if len(p) > 1 and not p.isdigit())
-        elif parts and parts[0] != whole and len(parts[0]) > 1:
-            # `_private` / `__init__`: the bare name matches queries without underscores.
-            out.append(parts[0])
-    if stem:
-        out = [stem_word(t) for t in out]
+        out.extend(_word_tokens(word, stem))
     return out
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def _word_tokens(word: str, stem: bool) -> tuple[str, ...]:
+    """The tokens of one ``[A-Za-z0-9_]+`` run (what :func:`tokenize` emits for it).
+
+    Cached: code repeats a small vocabulary of identifiers, so splitting and stemming each
+    distinct word once made tokenizing ~75% cheaper than doing it per occurrence.
+    """
+    stripped = word.strip("_")
+    if not stripped or stripped.isdigit():
+        return ()
+    whole = word.lower()
+    parts = split_identifier(stripped)
+    out: list[str] = []
+    if len(whole) > 1:
+        out.append(whole)
+    if len(parts) > 1:
+        out.extend(p for p in parts if len(p) > 1 and not p.isdigit())
+    elif parts and parts[0] != whole and len(parts[0]) > 1:
+        # `_private` / `__init__`: the bare name matches queries without underscores.
+        out.append(parts[0])
+    if stem:
+        return tuple(stem_word(t) for t in out)
+    return tuple(out)
 
 
 def query_tokens(query: str, *, stem: bool = True, stopwords: bool = True) -> list[str]:
@@ -226,6 +239,8 @@ class LexicalIndex:
         self.stopwords = stopwords
         self._vocab: dict[str, int] = {}
         self._terms: list[str] = []
+        # word (a regex match) -> its term ids; vocabulary ids never change, so this only grows.
+        self._word_ids: dict[str, tuple[int, ...]] = {}
         self._ids = np.zeros(0, dtype=np.int64)
         self._tf = sp.csr_matrix((0, 0), dtype=np.float32)
         self._pending: list[tuple[int, np.ndarray, np.ndarray]] = []
@@ -249,10 +264,23 @@ class LexicalIndex:
         present = np.isin(ids, self._ids)
         if present.any():
             self.remove(ids[present])
+        # Count distinct words first (Counter over the regex matches runs in C), then add
+        # each word's cached term ids once, weighted by its count: the per-token Python work
+        # of the straightforward loop was ~75% of a large build. Same matrix, same term ids
+        # (first-appearance order is kept).
+        word_ids = self._word_ids
+        findall = _WORD_RE.findall
         for i, text in zip(ids.tolist(), texts):
-            counts = Counter(tokenize(text, stem=self.stem))
-            cols = np.fromiter((self._term_id(t) for t in counts), dtype=np.int64, count=len(counts))
-            vals = np.fromiter(counts.values(), dtype=np.float32, count=len(counts))
+            acc: dict[int, int] = {}
+            get = acc.get
+            for word, count in Counter(findall(text)).items():
+                tids = word_ids.get(word)
+                if tids is None:
+                    tids = word_ids[word] = tuple(self._term_id(t) for t in _word_tokens(word, self.stem))
+                for t in tids:
+                    acc[t] = get(t, 0) + count
+            cols = np.fromiter(acc.keys(), dtype=np.int64, count=len(acc))
+            vals = np.fromiter(acc.values(), dtype=np.float32, count=len(acc))
             self._pending.append((i, cols, vals))
         self._bm25 = None
         self._row_of = None

@@ -142,3 +142,63 @@ def test_corrupt_file_raises_index_corrupt_error(tmp_path, damage):
     with pytest.raises(IndexCorruptError, match="--rebuild") as err:
         LexicalIndex.load(path)
     assert "lexical.npz" in str(err.value)
+
+
+def _reference_tokenize(text: str, stem: bool) -> list[str]:
+    """The per-occurrence tokenizer the cached one replaced (kept here as the oracle)."""
+    import re
+
+    from codesearch.indexer.lexical import stem_word
+
+    out: list[str] = []
+    for word in re.findall(r"[A-Za-z0-9_]+", text):
+        stripped = word.strip("_")
+        if not stripped or stripped.isdigit():
+            continue
+        whole = word.lower()
+        parts = split_identifier(stripped)
+        if len(whole) > 1:
+            out.append(whole)
+        if len(parts) > 1:
+            out.extend(p for p in parts if len(p) > 1 and not p.isdigit())
+        elif parts and parts[0] != whole and len(parts[0]) > 1:
+            out.append(parts[0])
+    return [stem_word(t) for t in out] if stem else out
+
+
+_REAL_SOURCES = [
+    "class HTTPAdapter(BaseAdapter):\n    def send(self, request, stream=False, timeout=None):\n"
+    "        # parsing retries: __init__, _private, utf8, base64Encode, 42, x_1, ___\n"
+    "        return self.build_response(request, resp)  # handles classes / dependencies\n",
+    "func (engine *Engine) ServeHTTP(w http.ResponseWriter, req *http.Request) {\n\tc := engine.pool.Get()\n}",
+    "impl<'de> Deserialize<'de> for String { fn deserialize<D>(d: D) -> Result<String, D::Error> {} }",
+    "",
+    "___ 123 a b c ÄÖÜ naïve_café données",
+]
+
+
+@pytest.mark.parametrize("stem", [True, False])
+def test_cached_tokenizer_matches_reference(stem):
+    for text in _REAL_SOURCES + [" ".join(_REAL_SOURCES) * 3]:
+        assert tokenize(text, stem=stem) == _reference_tokenize(text, stem)
+
+
+def test_add_builds_the_same_matrix_as_per_token_counting():
+    """Vocabulary ids and every term frequency equal those of counting each token."""
+    from collections import Counter
+
+    texts = _REAL_SOURCES * 2 + [t.upper() for t in _REAL_SOURCES]
+    idx = LexicalIndex()
+    idx.add(np.arange(len(texts)), texts)
+    vocab: dict[str, int] = {}
+    rows = []
+    for text in texts:
+        counts = Counter(_reference_tokenize(text, stem=True))
+        rows.append({vocab.setdefault(t, len(vocab)): c for t, c in counts.items()})
+    assert idx.vocab == vocab
+    dense = idx.tf.toarray()
+    expected = np.zeros_like(dense)
+    for r, row in enumerate(rows):
+        for col, c in row.items():
+            expected[r, col] = c
+    np.testing.assert_array_equal(dense, expected)
