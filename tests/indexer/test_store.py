@@ -60,6 +60,18 @@ def test_chunk_records_keep_the_order_of_ids():
     assert s.file_paths() == {fa: "a.py", fb: "b.py"}
 
 
+def test_chunk_meta_matches_the_records_without_text():
+    s = Store(":memory:")
+    with s.transaction():
+        fa, fb = _file(s, "a.py"), _file(s, "src/b.py")
+        s.insert_chunk(fb, FakeChunk(3, 9, 11, 90, symbol="g", language="go"), "t2")
+        s.insert_chunk(fa, FakeChunk(4, 5, 20, 30, symbol=None, kind="block"), "t3")
+    meta = list(s.iter_chunk_meta())
+    assert meta == [(r.id, r.file_id, r.path, r.start_line, r.end_line, r.language, r.symbol)
+                    for r in s.iter_chunk_records()]
+    assert meta[0][2:] == ("src/b.py", 3, 9, "go", "g") and meta[1][6] is None
+
+
 def test_upsert_keeps_the_file_id_and_delete_cascades_to_chunks():
     s = Store(":memory:")
     fid = _file(s)
