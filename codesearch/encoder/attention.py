@@ -196,6 +196,11 @@ class SdpaBackend:
         mk = dict(starts=starts, lengths=lengths, n_keys=n_keys, dtype=self.dtype, device=self.device)
         for g in _group_lengths(order, lengths):
             plan.global_groups.append(_make_group(g, window=None, **mk))
+        if lengths and max(lengths) <= window + 1:
+            # Every sequence fits in one window (a query, a short chunk): each token already sees
+            # every other, so local layers are global layers and share their groups.
+            plan.local_groups = plan.global_groups
+            return plan
         # Local layers: blocking pays off once a sequence is longer than 3w (below that, L^2 <= 3wL scores).
         short = [i for i in order if lengths[i] <= 3 * window]
         long = [i for i in order if lengths[i] > 3 * window]

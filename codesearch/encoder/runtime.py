@@ -8,8 +8,10 @@ padded attention groups stay small), runs them, and returns results in input ord
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -141,6 +143,49 @@ def token_batches(lengths: list[int], budget: int, *, padded: bool = False) -> l
 
 
 # --------------------------------------------------------------------------------------------
+# Threads for small inputs
+# --------------------------------------------------------------------------------------------
+
+# A forward pass over at most this many tokens runs on one intra-op thread. Such passes (a
+# search query is 10-40 tokens) are bound by reading the weights, not by arithmetic, so a
+# second thread gains little; and on a busy machine every op of a multi-threaded pass waits at
+# an OpenMP barrier for a thread the OS has descheduled, which made one short query cost
+# 10-25x its single-thread time (see BENCHMARKS.md "Query latency").
+SMALL_FORWARD_TOKENS = 128
+
+_threads_lock = threading.Lock()
+_threads_users = 0  # forward passes currently inside single_thread()
+_threads_saved = 1  # the thread count to restore when the last one leaves
+
+
+@contextlib.contextmanager
+def single_thread(enabled: bool = True):
+    """Run the body with ``torch.set_num_threads(1)``, restoring the previous count afterwards.
+
+    The thread count is process-wide, so overlapping users are counted and only the last one
+    out restores it; a large forward pass that starts meanwhile in another thread runs on one
+    thread until then.
+    """
+    global _threads_users, _threads_saved
+    if not enabled:
+        yield
+        return
+    with _threads_lock:
+        if _threads_users == 0:
+            _threads_saved = torch.get_num_threads()
+            if _threads_saved != 1:
+                torch.set_num_threads(1)
+        _threads_users += 1
+    try:
+        yield
+    finally:
+        with _threads_lock:
+            _threads_users -= 1
+            if _threads_users == 0 and _threads_saved != 1:
+                torch.set_num_threads(_threads_saved)
+
+
+# --------------------------------------------------------------------------------------------
 # Backbones: token ids in, packed hidden states out
 # --------------------------------------------------------------------------------------------
 
@@ -158,7 +203,8 @@ class PackedBackbone:
 
     def __call__(self, ids: list[list[int]], n_keys: list[int] | None) -> torch.Tensor:
         batch = PackedBatch.from_ids(ids, self.device, n_keys)
-        with torch.inference_mode():
+        small = self.device.type == "cpu" and sum(batch.lengths) <= SMALL_FORWARD_TOKENS
+        with torch.inference_mode(), single_thread(small):
             return self.model(batch)  # (total_tokens, hidden)
 
 
@@ -183,7 +229,8 @@ class PaddedBackbone:
         for i, x in enumerate(ids):
             input_ids[i, : len(x)] = torch.tensor(x)
             mask[i, : keys[i]] = 1
-        with torch.inference_mode():
+        small = self.device.type == "cpu" and len(ids) * L <= SMALL_FORWARD_TOKENS
+        with torch.inference_mode(), single_thread(small):
             out = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device))
         hidden = out.last_hidden_state  # (batch, L, hidden)
         real = torch.arange(L)[None, :] < torch.tensor(lengths)[:, None]  # (batch, L)
@@ -295,14 +342,17 @@ class Encoder:
         texts = list(texts)
         tok = self.head.tokenize(self.tokenizer, texts, kind)
         results: list = [None] * len(texts)
-        for batch in self._batches(tok.ids, batch_tokens):
-            sub = Tokenized(
-                [tok.ids[i] for i in batch], None if tok.n_keys is None else [tok.n_keys[i] for i in batch]
-            )
-            packed = self.backbone(sub.ids, sub.n_keys)
-            out = self.head(packed, [len(x) for x in sub.ids], sub, kind)
-            for j, i in enumerate(batch):
-                results[i] = out[j]
+        # the head's small ops too: a second thread woken for them would spin on a busy machine
+        small = self.device.type == "cpu" and sum(map(len, tok.ids)) <= SMALL_FORWARD_TOKENS
+        with single_thread(small):
+            for batch in self._batches(tok.ids, batch_tokens):
+                sub = Tokenized(
+                    [tok.ids[i] for i in batch], None if tok.n_keys is None else [tok.n_keys[i] for i in batch]
+                )
+                packed = self.backbone(sub.ids, sub.n_keys)
+                out = self.head(packed, [len(x) for x in sub.ids], sub, kind)
+                for j, i in enumerate(batch):
+                    results[i] = out[j]
         if self.multivector:
             return results
         if not results:

@@ -1,0 +1,71 @@
+"""Short inputs (search queries) take the cheap paths: one thread, no separate local plan."""
+
+from __future__ import annotations
+
+import torch
+
+from codesearch.encoder import load
+from codesearch.encoder.attention import SdpaBackend
+from codesearch.encoder.modernbert import PackedBatch
+from codesearch.encoder.runtime import SMALL_FORWARD_TOKENS, single_thread
+
+
+def _threads_seen_by_forward(enc, texts, kind="query"):
+    seen = []
+    handle = enc.backbone.model.register_forward_hook(lambda *_: seen.append(torch.get_num_threads()))
+    try:
+        out = enc.encode(texts, kind=kind)
+    finally:
+        handle.remove()
+    return seen, out
+
+
+def test_short_query_runs_on_one_thread_and_restores_the_count(single_vector_dir):
+    enc = load(single_vector_dir, device="cpu", dtype="float32")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen, short = _threads_seen_by_forward(enc, ["where do we retry failed requests"])
+        assert seen == [1] and torch.get_num_threads() == 2
+        long_text = "def f(x):\n    return x + 1\n" * 40  # well over SMALL_FORWARD_TOKENS tokens
+        assert enc.count_tokens([long_text])[0] > SMALL_FORWARD_TOKENS
+        seen, _ = _threads_seen_by_forward(enc, [long_text])
+        assert seen == [2]
+        # the single-thread path gives the same vector as the multi-threaded one
+        torch.set_num_threads(2)
+        with torch.inference_mode():
+            ids = enc.head.tokenize(enc.tokenizer, ["where do we retry failed requests"], "query").ids
+            states = enc.backbone.model(PackedBatch.from_ids(ids))
+        cls = torch.nn.functional.normalize(states[:1].float(), dim=-1).numpy()
+        assert abs(cls - short).max() < 1e-5
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_single_thread_nests_and_restores_after_errors():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with single_thread():
+            with single_thread():
+                assert torch.get_num_threads() == 1
+            assert torch.get_num_threads() == 1  # the outer user is still inside
+        assert torch.get_num_threads() == 2
+        try:
+            with single_thread():
+                raise RuntimeError("boom")
+        except RuntimeError:
+            pass
+        assert torch.get_num_threads() == 2
+        with single_thread(enabled=False):
+            assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_sequences_within_one_window_share_the_global_plan():
+    backend = SdpaBackend()
+    plan = backend.plan(PackedBatch.from_ids([[1] * 65, [1] * 12]), 64)
+    assert plan.local_groups is plan.global_groups and plan.blocks is None
+    plan = backend.plan(PackedBatch.from_ids([[1] * 66, [1] * 12]), 64)  # one token past the window
+    assert plan.local_groups is not plan.global_groups
