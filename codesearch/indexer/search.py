@@ -20,10 +20,11 @@ cap on hits per file. Every weight was chosen on the dev split of the semble ben
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from dataclasses import dataclass, field, replace
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -121,6 +122,12 @@ class RankingParams:
     vector_symbol_scale: float = 0.3  # vector weights on a bare-identifier query
     w_file_vector_max: float = 0.0  # best chunk vector score of the file, given to all its chunks
     vector_norm: str = "minmax"  # "minmax" over the candidates, or "z" (z-score / 3, clipped)
+    file_vector_top: int = 1  # w_file_vector_max: mean of the file's top-n chunk vector scores
+    w_file_lex_max: float = 0.0  # best chunk BM25 of the file (max-normalised), given to all its chunks
+    w_file_fused_max: float = 0.0  # best fused score of the file, given to all its chunks
+    split_query_for_vectors: bool = False  # encode "HTTPAdapter" as "HTTP Adapter" for the vector model
+    fusion: str = "score"  # "score": weighted sum; "rrf_vec": vectors enter by reciprocal rank
+    rrf_k: float = 60.0
 
 
 # ---- query analysis ---------------------------------------------------------------------
@@ -182,15 +189,41 @@ def _analyse(query: str) -> _Query:
     )
 
 
+def _split_identifiers(query: str) -> str:
+    """``"how does HTTPAdapter.send work"`` -> ``"how does HTTP Adapter send work"``."""
+
+    def split(m: re.Match[str]) -> str:
+        word = m.group(0)
+        parts = re.findall(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+", word)
+        return " ".join(parts) if parts else word
+
+    return re.sub(r"[A-Za-z0-9_]+", split, query.replace("::", " ").replace("->", " "))
+
+
+def _stem_and_parent(path: str) -> tuple[str, str]:
+    """``PurePosixPath(path).stem`` and ``.parent.name``, by string operations (start-up cost)."""
+    parts = [x for x in path.split("/") if x and x != "."]
+    name = parts[-1] if parts else ""
+    parent = parts[-2] if len(parts) > 1 else ""
+    i = name.rfind(".")
+    stem = name[:i] if 0 < i < len(name) - 1 else name
+    return stem, parent
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _path_word_tokens(word: str) -> frozenset[str]:
+    toks = {stem_word(word.lower())}
+    toks.update(stem_word(s) for s in split_identifier(word))
+    return frozenset(toks)
+
+
 def _path_tokens(path: str) -> frozenset[str]:
     """Stemmed words of a file's name and its parent folder ("binding/json.go" -> json, binding)."""
-    p = PurePosixPath(path)
-    parts = [p.stem] + ([p.parent.name] if p.parent.name else [])
+    stem, parent = _stem_and_parent(path)
     toks: set[str] = set()
-    for part in parts:
+    for part in (stem, parent) if parent else (stem,):
         for w in re.findall(r"[A-Za-z0-9]+", part):
-            toks.add(stem_word(w.lower()))
-            toks.update(stem_word(s) for s in split_identifier(w))
+            toks |= _path_word_tokens(w)
     return frozenset(t for t in toks if len(t) > 1)
 
 
@@ -229,19 +262,25 @@ class _Corpus:
                 fids.append(file_id)
             fidx[i] = j
         kinds = np.array([_file_kind(p) for p in files], dtype=np.int8)
+        # Symbols repeat (and most chunks have none): parse each distinct string once.
+        names: dict[str | None, tuple[frozenset[str], frozenset[str]]] = {}
+        for r in rows:
+            if r[6] not in names:
+                names[r[6]] = (_symbol_names(r[6]), _exact_names(r[6]))
+        pairs = [names[r[6]] for r in rows]
         return cls(
             ids=np.array([r[0] for r in rows], dtype=np.int64),
             file_idx=fidx,
             start=np.array([r[3] for r in rows], dtype=np.int32),
             end=np.array([r[4] for r in rows], dtype=np.int32),
             language=np.array([r[5] for r in rows], dtype=object),
-            symbols=[_symbol_names(r[6]) for r in rows],
-            exact_symbols=[_exact_names(r[6]) for r in rows],
+            symbols=[a for a, _ in pairs],
+            exact_symbols=[b for _, b in pairs],
             files=files,
             file_ids=np.array(fids, dtype=np.int64),
             file_kind=kinds,
             path_tokens=[_path_tokens(p) for p in files],
-            stems=[_norm_ident(PurePosixPath(p).stem) for p in files],
+            stems=[_norm_ident(_stem_and_parent(p)[0]) for p in files],
         )
 
     def __len__(self) -> int:
@@ -329,6 +368,25 @@ def _normalise(x: np.ndarray, present: np.ndarray, how: str) -> np.ndarray:
     return out
 
 
+def _file_top_mean(norm: np.ndarray, present: np.ndarray, file_idx: np.ndarray, n_files: int, top: int) -> np.ndarray:
+    """Per file, the mean of its ``top`` best present scores (missing ones count as 0)."""
+    best = np.zeros(n_files, dtype=np.float32)
+    rows = np.flatnonzero(present)
+    if not len(rows):
+        return best
+    if top <= 1:
+        np.maximum.at(best, file_idx[rows], norm[rows])
+        return best
+    f = file_idx[rows]
+    order = np.lexsort((-norm[rows], f))
+    f, v = f[order], norm[rows][order]
+    start = np.r_[0, np.flatnonzero(np.diff(f)) + 1]
+    rank = np.arange(len(f)) - np.repeat(start, np.diff(np.r_[start, len(f)]))
+    keep = rank < top
+    np.add.at(best, f[keep], v[keep])
+    return best / top
+
+
 def _maxnorm(x: np.ndarray) -> np.ndarray:
     m = float(x.max()) if len(x) else 0.0
     return x / m if m > 0 else x
@@ -347,8 +405,9 @@ class _Ranker:
         n, nf = len(corpus), len(corpus.files)
         # Lexical rows -> corpus rows (the corpus is built in lexical order, but a lexical
         # index may hold ids the store no longer has, or miss some).
-        row_of = {int(i): r for r, i in enumerate(corpus.ids.tolist())}
-        lex_rows = np.array([row_of.get(int(i), -1) for i in lexical.ids.tolist()], dtype=np.int64)
+        self._id_order = np.argsort(corpus.ids, kind="stable")
+        self._sorted_ids = corpus.ids[self._id_order]
+        lex_rows = self.rows_of(lexical.ids)
         ok = lex_rows >= 0
         self._lex_src = np.flatnonzero(ok)
         self._lex_dst = lex_rows[ok]
@@ -361,7 +420,6 @@ class _Ranker:
         self._file_tf = (g @ tf).tocsc()
         self._file_bm25: BM25Matrix | None = None
         self._n = n
-        self._row_of = row_of
         # Inverted maps, so a query touches only the rows that match instead of looping
         # over every chunk in Python (134k chunks: 50 ms -> a few ms).
         self._by_symbol = _invert(corpus.symbols)
@@ -417,7 +475,12 @@ class _Ranker:
         return share / denom
 
     def rows_of(self, ids: np.ndarray) -> np.ndarray:
-        return np.array([self._row_of.get(int(i), -1) for i in ids.tolist()], dtype=np.int64)
+        """Corpus rows of chunk ids (-1 for an id the corpus lacks)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if not len(self._sorted_ids):
+            return np.full(len(ids), -1, dtype=np.int64)
+        pos = np.searchsorted(self._sorted_ids, ids).clip(0, len(self._sorted_ids) - 1)
+        return np.where(self._sorted_ids[pos] == ids, self._id_order[pos], -1).astype(np.int64)
 
     def score(
         self,
@@ -445,7 +508,12 @@ class _Ranker:
             lex = np.zeros(n, dtype=np.float32)
             lex[self._lex_dst] = self.lexical.bm25.scores(term_ids)[self._lex_src]
             sources["lexical"] = lex
-            total += p.w_lexical * _maxnorm(lex)
+            lexn = _maxnorm(lex)
+            total += p.w_lexical * lexn
+            if p.w_file_lex_max:
+                best = np.zeros(len(c.files), dtype=np.float32)
+                np.maximum.at(best, c.file_idx, lexn)
+                total += p.w_file_lex_max * best[c.file_idx]
             if p.w_file_lexical:
                 flex = _maxnorm(self.file_bm25.scores(term_ids))
                 total += p.w_file_lexical * flex[c.file_idx]
@@ -479,11 +547,15 @@ class _Ranker:
             raw[rows[keep]] = scores[keep]
             present[rows[keep]] = True
             sources[name] = np.where(present, raw, 0)
-            norm = _normalise(raw, present, p.vector_norm)
+            if p.fusion == "rrf_vec":
+                norm = np.zeros(n, dtype=np.float32)
+                order = rows[keep][np.argsort(-scores[keep], kind="stable")]
+                norm[order] = (p.rrf_k + 1.0) / (p.rrf_k + 1.0 + np.arange(len(order), dtype=np.float32))
+            else:
+                norm = _normalise(raw, present, p.vector_norm)
             total += w * norm
             if p.w_file_vector_max:
-                best = np.zeros(len(c.files), dtype=np.float32)
-                np.maximum.at(best, c.file_idx[present], norm[present])
+                best = _file_top_mean(norm, present, c.file_idx, len(c.files), p.file_vector_top)
                 total += p.w_file_vector_max * vscale * best[c.file_idx]
         if file_dense is not None and len(file_dense[0]) and p.w_file_dense:
             fidx, scores = file_dense
@@ -493,6 +565,10 @@ class _Ranker:
             raw[fidx[keep]] = scores[keep]
             present[fidx[keep]] = True
             total += p.w_file_dense * vscale * _normalise(raw, present, p.vector_norm)[c.file_idx]
+        if p.w_file_fused_max:
+            best = np.zeros(len(c.files), dtype=np.float32)
+            np.maximum.at(best, c.file_idx, total)
+            total = total + p.w_file_fused_max * best[c.file_idx]
         if p.demote < 1.0:
             factor = np.ones(4, dtype=np.float32)
             factor[1] = 1.0 if q.wants_tests else p.demote
@@ -576,12 +652,10 @@ class Searcher:
         if lexical is None:
             lexical = LexicalIndex()
             lexical.add(*_lexical_inputs(self._store))
-        rows = [
-            (r.id, r.file_id, r.path, r.start_line, r.end_line, r.language, r.symbol)
-            for r in self._store.iter_chunk_records()
-        ]
-        order = {int(i): n for n, i in enumerate(lexical.ids.tolist())}
-        rows.sort(key=lambda r: order.get(r[0], len(order) + r[0]))
+        # Metadata only: chunk text is fetched for the returned hits (see _hits), which
+        # keeps start-up on a large index to reading a few small columns.
+        rows = list(self._store.iter_chunk_meta())
+        rows = _in_lexical_order(rows, lexical.ids)
         self._ranker = _Ranker(_Corpus.build(rows), lexical, params)
         self._file_row = {int(f): j for j, f in enumerate(self._ranker.corpus.file_ids.tolist())}
 
@@ -658,7 +732,8 @@ class Searcher:
         dense = file_dense = colbert = None
         used: list[str] = ["lexical"] if use_lex else []
         if use_dense:
-            qv = np.asarray(self._encoder("dense").encode([query], kind="query"), dtype=np.float32)
+            qtext = _split_identifiers(query) if p.split_query_for_vectors else query
+            qv = np.asarray(self._encoder("dense").encode([qtext], kind="query"), dtype=np.float32)
             ids, scores = self._dense.search(qv, n_cand)[0]
             dense = (self._ranker.rows_of(ids), scores)
             used.append("dense")
@@ -749,6 +824,20 @@ class Searcher:
                 )
             )
         return hits
+
+
+def _in_lexical_order(rows: list[tuple], lex_ids: np.ndarray) -> list[tuple]:
+    """``rows`` (by chunk id) reordered to the lexical index's row order; ids it lacks last, by id."""
+    ids = np.array([r[0] for r in rows], dtype=np.int64)
+    lex_ids = np.asarray(lex_ids, dtype=np.int64)
+    if len(ids) == len(lex_ids) and np.array_equal(ids, lex_ids):
+        return rows
+    # Key = position in the lexical index, or len + id for rows it does not hold.
+    order = np.argsort(lex_ids, kind="stable")
+    pos = np.searchsorted(lex_ids[order], ids).clip(0, max(len(lex_ids) - 1, 0))
+    found = (lex_ids[order][pos] == ids) if len(lex_ids) else np.zeros(len(ids), dtype=bool)
+    key = np.where(found, order[pos] if len(lex_ids) else 0, len(lex_ids) + ids)
+    return [rows[i] for i in np.argsort(key, kind="stable").tolist()]
 
 
 def _get(obj: Any, *names: str) -> Any:

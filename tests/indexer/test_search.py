@@ -237,3 +237,41 @@ def test_vectors_without_a_query_encoder_fall_back_to_lexical(minilm_index):
             bare.search("remove a file", mode="dense")
         result = bare.search("sqlite connection", k=3)
         assert result.indexes_used == ("lexical",) and "encoder" in result.notices[0]
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["a.py", "src/net/http_client.py", "x/.hidden", "x/archive.tar.gz", "Makefile", "dir/name.", "./a/b.go",
+     "a//b/c.rs", "deep/er/still/file.test.ts"],
+)
+def test_stem_and_parent_match_purepath(path):
+    from pathlib import PurePosixPath
+
+    from codesearch.indexer.search import _stem_and_parent
+
+    p = PurePosixPath(path)
+    assert _stem_and_parent(path) == (p.stem, p.parent.name)
+
+
+def test_rows_in_lexical_order_and_id_to_row_mapping():
+    """The start-up reordering equals sorting by lexical position, unknown ids last by id."""
+    import numpy as np
+
+    from codesearch.indexer.search import _in_lexical_order
+
+    rows = [(i, 0, "a.py", 1, 2, "python", None) for i in (3, 5, 8, 9, 12)]
+    lex_ids = np.array([9, 3, 12, 40])  # 5 and 8 missing from the lexical index, 40 from the store
+    order = {int(i): n for n, i in enumerate(lex_ids.tolist())}
+    expected = sorted(rows, key=lambda r: order.get(r[0], len(order) + r[0]))
+    assert _in_lexical_order(rows, lex_ids) == expected
+    assert _in_lexical_order(rows, np.array([3, 5, 8, 9, 12])) == rows
+    assert [r[0] for r in _in_lexical_order(rows, np.zeros(0, np.int64))] == [3, 5, 8, 9, 12]
+
+
+def test_ranker_maps_chunk_ids_to_rows(lexical_index):
+    import numpy as np
+
+    r = lexical_index._ranker
+    ids = r.corpus.ids
+    probe = np.concatenate([ids[::-1], [ids.max() + 1, -5]])
+    assert r.rows_of(probe).tolist() == list(range(len(ids)))[::-1] + [-1, -1]
