@@ -231,6 +231,34 @@ def test_hybrid_finds_what_each_index_misses(minilm_index):
 
 
 @pytest.mark.slow
+def test_file_centroids_are_the_normalised_mean_of_chunk_vectors(minilm_index):
+    import numpy as np
+
+    cent = minilm_index._file_centroids()
+    c = minilm_index._ranker.corpus
+    ids, vecs = minilm_index._dense._all_vectors()
+    rows = minilm_index._ranker.rows_of(ids)
+    f = next(i for i, p in enumerate(c.files) if p == "src/net/http_client.py")
+    mine = vecs[c.file_idx[rows] == f]
+    assert len(mine) >= 1
+    expected = mine.sum(axis=0) / np.linalg.norm(mine.sum(axis=0))
+    np.testing.assert_allclose(cent[f], expected, rtol=1e-5, atol=1e-6)
+    assert "dense_files" in minilm_index.search("retry with backoff", k=3).indexes_used
+
+
+def test_file_top_mean():
+    import numpy as np
+
+    from codesearch.indexer.search import _file_top_mean
+
+    norm = np.array([0.9, 0.5, 0.7, 0.1, 0.3], np.float32)
+    present = np.array([1, 1, 1, 1, 0], bool)
+    fidx = np.array([0, 0, 0, 1, 1])
+    np.testing.assert_allclose(_file_top_mean(norm, present, fidx, 3, 2), [0.8, 0.05, 0.0])
+    np.testing.assert_allclose(_file_top_mean(norm, present, fidx, 3, 1), [0.9, 0.1, 0.0])
+
+
+@pytest.mark.slow
 def test_vectors_without_a_query_encoder_fall_back_to_lexical(minilm_index):
     with Searcher(minilm_index.index_dir) as bare:
         with pytest.raises(QueryError, match="encode the query"):
@@ -275,3 +303,17 @@ def test_ranker_maps_chunk_ids_to_rows(lexical_index):
     ids = r.corpus.ids
     probe = np.concatenate([ids[::-1], [ids.max() + 1, -5]])
     assert r.rows_of(probe).tolist() == list(range(len(ids)))[::-1] + [-1, -1]
+
+
+def test_path_word_matching_equals_the_scan(lexical_index):
+    """The bisect-based lookup finds exactly what comparing every path word finds."""
+    r = lexical_index._ranker
+    words = list(r._by_path_token)
+    probes = words + [w[:4] for w in words] + [w + "ing" for w in words] + ["h", "ht", "zzzz", "config", "configurations"]
+    for min_prefix in (0, 3, 4):
+        for t in probes:
+            expected = {
+                pt for pt in words
+                if pt == t or (min_prefix and min(len(pt), len(t)) >= min_prefix and (pt.startswith(t) or t.startswith(pt)))
+            }
+            assert r._path_matches(t, min_prefix) == expected, (t, min_prefix)
