@@ -811,16 +811,21 @@ class Searcher:
 
     def _file_centroids(self) -> np.ndarray:
         """(n_files, dim) normalised mean of each file's chunk vectors (built on first use)."""
-        cent = getattr(self, "_centroids", None)
-        if cent is None:
-            c = self._ranker.corpus
-            ids, vecs = self._dense._all_vectors()
-            rows = self._ranker.rows_of(ids)
-            ok = rows >= 0
-            cent = np.zeros((len(c.files), vecs.shape[1]), dtype=np.float32)
-            np.add.at(cent, c.file_idx[rows[ok]], vecs[ok])
-            cent /= np.maximum(np.linalg.norm(cent, axis=1, keepdims=True), 1e-9)
-            self._centroids = cent
+        with self._lock:
+            cent = getattr(self, "_centroids", None)
+            if cent is None:
+                # Streamed from the store in batches (the same vectors the dense index
+                # holds), so a large index never holds a second full copy in memory.
+                c = self._ranker.corpus
+                cent = np.zeros((len(c.files), self._dense.dim), dtype=np.float32)
+                for ids, arrays in self._store.iter_vectors("dense"):
+                    rows = self._ranker.rows_of(ids)
+                    ok = rows >= 0
+                    if ok.any():
+                        vecs = np.concatenate(arrays, axis=0).astype(np.float32, copy=False)
+                        np.add.at(cent, c.file_idx[rows[ok]], vecs[ok])
+                cent /= np.maximum(np.linalg.norm(cent, axis=1, keepdims=True), 1e-9)
+                self._centroids = cent
         return cent
 
     def _mask(self, language: str | None, glob: str | None) -> np.ndarray | None:
