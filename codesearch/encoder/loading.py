@@ -274,6 +274,7 @@ class TextTokenizer:
         from tokenizers import Tokenizer
 
         path = directory / "tokenizer.json"
+        self.path = path
         if not path.is_file():
             raise CheckpointError(f"Checkpoint '{directory}' has no tokenizer.json; re-download the model")
         try:
@@ -319,6 +320,36 @@ class TextTokenizer:
         with self._lock:
             self._tok.no_truncation()
             return [len(e.ids) for e in self._tok.encode_batch(list(texts))]
+
+
+class TokenCounter:
+    """``count(text) -> int``: document tokens of one text, like ``Encoder.count_tokens([text])[0]``.
+
+    Picklable: it travels as the ``tokenizer.json`` path plus the head's extra tokens and
+    rebuilds the ``tokenizers.Tokenizer`` on first use, so worker processes (parallel chunking)
+    can count exactly as the encoder does without loading the model.
+    """
+
+    def __init__(self, tokenizer_path: str | os.PathLike[str], extra: int = 0):
+        self.tokenizer_path = str(tokenizer_path)
+        self.extra = int(extra)
+        self._tok = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"tokenizer_path": self.tokenizer_path, "extra": self.extra}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["tokenizer_path"], state["extra"])
+
+    def __call__(self, text: str) -> int:
+        if self._tok is None:
+            from tokenizers import Tokenizer
+
+            tok = Tokenizer.from_file(self.tokenizer_path)
+            tok.no_padding()
+            tok.no_truncation()
+            self._tok = tok
+        return len(self._tok.encode(text).ids) + self.extra
 
 
 # --------------------------------------------------------------------------------------------

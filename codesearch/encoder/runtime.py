@@ -309,6 +309,13 @@ class Encoder:
         extra = self.head.count_extra("document")
         return [n + extra for n in self.tokenizer.count(list(texts))]
 
+    def token_counter(self):
+        """A picklable ``count(text) -> int`` equal to ``count_tokens([text])[0]`` (for worker
+        processes: it carries the tokenizer file's path, not the loaded model)."""
+        from codesearch.encoder.loading import TokenCounter
+
+        return TokenCounter(self.tokenizer.path, self.head.count_extra("document"))
+
     def _batches(self, ids: list[list[int]], batch_tokens: int | None) -> list[list[int]]:
         padded = self.backbone.padded
         budget = batch_tokens or (DEFAULT_PADDED_BATCH_TOKENS if padded else DEFAULT_BATCH_TOKENS)

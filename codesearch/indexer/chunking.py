@@ -27,15 +27,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import pickle
 import re
 import threading
 from itertools import accumulate
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 __all__ = [
     "Chunk",
     "CHUNKED_LANGUAGES",
+    "chunk_many",
     "chunk_source",
     "estimate_tokens",
 ]
@@ -930,3 +933,75 @@ def _to_chunks(doc: _Doc, pieces: Sequence[_Piece], path: str, language: str) ->
             header=_header(path, p.scope),
         ))
     return chunks
+
+
+# -- many files: a process pool ------------------------------------------------------------
+
+# Below this many files a pool costs more than it saves (starting workers, shipping texts).
+PARALLEL_MIN_FILES = 200
+
+_worker_args: tuple[int, Callable[[str], int] | None] = (512, None)
+
+
+def _init_worker(max_tokens: int, count_tokens: Callable[[str], int] | None) -> None:
+    global _worker_args
+    _worker_args = (max_tokens, count_tokens)
+
+
+def _chunk_item(item: tuple[str, str, str]) -> list[Chunk]:
+    path, text, language = item
+    max_tokens, count_tokens = _worker_args
+    return chunk_source(path, text, language, max_tokens=max_tokens, count_tokens=count_tokens)
+
+
+def _picklable(obj: object) -> bool:
+    try:
+        pickle.dumps(obj)
+    except Exception:  # lambdas, closures, bound methods of unpicklable objects, ...
+        return False
+    return True
+
+
+def chunk_many(
+    items: Iterable[tuple[str, str, str]],
+    *,
+    max_tokens: int = 512,
+    count_tokens: Callable[[str], int] | None = None,
+    workers: int | None = None,
+    min_files: int | None = None,
+) -> Iterator[list[Chunk]]:
+    """`chunk_source` over many ``(path, text, language)`` items, yielding each file's chunks
+    in input order; the same chunks as calling `chunk_source` on each.
+
+    With at least ``min_files`` items (default `PARALLEL_MIN_FILES`), more than one worker (default ``os.cpu_count()``) and a
+    ``count_tokens`` that pickles (None, or e.g. ``Encoder.token_counter()``; a lambda does
+    not), files are chunked in a process pool: tree-sitter parsing is most of the cost and
+    files share nothing. Otherwise, or if the pool cannot start, they are chunked here.
+    """
+    items = list(items)
+    n_workers = (os.cpu_count() or 1) if workers is None else workers
+    done = 0
+    if min_files is None:
+        min_files = PARALLEL_MIN_FILES
+    if n_workers > 1 and len(items) >= min_files and _picklable(count_tokens):
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures.process import BrokenProcessPool
+
+        # forkserver, not fork: the parent may hold threads (server, watcher) and a loaded
+        # model; workers start from a clean process that has imported only this module.
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload([__name__])
+        chunksize = max(1, min(32, len(items) // (n_workers * 8)))
+        try:
+            with ProcessPoolExecutor(
+                n_workers, mp_context=ctx, initializer=_init_worker, initargs=(max_tokens, count_tokens)
+            ) as pool:
+                for chunks in pool.map(_chunk_item, items, chunksize=chunksize):
+                    done += 1
+                    yield chunks
+            return
+        except (BrokenProcessPool, OSError) as e:
+            log.warning("parallel chunking failed (%s); chunking the remaining %d files here", e, len(items) - done)
+    for path, text, language in items[done:]:
+        yield chunk_source(path, text, language, max_tokens=max_tokens, count_tokens=count_tokens)

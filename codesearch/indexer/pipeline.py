@@ -362,6 +362,9 @@ def _chunk_budget(encoders: Encoders, chunk_tokens: int | None) -> tuple[int, Ca
     if not encs:
         return budget, None, "approx"
     counter = encs[0]
+    if hasattr(counter, "token_counter"):
+        # picklable (tokenizer path + extra tokens), so chunking can run in worker processes
+        return budget, counter.token_counter(), counter.identity
     return budget, (lambda s: counter.count_tokens([s])[0]), counter.identity
 
 
@@ -492,7 +495,7 @@ def _build(
     walk: Callable[..., Any],
     rebuild: bool,
 ) -> IndexSummary:
-    from codesearch.indexer.chunking import chunk_source
+    from codesearch.indexer.chunking import chunk_many
 
     # A rebuild starts from nothing - no recorded models, no files - but inside the same
     # store: the old index stays readable until the final transaction replaces it, and
@@ -539,6 +542,7 @@ def _build(
     seen: set[str] = set()
     n_files = len(result.files)
     chunks_made = 0
+    to_chunk: list[tuple[int, _Work]] = []  # (walk position, file) of new and changed files
     for i, sf in enumerate(result.files):
         seen.add(sf.path)
         old = old_files.get(sf.path)
@@ -560,9 +564,13 @@ def _build(
             unchanged += 1
             continue
         text = data.decode("utf-8", errors="replace")
-        chunks = chunk_source(sf.path, text, sf.language, max_tokens=budget, count_tokens=counter)
-        w = _Work(sf.path, sf.abs_path, sf.language, st.st_size, st.st_mtime_ns, digest, text,
-                  old_id=old.id if old else None)
+        to_chunk.append((i, _Work(sf.path, sf.abs_path, sf.language, st.st_size, st.st_mtime_ns, digest, text,
+                                  old_id=old.id if old else None)))
+    # Chunking is per file and shares nothing: many files go to a process pool (chunk_many).
+    pieces = chunk_many(
+        ((w.path, w.text, w.language) for _, w in to_chunk), max_tokens=budget, count_tokens=counter
+    )
+    for (i, w), chunks in zip(to_chunk, pieces):
         w.chunks = list(chunks)
         w.hashes = [_hash_text(c.text) for c in w.chunks]
         work.append(w)

@@ -69,3 +69,13 @@ def test_sequences_within_one_window_share_the_global_plan():
     assert plan.local_groups is plan.global_groups and plan.blocks is None
     plan = backend.plan(PackedBatch.from_ids([[1] * 66, [1] * 12]), 64)  # one token past the window
     assert plan.local_groups is not plan.global_groups
+
+
+def test_token_counter_pickles_and_counts_like_the_encoder(single_vector_dir, colbert_dir):
+    import pickle
+
+    texts = ["def f(x):\n    return x + 1\n", "", "where do we retry failed requests ünïcode"]
+    for d in (single_vector_dir, colbert_dir):
+        enc = load(d, device="cpu", dtype="float32")
+        counter = pickle.loads(pickle.dumps(enc.token_counter()))
+        assert [counter(t) for t in texts] == enc.count_tokens(texts)

@@ -1,0 +1,78 @@
+"""Chunking many files in a process pool gives exactly the serial chunks, in order."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+from pipeline_helpers import chunk_set, make_repo
+
+from codesearch.encoder import load
+from codesearch.indexer import chunking
+from codesearch.indexer.chunking import chunk_many, chunk_source, estimate_tokens
+from codesearch.indexer.pipeline import MAX_CHUNK_TOKENS, Encoders, _chunk_budget, build_index
+
+SOURCES = {
+    "python": "import os\n\n\nclass Client:\n    def get(self, url):\n        return os.path.join(url, 'x')\n\n"
+    + "".join(f"def fn{i}(x):\n    y = x + {i}\n    return y * 2\n\n\n" for i in range(40)),
+    "javascript": "".join(f"function f{i}(a) {{\n  return a + {i};\n}}\n\n" for i in range(30)),
+    "markdown": "# Title\n\nSome words.\n\n## Part\n\nMore words here.\n",
+    "text": "plain text\n" * 50,
+}
+
+
+def items(n: int) -> list[tuple[str, str, str]]:
+    langs = list(SOURCES)
+    return [(f"f{i}.{langs[i % 4][:2]}", SOURCES[langs[i % 4]] + f"# file {i}\n", langs[i % 4]) for i in range(n)]
+
+
+class PidCounter:
+    """A picklable token count that leaves a file named after the process that called it."""
+
+    def __init__(self, directory: Path):
+        self.directory = str(directory)
+
+    def __call__(self, text: str) -> int:
+        Path(self.directory, str(os.getpid())).touch()
+        return estimate_tokens(text)
+
+
+def test_pool_matches_serial_in_order(tmp_path):
+    work = items(24)
+    serial = [chunk_source(p, t, lang, max_tokens=64) for p, t, lang in work]
+    counter = PidCounter(tmp_path)
+    pooled = list(chunk_many(work, max_tokens=64, count_tokens=counter, workers=2, min_files=0))
+    assert pooled == [chunk_source(p, t, lang, max_tokens=64, count_tokens=counter) for p, t, lang in work]
+    assert sum(map(len, serial)) > len(work)  # files really were cut into several chunks
+    assert {int(p.name) for p in tmp_path.iterdir()} - {os.getpid()}, "no worker process did the chunking"
+
+
+def test_few_files_or_unpicklable_counter_stay_in_process(tmp_path):
+    work = items(8)
+    list(chunk_many(work, count_tokens=PidCounter(tmp_path), workers=2))  # 8 < PARALLEL_MIN_FILES
+    assert {int(p.name) for p in tmp_path.iterdir()} == {os.getpid()}
+    count = lambda s: len(s) // 3  # noqa: E731 - a lambda does not pickle
+    assert list(chunk_many(work, count_tokens=count, workers=2, min_files=0)) == [
+        chunk_source(p, t, lang, count_tokens=count) for p, t, lang in work
+    ]
+
+
+def test_pipeline_chunks_the_same_in_parallel(tmp_path, monkeypatch):
+    serial_repo = make_repo(tmp_path / "serial", n_files=6)
+    build_index(serial_repo)
+    monkeypatch.setattr(chunking, "PARALLEL_MIN_FILES", 0)
+    monkeypatch.setattr(chunking.os, "cpu_count", lambda: 2)
+    parallel_repo = make_repo(tmp_path / "parallel", n_files=6)
+    build_index(parallel_repo)
+    serial, parallel = chunk_set(serial_repo / ".codesearch"), chunk_set(parallel_repo / ".codesearch")
+    assert serial == parallel and len(serial) > 6
+
+
+def test_pipeline_counts_with_a_picklable_tokenizer(single_vector_dir):
+    """With a model, the pipeline's token count is the encoder's, in a form workers can rebuild."""
+    enc = load(single_vector_dir, device="cpu", dtype="float32")
+    budget, counter, identity = _chunk_budget(Encoders(dense=enc), None)
+    assert identity == enc.identity and budget == min(MAX_CHUNK_TOKENS, enc.max_length)
+    text = "def f(x):\n    return x + 1\n"
+    assert pickle.loads(pickle.dumps(counter))(text) == enc.count_tokens([text])[0]
