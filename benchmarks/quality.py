@@ -184,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk-tokens", type=int, default=None)
     ap.add_argument("--rebuild", action="store_true")
     ap.add_argument("--json", type=Path, default=None, help="write per-query results here")
+    ap.add_argument("--params", default=None,
+                    help='RankingParams overrides as JSON, e.g. \'{"fusion": "score", "dense_candidates": 200}\'')
     args = ap.parse_args(argv)
 
     repos, tasks = load_bench(args.bench)
@@ -195,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in wanted:
         repo = repos[name]
         searcher, t_index, prefix = build_or_open(repo, args.repos_dir, args.out, model, args.chunk_tokens, args.rebuild)
+        if args.params:
+            from dataclasses import replace
+
+            searcher._ranker.params = replace(searcher._ranker.params, **json.loads(args.params))
         corpus = searcher._ranker.corpus
         all_chunks = [(prefix + corpus.files[f], int(s), int(e)) for f, s, e in zip(corpus.file_idx, corpus.start, corpus.end)]
         repo_tasks = [t for t in tasks if t.repo == name]
@@ -242,6 +248,13 @@ def report(results: list[dict], per_repo: list[dict], modes: list[str]) -> None:
             print(f"| {g} | {n} | {cells} |")
     n = len([r for r in results if r["mode"] == modes[0]])
     print(f"\n**overall** ({n} queries): " + ", ".join(f"{m} {mean([r for r in results if r['mode'] == m]):.3f}" for m in modes))
+    # Held-out check: repos sorted by name, alternate ones in half A / half B. Tune on one
+    # half, read the other, so a change that only fits some repos shows up.
+    names = sorted({r["repo"] for r in results})
+    for half, members in (("A", set(names[0::2])), ("B", set(names[1::2]))):
+        rs = [r for r in results if r["repo"] in members]
+        print(f"half {half} ({', '.join(sorted(members))}): "
+              + ", ".join(f"{m} {mean([r for r in rs if r['mode'] == m]):.4f}" for m in modes))
 
 
 if __name__ == "__main__":
