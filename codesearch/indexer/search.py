@@ -5,9 +5,11 @@ A query is scored against every chunk by a few signals, each normalised to [0, 1
 - ``lexical``: chunk BM25 (:mod:`codesearch.indexer.lexical`);
 - ``file_lexical``: BM25 of the chunk's whole file (chunk term frequencies summed per
   file), so a chunk of the file that is *about* the query outranks a stray mention;
-- ``dense`` / ``file_dense``: cosine of the query vector with the chunk vector and with
-  the long-context whole-file vector (when the index has a model);
-- ``colbert``: MaxSim over the multi-vector (PLAID) index;
+- ``dense``: the chunk's rank among the query's nearest chunk vectors, as
+  ``(k + 1) / (k + 1 + rank)`` (a small model's cosines are too bunched to add as scores);
+- ``file_dense``: cosine of the query with the file's vector: the long-context whole-file
+  vector, or for short-context models the normalised mean of the file's chunk vectors;
+- ``colbert``: rank by MaxSim over the multi-vector (PLAID) index;
 - ``path``: share of the query's words found in the file's name and folder;
 - ``symbol``: the query names the chunk's symbol (``Engine`` -> ``type Engine struct``).
 
