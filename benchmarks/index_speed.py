@@ -27,7 +27,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from codesearch.indexer.chunking import chunk_source
+from codesearch.indexer.chunking import chunk_many, chunk_source
 from codesearch.indexer.walk import SourceFile, read_source, walk
 
 SITE = Path(sys.prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
@@ -58,18 +58,31 @@ def measure_walk(roots: list[Path]) -> tuple[list[SourceFile], dict]:
     }
 
 
-def measure_chunk(files: list[SourceFile], max_tokens: int = 512) -> dict:
-    """Read and chunk every file once; what the pipeline does before encoding."""
+def measure_chunk(files: list[SourceFile], max_tokens: int = 512, workers: int = 1) -> dict:
+    """Read and chunk every file once; what the pipeline does before encoding.
+
+    ``workers`` 1: one file after another in this process. Otherwise `chunk_many` as the
+    pipeline calls it (a process pool of ``workers`` processes, 0 = one per CPU, when there
+    are at least `PARALLEL_MIN_FILES` files); CPU time then counts this process only, not the
+    pool's workers, so only the wall-clock rate compares.
+    """
     wall, cpu = time.perf_counter(), time.process_time()
     n_chunks = n_bytes = 0
-    for f in files:
-        text = read_source(f.abs_path)
-        n_bytes += f.size
-        n_chunks += len(chunk_source(f.path, text, f.language, max_tokens=max_tokens))
+    if workers == 1:
+        for f in files:
+            text = read_source(f.abs_path)
+            n_bytes += f.size
+            n_chunks += len(chunk_source(f.path, text, f.language, max_tokens=max_tokens))
+    else:
+        items = [(f.path, read_source(f.abs_path), f.language) for f in files]
+        n_bytes = sum(f.size for f in files)
+        for chunks in chunk_many(items, max_tokens=max_tokens, workers=workers or None):
+            n_chunks += len(chunks)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     return {
         "chunks": n_chunks,
         "mbytes": round(n_bytes / 1e6, 1),
+        "chunk_workers": workers or os.cpu_count(),
         "chunk_wall_s": round(wall, 3),
         "chunk_cpu_s": round(cpu, 3),
     }
@@ -95,13 +108,13 @@ def measure_parse_only(files: list[SourceFile]) -> dict:
 
 
 def measure_walk_chunk(roots: list[Path], max_files: int | None = None,
-                       max_tokens: int = 512) -> dict:
+                       max_tokens: int = 512, workers: int = 1, parse_only: bool = True) -> dict:
     """Walking + chunking alone: files/s and chunks/s, by wall clock and by CPU time."""
     files, walked = measure_walk(roots)
     if max_files is not None:
         files = files[:max_files]
-    chunked = measure_chunk(files, max_tokens)
-    parse = measure_parse_only(files)
+    chunked = measure_chunk(files, max_tokens, workers)
+    parse = measure_parse_only(files) if parse_only else {}
     wall = walked["walk_wall_s"] + chunked["chunk_wall_s"]
     cpu = walked["walk_cpu_s"] + chunked["chunk_cpu_s"]
     n = len(files)
@@ -156,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("roots", nargs="*", type=Path, help="folders to walk (default: site-packages subtrees)")
     ap.add_argument("--max-files", type=int, default=None, help="chunk at most this many files")
     ap.add_argument("--max-tokens", type=int, default=512)
+    ap.add_argument("--workers", type=int, default=1,
+                    help="1: chunk in this process; N: chunk_many with N processes; 0: one per CPU")
+    ap.add_argument("--no-parse-only", action="store_true", help="skip the parse-only measurement")
     ap.add_argument("--memory-files", type=int, default=10_000,
                     help="files for the peak-memory run (0 to skip)")
     ap.add_argument("--memory-child", type=int, default=None, help=argparse.SUPPRESS)
@@ -169,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         "roots": [str(r) for r in roots],
         "cpus": os.cpu_count(),
         "loadavg_1m": round(os.getloadavg()[0], 2),
-        **measure_walk_chunk(roots, args.max_files, args.max_tokens),
+        **measure_walk_chunk(roots, args.max_files, args.max_tokens, args.workers, not args.no_parse_only),
     }
     if args.memory_files:
         report.update(measure_chunk_memory(roots, args.memory_files, args.max_tokens))

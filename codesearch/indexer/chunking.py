@@ -937,8 +937,11 @@ def _to_chunks(doc: _Doc, pieces: Sequence[_Piece], path: str, language: str) ->
 
 # -- many files: a process pool ------------------------------------------------------------
 
-# Below this many files a pool costs more than it saves (starting workers, shipping texts).
-PARALLEL_MIN_FILES = 200
+# Below this many files a pool costs more than it saves: starting it (a forkserver, workers
+# that import tree-sitter and build their parsers) and shipping texts and chunks between
+# processes cost ~0.3-0.5 s on the shared 2-core machine, what chunking ~1,000 typical files
+# costs (BENCHMARKS.md "Walking and chunking").
+PARALLEL_MIN_FILES = 1000
 
 _worker_args: tuple[int, Callable[[str], int] | None] = (512, None)
 
@@ -973,7 +976,8 @@ def chunk_many(
     """`chunk_source` over many ``(path, text, language)`` items, yielding each file's chunks
     in input order; the same chunks as calling `chunk_source` on each.
 
-    With at least ``min_files`` items (default `PARALLEL_MIN_FILES`), more than one worker (default ``os.cpu_count()``) and a
+    With at least ``min_files`` items (default `PARALLEL_MIN_FILES`), more than one worker
+    (default ``os.cpu_count()``) and a
     ``count_tokens`` that pickles (None, or e.g. ``Encoder.token_counter()``; a lambda does
     not), files are chunked in a process pool: tree-sitter parsing is most of the cost and
     files share nothing. Otherwise, or if the pool cannot start, they are chunked here.
