@@ -8,6 +8,7 @@ Results go to stdout; progress, notices and errors go to stderr.
 
 from __future__ import annotations
 
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -34,7 +35,9 @@ class _Group(TyperGroup):
             raise typer.Exit(1) from None
         except KeyboardInterrupt:
             # Index writes are atomic: Ctrl-C leaves the previous index or a resumable one.
-            typer.echo("\nInterrupted (the index is intact; run the command again to resume)", err=True)
+            # On a terminal the line starts after the echoed ^C; in a log it is one line.
+            lead = "\n" if sys.stderr.isatty() else ""
+            typer.echo(f"{lead}Interrupted (the index is intact; run the command again to resume)", err=True)
             raise typer.Exit(130) from None
 
 
@@ -170,9 +173,10 @@ def query_command(
     """Search an indexed repository."""
     if json_out and jsonl_out:
         raise typer.BadParameter("use --json or --jsonl, not both", param_hint="--json/--jsonl")
-    from codesearch.api import CodeSearch, find_index_root, server_query
+    from codesearch.api import CodeSearch, check_query, find_index_root, server_query
     from codesearch.cli import render
 
+    check_query(query, top_k, mode=mode.value)
     root = path if path is not None or index_dir is not None else find_index_root(Path.cwd())
     with CodeSearch(root or Path("."), index_dir=index_dir) as cs:
         result = None if no_server else server_query(
