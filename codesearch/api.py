@@ -37,6 +37,7 @@ __all__ = [
     "IndexStatus",
     "ModelInfo",
     "SCHEMA_VERSION",
+    "check_query",
     "find_index_root",
     "hit_document",
     "list_models",
@@ -76,6 +77,24 @@ def find_index_root(start: str | Path = ".") -> Path:
         f"no index found in {str(here)!r} or any parent folder "
         "(run 'codesearch index PATH' first, or pass --path)"
     )
+
+
+def check_query(query: str, k: int = 10, *, mode: str = "hybrid") -> None:
+    """Refuse an empty query, an unknown mode or ``k < 1`` before any index is opened.
+
+    Why a function of its own: the CLI calls it before looking for the index, so an empty
+    query in a folder without one is reported as the empty query it is.
+
+    Raises
+    ------
+    QueryError
+    """
+    if not query or not query.strip():
+        raise QueryError("the query is empty (pass some words or code to search for)")
+    if mode not in MODES:
+        raise QueryError(f"unknown mode {mode!r} (use one of: {', '.join(MODES)})")
+    if k < 1:
+        raise QueryError(f"k must be at least 1, got {k} (pass -k 10 for example)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,12 +334,7 @@ class CodeSearch:
             When the folder has no index yet.
         """
         self._check_open()
-        if not query or not query.strip():
-            raise QueryError("the query is empty (pass some words or code to search for)")
-        if mode not in MODES:
-            raise QueryError(f"unknown mode {mode!r} (use one of: {', '.join(MODES)})")
-        if k < 1:
-            raise QueryError(f"k must be at least 1, got {k} (pass -k 10 for example)")
+        check_query(query, k, mode=mode)
         self._require_index()
         notices: list[str] = []
         if refresh:
