@@ -18,13 +18,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from codesearch.errors import CodeSearchError, IndexLockedError, NotIndexedError, PathError, QueryError
+from codesearch.errors import (
+    CodeSearchError,
+    IndexLockedError,
+    IndexWriteError,
+    NothingToIndexError,
+    NotIndexedError,
+    PathError,
+    QueryError,
+)
 from codesearch.indexer import pipeline
 from codesearch.indexer.pipeline import DEFAULT, IndexSummary, ProgressEvent
 
@@ -283,10 +292,26 @@ class CodeSearch:
         Raises
         ------
         NothingToIndexError, IndexLockedError, ModelUnavailableError, ModelMismatchError,
-        IndexCorruptError
+        IndexCorruptError, IndexWriteError
         """
         self._check_open()
-        return self._index((self.model, self.multi_model), rebuild=rebuild, progress=progress)
+        if self.index_dir.exists() and not self.index_dir.is_dir():
+            raise IndexWriteError(
+                f"the index folder {str(self.index_dir)!r} is a file (move it away, or pass --index-dir FOLDER)"
+            )
+        dir_existed = self.index_dir.is_dir()
+        store_existed = (self.index_dir / STORE_FILE).is_file()
+        try:
+            return self._index((self.model, self.multi_model), rebuild=rebuild, progress=progress)
+        except NothingToIndexError:
+            if not store_existed:
+                # The pipeline opens the store before it walks; an empty index left behind
+                # would make `query` answer "No results" instead of "not indexed yet".
+                if dir_existed:
+                    pipeline._remove_index_files(self.index_dir)
+                else:
+                    shutil.rmtree(self.index_dir, ignore_errors=True)
+            raise
 
     # -- searching -----------------------------------------------------------------------
 
@@ -478,16 +503,25 @@ class CodeSearch:
         include, exclude, max_bytes = walk or (self.include, self.exclude, self.max_file_bytes)
         with self._rw.writing():
             encoders, notices = self._get_encoders(models)
-            summary = pipeline.build_index(
-                self.root,
-                index_dir=self.index_dir,
-                encoders=encoders,
-                include=include,
-                exclude=exclude,
-                max_file_bytes=max_bytes,
-                rebuild=rebuild,
-                progress=progress,
-            )
+            try:
+                summary = pipeline.build_index(
+                    self.root,
+                    index_dir=self.index_dir,
+                    encoders=encoders,
+                    include=include,
+                    exclude=exclude,
+                    max_file_bytes=max_bytes,
+                    rebuild=rebuild,
+                    progress=progress,
+                )
+            except OSError as exc:
+                # Unreadable source files are skipped by the pipeline; what reaches here is
+                # the index folder itself (not creatable, read-only, disk full).
+                where = exc.filename or self.index_dir
+                raise IndexWriteError(
+                    f"cannot write the index at {str(where)!r}: {exc.strerror or exc} "
+                    "(check permissions and free disk space, or pass --index-dir FOLDER)"
+                ) from exc
             if walk is None:
                 self._record_walk()
             # Searchers hold the previous generation; the next search opens the new one.

@@ -62,3 +62,8 @@ class NothingToIndexError(CodeSearchError):
 class ServerError(CodeSearchError):
     """A server option that cannot be honoured (a non-loopback bind without a token, a busy
     port), or a request the server refuses to queue or could not answer in time."""
+
+
+class IndexWriteError(CodeSearchError):
+    """The index folder cannot be created or written: a file in the way, no permission, a
+    full disk."""
