@@ -49,6 +49,11 @@ SKIP_REASONS = ("binary", "too_large", "generated", "vendored", "symlink_outside
 _SNIFF_BYTES = 8192
 # A text whose lines average more than this many bytes is a minified bundle or a data dump.
 _MAX_AVERAGE_LINE = 300
+# Prose is often written one paragraph per line (Markdown as GitHub renders it): lines of a
+# few hundred to a few thousand bytes are normal there, so only a far longer average (a
+# dump with hardly a newline) marks such a file as generated.
+_MAX_AVERAGE_PROSE_LINE = 4000
+_PROSE_SUFFIXES = frozenset({".md", ".markdown", ".mdx", ".rst", ".txt", ".adoc", ".asciidoc", ".org", ".tex"})
 
 _IGNORE_FILE = ".codesearchignore"
 _VCS_DIRS = frozenset({".git", ".hg", ".svn", ".bzr", ".jj"})
@@ -287,10 +292,11 @@ def _looks_binary(head: bytes) -> bool:
     return controls > len(head) * 0.3
 
 
-def _looks_minified(head: bytes, size: int) -> bool:
+def _looks_minified(head: bytes, size: int, *, prose: bool = False) -> bool:
     if size < 2048:
         return False
-    return len(head) / (head.count(b"\n") + 1) > _MAX_AVERAGE_LINE
+    limit = _MAX_AVERAGE_PROSE_LINE if prose else _MAX_AVERAGE_LINE
+    return len(head) / (head.count(b"\n") + 1) > limit
 
 
 # --------------------------------------------------------------------------- ignore rules
@@ -479,7 +485,8 @@ class _Walker:
         if _looks_binary(head):
             self.skipped["binary"].add(rel)
             return
-        if _looks_minified(head, st.st_size) or _GENERATED_MARK.search(head, 0, 1024):
+        prose = os.path.splitext(lower)[1] in _PROSE_SUFFIXES
+        if _looks_minified(head, st.st_size, prose=prose) or _GENERATED_MARK.search(head, 0, 1024):
             self.skipped["generated"].add(rel)
             return
         first_line = ""

@@ -190,6 +190,24 @@ def test_each_skip_reason(tmp_path):
     assert list(result.skipped) == list(SKIP_REASONS)
 
 
+@pytest.mark.parametrize(
+    "name,line_bytes,kept",
+    [
+        ("notes.md", 900, True),  # one paragraph per line, as GitHub renders Markdown
+        ("guide.rst", 1500, True),
+        ("notes.txt", 3000, True),
+        ("dump.txt", 20_000, False),  # hardly a newline: a data dump, even as .txt
+        ("page.js", 900, False),  # code with 900-byte lines is minified
+    ],
+)
+def test_long_lines_mark_generated_code_but_not_prose(tmp_path, name, line_bytes, kept):
+    paragraph = ("Retries back off exponentially with jitter between attempts. " * 400)[:line_bytes]
+    write(tmp_path, name, (paragraph + "\n\n") * 20)
+    result = walk(tmp_path)
+    assert (paths(result) == [name]) is kept
+    assert (result.skipped["generated"] == [name]) is not kept
+
+
 def _walk_as_nobody(root: Path) -> tuple[list[str], list[str], str]:
     """Walk in a forked child that dropped root: files, unreadable, warnings logged."""
     r, w = os.pipe()
