@@ -992,10 +992,17 @@ def chunk_many(
         from concurrent.futures import ProcessPoolExecutor
         from concurrent.futures.process import BrokenProcessPool
 
-        # forkserver, not fork: the parent may hold threads (server, watcher) and a loaded
-        # model; workers start from a clean process that has imported only this module.
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload([__name__])
+        import threading
+
+        if threading.active_count() == 1:
+            # fork: workers start at once with this process's imports and parsers, and never
+            # re-import the caller's __main__ (a script without a main guard would run again)
+            ctx = multiprocessing.get_context("fork")
+        else:
+            # other threads (server, watcher) may hold locks that a forked child would inherit
+            # locked; workers start from a clean forkserver that imported only this module
+            ctx = multiprocessing.get_context("forkserver")
+            ctx.set_forkserver_preload([__name__])
         chunksize = max(1, min(32, len(items) // (n_workers * 8)))
         try:
             with ProcessPoolExecutor(
