@@ -131,6 +131,7 @@ class RankingParams:
     w_file_fused_max: float = 0.0  # the file's best fused score, given to all its chunks
     split_query_for_vectors: bool = False  # encode "HTTPAdapter" as "HTTP Adapter" for the vector model
     vector_code_scale: float = 1.0  # vector weights on a sentence that names code identifiers
+    w_file_agree: float = 0.0  # min(file's best chunk BM25, file's best vector score): both indexes back the file
     # How vector scores enter the sum: "rank" = (k + 1) / (k + 1 + rank) over the candidates
     # (k = rank_k), "score" = the normalised cosine (vector_norm). Rank-based is steadier:
     # a model's cosines are bunched, so min-max over 100 candidates turns small cosine gaps
@@ -530,12 +531,17 @@ class _Ranker:
         total = np.zeros(n, dtype=np.float32)
         sources: dict[str, np.ndarray] = {}
         term_ids = [self.lexical.vocab[t] for t in q.tokens if t in self.lexical.vocab]
+        lex_file_best = None
         if use_lexical:
             lex = np.zeros(n, dtype=np.float32)
             lex[self._lex_dst] = self.lexical.bm25.scores(term_ids)[self._lex_src]
             sources["lexical"] = lex
             lexn = _maxnorm(lex)
             total += p.w_lexical * lexn
+            lex_file_best = None
+            if p.w_file_agree:
+                lex_file_best = np.zeros(len(c.files), dtype=np.float32)
+                np.maximum.at(lex_file_best, c.file_idx, lexn)
             if p.w_file_lex_max:
                 best = np.zeros(len(c.files), dtype=np.float32)
                 np.maximum.at(best, c.file_idx, lexn)
@@ -580,6 +586,9 @@ class _Ranker:
             else:
                 norm = _normalise(raw, present, p.vector_norm)
             total += w * norm
+            if p.w_file_agree and use_lexical and lex_file_best is not None:
+                vbest = _file_top_mean(norm, present, c.file_idx, len(c.files), 1)
+                total += p.w_file_agree * vscale * np.minimum(lex_file_best, vbest)[c.file_idx]
             if p.w_file_vector_max:
                 best = _file_top_mean(norm, present, c.file_idx, len(c.files), p.file_vector_top)
                 total += p.w_file_vector_max * vscale * best[c.file_idx]
