@@ -63,10 +63,11 @@ def measure_chunk(files: list[SourceFile], max_tokens: int = 512, workers: int =
 
     ``workers`` 1: one file after another in this process. Otherwise `chunk_many` as the
     pipeline calls it (a process pool of ``workers`` processes, 0 = one per CPU, when there
-    are at least `PARALLEL_MIN_FILES` files); CPU time then counts this process only, not the
-    pool's workers, so only the wall-clock rate compares.
+    are at least `PARALLEL_MIN_FILES` files); ``chunk_cpu_s`` then counts this process only and
+    ``chunk_workers_cpu_s`` the workers (when they were forked from it).
     """
     wall, cpu = time.perf_counter(), time.process_time()
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     n_chunks = n_bytes = 0
     if workers == 1:
         for f in files:
@@ -79,8 +80,11 @@ def measure_chunk(files: list[SourceFile], max_tokens: int = 512, workers: int =
         for chunks in chunk_many(items, max_tokens=max_tokens, workers=workers or None):
             n_chunks += len(chunks)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return {
         "chunks": n_chunks,
+        # CPU of pool workers that were this process's children (fork start), once they exited
+        "chunk_workers_cpu_s": round(after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime, 3),
         "mbytes": round(n_bytes / 1e6, 1),
         "chunk_workers": workers or os.cpu_count(),
         "chunk_wall_s": round(wall, 3),
