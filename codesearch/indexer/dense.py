@@ -21,9 +21,11 @@ one, never half of one; no pickle anywhere.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import threading
 import zlib
 from pathlib import Path
 
@@ -41,6 +43,36 @@ _MAGIC = b"CSDENSE\n"
 _FORMAT_VERSION = 1
 _EMPTY_IDS = np.empty(0, dtype=np.int64)
 _EMPTY_SCORES = np.empty(0, dtype=np.float32)
+#: Searches of at most this many queries run on one OpenMP thread. A single query over a
+#: flat index is a few hundred microseconds of work; with 2 threads on a busy machine every
+#: call waits at an OpenMP barrier for a descheduled thread (p90 5.0 ms against 0.66 ms
+#: single-threaded, 10k x 384 vectors, loaded 2-core machine; BENCHMARKS.md).
+SMALL_SEARCH_QUERIES = 8
+
+_omp_lock = threading.Lock()
+_omp_users = 0
+_omp_saved = 1
+
+
+@contextlib.contextmanager
+def _single_omp_thread():
+    """FAISS on one OpenMP thread for the body; the setting is process-wide, so overlapping
+    users are counted and the last one out restores the previous count."""
+    import faiss
+
+    global _omp_users, _omp_saved
+    with _omp_lock:
+        if _omp_users == 0:
+            _omp_saved = faiss.omp_get_max_threads()
+            faiss.omp_set_num_threads(1)
+        _omp_users += 1
+    try:
+        yield
+    finally:
+        with _omp_lock:
+            _omp_users -= 1
+            if _omp_users == 0:
+                faiss.omp_set_num_threads(_omp_saved)
 
 
 def _corrupt(path: Path, why: str) -> IndexCorruptError:
@@ -199,7 +231,9 @@ class DenseIndex:
         k_eff = min(k, len(self))
         if self._is_ivf:
             self._index.nprobe = self._nprobe()
-        scores, ids = self._index.search(queries, k_eff)
+        small = len(queries) <= SMALL_SEARCH_QUERIES
+        with _single_omp_thread() if small else contextlib.nullcontext():
+            scores, ids = self._index.search(queries, k_eff)
         out = []
         for row_ids, row_scores in zip(ids, scores):
             keep = row_ids >= 0  # IVF returns -1 when the probed cells hold fewer than k

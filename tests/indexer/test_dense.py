@@ -215,3 +215,17 @@ def test_empty_index_save_load(tmp_path):
     DenseIndex(DIM).save(tmp_path / "empty.faiss")
     loaded = DenseIndex.load(tmp_path / "empty.faiss")
     assert len(loaded) == 0 and loaded.dim == DIM and loaded.kind == "exact"
+
+
+def test_small_searches_restore_the_openmp_thread_count():
+    import faiss
+
+    before = faiss.omp_get_max_threads()
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((64, 16)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    index = DenseIndex(16)
+    index.add(np.arange(64), x)
+    (ids, _), = index.search(x[:1], 5)
+    assert ids[0] == 0
+    assert faiss.omp_get_max_threads() == before
