@@ -983,10 +983,10 @@ def chunk_many(
     in input order; the same chunks as calling `chunk_source` on each.
 
     With at least ``min_files`` items (default `PARALLEL_MIN_FILES`), more than one worker
-    (default ``os.cpu_count()``) and a
-    ``count_tokens`` that pickles (None, or e.g. ``Encoder.token_counter()``; a lambda does
-    not), files are chunked in a process pool: tree-sitter parsing is most of the cost and
-    files share nothing. Otherwise, or if the pool cannot start, they are chunked here.
+    (default ``os.cpu_count()``) and a ``count_tokens`` that pickles (None, or e.g.
+    ``Encoder.token_counter()``; a lambda does not), files are chunked in a process pool:
+    tree-sitter parsing is most of the cost and files share nothing. Otherwise, or if the
+    pool breaks, they are chunked here.
     """
     items = list(items)
     n_workers = (os.cpu_count() or 1) if workers is None else workers
@@ -995,10 +995,9 @@ def chunk_many(
         min_files = PARALLEL_MIN_FILES
     if n_workers > 1 and len(items) >= min_files and _picklable(count_tokens):
         import multiprocessing
+        import threading
         from concurrent.futures import ProcessPoolExecutor
         from concurrent.futures.process import BrokenProcessPool
-
-        import threading
 
         if threading.active_count() == 1:
             # fork: workers start at once with this process's imports and parsers, and never
@@ -1011,12 +1010,15 @@ def chunk_many(
             ctx.set_forkserver_preload([__name__])
         chunksize = max(1, min(32, len(items) // (n_workers * 8)))
         try:
-            with ProcessPoolExecutor(
+            pool = ProcessPoolExecutor(
                 n_workers, mp_context=ctx, initializer=_init_worker, initargs=(max_tokens, count_tokens)
-            ) as pool:
+            )
+            try:
                 for rows in pool.map(_chunk_item, items, chunksize=chunksize):
                     done += 1
                     yield [Chunk(*row) for row in rows]
+            finally:  # a caller that stops early does not wait for the files it will not read
+                pool.shutdown(wait=True, cancel_futures=True)
             return
         except (BrokenProcessPool, OSError) as e:
             log.warning("parallel chunking failed (%s); chunking the remaining %d files here", e, len(items) - done)

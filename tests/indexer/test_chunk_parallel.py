@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import pickle
 from pathlib import Path
@@ -76,3 +77,12 @@ def test_pipeline_counts_with_a_picklable_tokenizer(single_vector_dir):
     assert identity == enc.identity and budget == min(MAX_CHUNK_TOKENS, enc.max_length)
     text = "def f(x):\n    return x + 1\n"
     assert pickle.loads(pickle.dumps(counter))(text) == enc.count_tokens([text])[0]
+
+
+def test_stopping_early_shuts_the_pool_down():
+    work = items(40)
+    gen = chunk_many(work, workers=2, min_files=0)
+    first = next(gen)
+    gen.close()
+    assert not multiprocessing.active_children()  # the workers were shut down and joined
+    assert first == chunk_source(*work[0][:2], work[0][2])
