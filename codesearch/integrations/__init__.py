@@ -17,17 +17,15 @@ from codesearch.errors import MissingDependencyError
 
 
 def hit_metadata(hit: Any) -> dict[str, Any]:
-    """The metadata every adapter attaches to a hit: where it is and how it scored."""
-    return {
-        "path": hit.path,
-        "start_line": hit.start_line,
-        "end_line": hit.end_line,
-        "score": float(hit.score),
-        "language": hit.language,
-        "symbol": hit.symbol,
-        "kind": hit.kind,
-        "source": f"{hit.path}:{hit.start_line}-{hit.end_line}",
-    }
+    """The metadata every adapter attaches to a hit: the fields of the JSON schema
+    (`codesearch.api.hit_document`) but the text, which is the document's content, plus
+    ``source`` (``"path:start-end"``) for citing it."""
+    from codesearch.api import hit_document
+
+    meta = hit_document(hit)
+    del meta["text"]
+    meta["source"] = f"{hit.path}:{hit.start_line}-{hit.end_line}"
+    return meta
 
 
 def missing(extra: str, module: str) -> MissingDependencyError:
