@@ -16,6 +16,7 @@ from typing import Annotated, Any, Optional
 import typer
 from typer.core import TyperGroup
 
+from codesearch.cli.options import Device, model_option
 from codesearch.errors import CodeSearchError
 
 
@@ -84,21 +85,6 @@ class Mode(str, Enum):
     colbert = "colbert"
 
 
-class Device(str, Enum):
-    auto = "auto"
-    cpu = "cpu"
-    cuda = "cuda"
-
-
-def _model_option(value: Optional[str]) -> Any:
-    """`None` (option not given) -> the default model; "none" -> no model (disabled)."""
-    from codesearch.api import DEFAULT
-
-    if value is None:
-        return DEFAULT
-    return None if value.strip().lower() == "none" else value
-
-
 # Decimal units, so the default "1MB" is the API's max_file_bytes=1_000_000; KiB/MiB binary.
 _SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
                "kib": 2**10, "mib": 2**20, "gib": 2**30}
@@ -143,7 +129,7 @@ def index(
     from codesearch.api import CodeSearch
     from codesearch.cli import render
 
-    with CodeSearch(path, index_dir=index_dir, model=_model_option(model), multi_model=_model_option(multi_model),
+    with CodeSearch(path, index_dir=index_dir, model=model_option(model), multi_model=model_option(multi_model),
                     device=device.value, include=tuple(include or ()), exclude=tuple(exclude or ()),
                     max_file_bytes=size) as cs:
         with render.IndexProgress(enabled=not quiet) as progress:

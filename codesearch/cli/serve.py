@@ -4,30 +4,17 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
+
+from codesearch.cli.options import Device, model_option
 
 
 class McpTransport(str, Enum):
     http = "http"
     stdio = "stdio"
     off = "off"
-
-
-class ServeDevice(str, Enum):
-    auto = "auto"
-    cpu = "cpu"
-    cuda = "cuda"
-
-
-def _model(value: Optional[str]) -> Any:
-    """None (not given) -> the index's own model; "none" -> no model."""
-    from codesearch.api import DEFAULT
-
-    if value is None:
-        return DEFAULT
-    return None if value.strip().lower() == "none" else value
 
 
 def serve(
@@ -40,7 +27,7 @@ def serve(
     index_on_start: Annotated[bool, typer.Option("--index-on-start/--no-index-on-start", help="Run one incremental index per repository at start.")] = True,
     model: Annotated[Optional[str], typer.Option(help="Dense model (default: the one the index records; 'none' disables).")] = None,
     multi_model: Annotated[Optional[str], typer.Option("--multi-model", help="ColBERT model (default: the one the index records; 'none' disables).")] = None,
-    device: Annotated[ServeDevice, typer.Option(help="Where the encoders run.")] = ServeDevice.auto,
+    device: Annotated[Device, typer.Option(help="Where the encoders run.")] = Device.auto,
     index_dir: Annotated[Optional[Path], typer.Option("--index-dir", help="Index folder (one PATH only; default PATH/.codesearch).")] = None,
     include: Annotated[Optional[list[str]], typer.Option("--include", metavar="GLOB", help="Only index files matching GLOB (repeatable).")] = None,
     exclude: Annotated[Optional[list[str]], typer.Option("--exclude", metavar="GLOB", help="Skip files matching GLOB (repeatable).")] = None,
@@ -58,7 +45,7 @@ def serve(
     from codesearch.server.service import Limits
 
     repo_options = RepoOptions(
-        model=_model(model), multi_model=_model(multi_model), device=device.value,
+        model=model_option(model), multi_model=model_option(multi_model), device=device.value,
         include=tuple(include or ()), exclude=tuple(exclude or ()), index_dir=index_dir,
     )
     options = ServeOptions(
