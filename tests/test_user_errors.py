@@ -9,39 +9,19 @@ recovered (a truncated derived index, an interrupted run, an offline default mod
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from fixtures.console import SCRIPT, cli, ok
 from fixtures.sample_repo import EXPECTED, write_sample_repo
 
-SCRIPT = Path(sys.executable).with_name("codesearch")
 LEXICAL = ("--model", "none", "--multi-model", "none")
 QUERY, WINNER = "parseConfigFile", EXPECTED["parseConfigFile"]
-
-
-def cli(*argv: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(SCRIPT), *map(str, argv)],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**os.environ, **(env or {})},
-        timeout=300,
-    )
-
-
-def ok(*argv: str | Path, **kw) -> subprocess.CompletedProcess:
-    done = cli(*argv, **kw)
-    assert done.returncode == 0, (done.stdout, done.stderr)
-    assert "Traceback" not in done.stderr
-    return done
 
 
 def user_error(done: subprocess.CompletedProcess, *needles: str) -> str:

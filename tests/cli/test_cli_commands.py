@@ -277,15 +277,8 @@ def test_index_locked_by_another_indexer(fresh_repo):
         assert_user_error(run("index", fresh_repo, *LEXICAL, ok=False), "another")
 
 
-def test_corrupt_index(fresh_repo):
-    run("index", fresh_repo, *LEXICAL, "-q")
-    index_dir = fresh_repo / ".codesearch"
-    (index_dir / "store.sqlite").write_bytes(b"garbage, not sqlite " * 200)
-    for name in ("store.sqlite-wal", "store.sqlite-shm"):
-        (index_dir / name).unlink(missing_ok=True)
-    assert_user_error(run("query", "retry", "-p", fresh_repo, "--mode", "lexical", ok=False), "--rebuild")
-    run("index", fresh_repo, *LEXICAL, "-q", "--rebuild")
-    assert run("query", "retry", "-p", fresh_repo, "--mode", "lexical", "--files-only").stdout
+# A corrupt store (exit 1 naming --rebuild, then --rebuild fixes it): tests/test_user_errors.py,
+# through the console script.
 
 
 @pytest.mark.parametrize("query", ["", "   "])

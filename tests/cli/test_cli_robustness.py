@@ -5,29 +5,18 @@ names with spaces and non-ASCII characters, a very long line."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from codesearch.indexer.store import IndexLock
+from fixtures.console import SCRIPT, ok
 from fixtures.sample_repo import EXPECTED, write_sample_repo
 
-SCRIPT = Path(sys.executable).with_name("codesearch")
 LEXICAL = ("--model", "none", "--multi-model", "none")
 QUERY, WINNER = "parseConfigFile", EXPECTED["parseConfigFile"]
-
-
-def ok(*argv: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    done = subprocess.run(
-        [str(SCRIPT), *map(str, argv)], capture_output=True, text=True, cwd=cwd, env=dict(os.environ), timeout=300
-    )
-    assert done.returncode == 0, (done.stdout, done.stderr)
-    assert "Traceback" not in done.stderr
-    return done
 
 
 def search(repo: Path, query: str, *extra: str) -> tuple[list[dict], str]:

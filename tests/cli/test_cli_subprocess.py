@@ -5,27 +5,14 @@ lexical query)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from fixtures.console import SCRIPT, cli
 from fixtures.sample_repo import EXPECTED, write_sample_repo
-
-SCRIPT = Path(sys.executable).with_name("codesearch")
-
-
-def cli(*argv: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(SCRIPT), *map(str, argv)],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**os.environ, **(env or {})},
-        timeout=300,
-    )
 
 
 def test_the_console_script_is_installed():
