@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -147,25 +147,17 @@ def test_refresh_indexes_changed_files_before_searching(tmp_path):
         assert not any("refreshed" in n for n in again.notices)
 
 
+def in_threads(work, n: int) -> list:
+    """Run ``work()`` in `n` threads at once and concatenate the lists they return (an
+    exception in any thread is raised here)."""
+    with ThreadPoolExecutor(n) as pool:
+        futures = [pool.submit(work) for _ in range(n)]
+        return [item for f in futures for item in f.result()]
+
 def test_concurrent_searches_agree(lexical_repo):
     with CodeSearch(lexical_repo) as cs:
         expected = {q: cs.search(q, k=3, mode="lexical")[0].path for q in EXPECTED}
-        seen: list[tuple[str, str]] = []
-        errors: list[BaseException] = []
-
-        def worker() -> None:
-            try:
-                for q in list(EXPECTED) * 5:
-                    seen.append((q, cs.search(q, k=3, mode="lexical")[0].path))
-            except BaseException as exc:  # pragma: no cover - reported below
-                errors.append(exc)
-
-        threads = [threading.Thread(target=worker) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    assert not errors
+        seen = in_threads(lambda: [(q, cs.search(q, k=3, mode="lexical")[0].path) for q in list(EXPECTED) * 5], 4)
     assert len(seen) == 4 * 5 * len(EXPECTED)
     assert all(expected[q] == p for q, p in seen)
 
@@ -317,20 +309,6 @@ def test_encoders_load_once_and_are_shared_by_index_and_search(tmp_path, monkeyp
 def test_concurrent_hybrid_searches_share_the_encoders(model_search):
     queries = sorted(EXPECTED)
     expected = {q: [h.path for h in model_search.search(q, k=3)] for q in queries}
-    results: list[tuple[str, list[str]]] = []
-    errors: list[BaseException] = []
-
-    def worker() -> None:
-        try:
-            for q in queries:
-                results.append((q, [h.path for h in model_search.search(q, k=3)]))
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=worker) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors and len(results) == 3 * len(queries)
+    results = in_threads(lambda: [(q, [h.path for h in model_search.search(q, k=3)]) for q in queries], 3)
+    assert len(results) == 3 * len(queries)
     assert all(paths == expected[q] for q, paths in results)
