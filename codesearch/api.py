@@ -369,7 +369,10 @@ class CodeSearch:
             result = searcher.search(query, k, mode=mode, language=language, glob=glob, files_only=files_only)
         notices.extend(encoder_notices)
         if notices:
-            result = dataclasses.replace(result, notices=[*notices, *result.notices])
+            # The refresh and the search share one encoder load, and so its notices: say
+            # each thing once.
+            merged = list(dict.fromkeys([*notices, *result.notices]))
+            result = dataclasses.replace(result, notices=merged)
         return result
 
     def search(

@@ -147,6 +147,23 @@ def test_refresh_indexes_changed_files_before_searching(tmp_path):
         assert not any("refreshed" in n for n in again.notices)
 
 
+
+def test_a_vanished_model_degrades_to_lexical_and_each_notice_shows_once(tmp_path, single_vector_dir):
+    import shutil
+
+    model = Path(shutil.copytree(single_vector_dir, tmp_path / "model"))
+    root = write_sample_repo(tmp_path / "repo")
+    with CodeSearch(root, model=str(model), multi_model=None, device="cpu") as cs:
+        cs.index()
+    shutil.rmtree(model)
+    (root / "src" / "payments.py").write_text("def refund_invoice_zq17(invoice):\n    return invoice\n")
+    with CodeSearch(root, device="cpu") as cs:
+        result = cs.query("refund_invoice_zq17", k=1, refresh=True)
+    assert result.hits[0].path == "src/payments.py" and result.indexes_used == ("lexical",)
+    assert any("refreshed" in n for n in result.notices)
+    assert any(str(model) in n for n in result.notices)
+    assert len(result.notices) == len(set(result.notices)), result.notices
+
 def in_threads(work, n: int) -> list:
     """Run ``work()`` in `n` threads at once and concatenate the lists they return (an
     exception in any thread is raised here)."""
