@@ -79,3 +79,19 @@ def test_token_counter_pickles_and_counts_like_the_encoder(single_vector_dir, co
         enc = load(d, device="cpu", dtype="float32")
         counter = pickle.loads(pickle.dumps(enc.token_counter()))
         assert [counter(t) for t in texts] == enc.count_tokens(texts)
+
+
+def test_zero_copy_blocks_of_any_size_match_a_dense_band():
+    """The strided key windows hold for block sizes other than 2w and for ragged tails."""
+    from test_attention_backends import brute_force
+
+    lengths, w = [61, 25, 97, 3], 4
+    torch.manual_seed(3)
+    qkv = torch.randn(sum(lengths), 3, 2, 8)
+    batch = PackedBatch.from_ids([[1] * n for n in lengths])
+    ref = brute_force(qkv, lengths, lengths, w)
+    for block in (1, 5, 8, 13):
+        backend = SdpaBackend(torch.float32, block=block)
+        plan = backend.plan(batch, w)
+        assert plan.blocks is not None
+        assert (backend(qkv, plan, True) - ref).abs().max().item() < 1e-5
