@@ -938,11 +938,13 @@ def _to_chunks(doc: _Doc, pieces: Sequence[_Piece], path: str, language: str) ->
 
 # -- many files: a process pool ------------------------------------------------------------
 
-# Below this many files a pool costs more than it saves: starting it (a forkserver, workers
-# that import tree-sitter and build their parsers) and shipping texts and chunks between
-# processes cost ~0.3-0.5 s on the shared 2-core machine, what chunking ~1,000 typical files
-# costs (BENCHMARKS.md "Walking and chunking").
-PARALLEL_MIN_FILES = 1000
+# Below this many files a pool costs more than it saves (BENCHMARKS.md "Walking and
+# chunking"). Forked workers start at once and inherit the parent's imports: on 2 cores they
+# won from 128 files up (a fresh process, quiet machine). Forkserver workers (a caller with
+# threads) import tree-sitter and build their parsers first, ~0.3-0.5 s: they lost below
+# ~500 files.
+PARALLEL_MIN_FILES = 200
+PARALLEL_MIN_FILES_FORKSERVER = 1000
 
 _worker_args: tuple[int, Callable[[str], int] | None] = (512, None)
 
@@ -982,7 +984,8 @@ def chunk_many(
     """`chunk_source` over many ``(path, text, language)`` items, yielding each file's chunks
     in input order; the same chunks as calling `chunk_source` on each.
 
-    With at least ``min_files`` items (default `PARALLEL_MIN_FILES`), more than one worker
+    With at least ``min_files`` items (default `PARALLEL_MIN_FILES`, or
+    `PARALLEL_MIN_FILES_FORKSERVER` when the caller runs other threads), more than one worker
     (default ``os.cpu_count()``) and a ``count_tokens`` that pickles (None, or e.g.
     ``Encoder.token_counter()``; a lambda does not), files are chunked in a process pool:
     tree-sitter parsing is most of the cost and files share nothing. Otherwise, or if the
@@ -991,22 +994,14 @@ def chunk_many(
     items = list(items)
     n_workers = (os.cpu_count() or 1) if workers is None else workers
     done = 0
-    if min_files is None:
-        min_files = PARALLEL_MIN_FILES
-    if n_workers > 1 and len(items) >= min_files and _picklable(count_tokens):
+    method = _pool_method(len(items), min_files) if n_workers > 1 else None
+    if method is not None and _picklable(count_tokens):
         import multiprocessing
-        import threading
         from concurrent.futures import ProcessPoolExecutor
         from concurrent.futures.process import BrokenProcessPool
 
-        if threading.active_count() == 1:
-            # fork: workers start at once with this process's imports and parsers, and never
-            # re-import the caller's __main__ (a script without a main guard would run again)
-            ctx = multiprocessing.get_context("fork")
-        else:
-            # other threads (server, watcher) may hold locks that a forked child would inherit
-            # locked; workers start from a clean forkserver that imported only this module
-            ctx = multiprocessing.get_context("forkserver")
+        ctx = multiprocessing.get_context(method)
+        if method == "forkserver":
             ctx.set_forkserver_preload([__name__])
         chunksize = max(1, min(32, len(items) // (n_workers * 8)))
         try:
@@ -1024,3 +1019,18 @@ def chunk_many(
             log.warning("parallel chunking failed (%s); chunking the remaining %d files here", e, len(items) - done)
     for path, text, language in items[done:]:
         yield chunk_source(path, text, language, max_tokens=max_tokens, count_tokens=count_tokens)
+
+
+def _pool_method(n_files: int, min_files: int | None) -> str | None:
+    """How to start pool workers for ``n_files`` files, or None when a pool does not pay."""
+    import threading
+
+    if threading.active_count() == 1:
+        # fork: workers start at once with this process's imports and parsers, and never
+        # re-import the caller's __main__ (a script without a main guard would run again)
+        method, threshold = "fork", PARALLEL_MIN_FILES
+    else:
+        # other threads (server, watcher) may hold locks that a forked child would inherit
+        # locked; workers start from a clean forkserver that imported only this module
+        method, threshold = "forkserver", PARALLEL_MIN_FILES_FORKSERVER
+    return method if n_files >= (threshold if min_files is None else min_files) else None

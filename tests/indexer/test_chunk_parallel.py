@@ -63,6 +63,7 @@ def test_pipeline_chunks_the_same_in_parallel(tmp_path, monkeypatch):
     serial_repo = make_repo(tmp_path / "serial", n_files=6)
     build_index(serial_repo)
     monkeypatch.setattr(chunking, "PARALLEL_MIN_FILES", 0)
+    monkeypatch.setattr(chunking, "PARALLEL_MIN_FILES_FORKSERVER", 0)
     monkeypatch.setattr(chunking.os, "cpu_count", lambda: 2)
     parallel_repo = make_repo(tmp_path / "parallel", n_files=6)
     build_index(parallel_repo)
