@@ -743,13 +743,15 @@ class Searcher:
         has_colbert = colbert_built and self._encoder("multi") is not None
         if mode == "dense" and not has_dense:
             raise QueryError(
-                "dense search needs the index's model to encode the query (open the index with its model)"
+                "dense search needs the index's model to encode the query and it is not loaded (make the "
+                "model available again, or re-embed with 'codesearch index --rebuild --model PATH_OR_ID')"
                 if dense_built
                 else "this index has no dense vectors (index with a model: 'codesearch index --model PATH_OR_ID')"
             )
         if mode == "colbert" and not has_colbert:
             raise QueryError(
-                "colbert search needs the index's ColBERT model to encode the query (open the index with it)"
+                "colbert search needs the index's ColBERT model to encode the query and it is not loaded "
+                "(make it available again, or re-embed with 'codesearch index --rebuild --multi-model PATH_OR_ID')"
                 if colbert_built
                 else "this index has no multi-vector index (index with a ColBERT model: 'codesearch index --multi-model ID')"
             )
@@ -758,7 +760,8 @@ class Searcher:
         use_colbert = has_colbert and mode in ("hybrid", "colbert")
         if mode == "hybrid" and not (has_dense or has_colbert):
             notices.append(
-                "lexical index only: no query encoder for this index's vectors (open it with its model)"
+                "lexical index only: this index's model is not loaded, so its vectors were not searched "
+                "(make the model available again, or 'codesearch index --rebuild --model PATH_OR_ID')"
                 if dense_built or colbert_built
                 else "lexical index only: no model vectors in this index (index with a model for semantic search)"
             )

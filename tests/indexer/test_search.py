@@ -264,7 +264,7 @@ def test_vectors_without_a_query_encoder_fall_back_to_lexical(minilm_index):
         with pytest.raises(QueryError, match="encode the query"):
             bare.search("remove a file", mode="dense")
         result = bare.search("sqlite connection", k=3)
-        assert result.indexes_used == ("lexical",) and "encoder" in result.notices[0]
+        assert result.indexes_used == ("lexical",) and "model is not loaded" in result.notices[0]
 
 
 @pytest.mark.parametrize(
