@@ -73,6 +73,8 @@ __all__ = [
 DEFAULT = "default"
 
 INDEX_DIR_NAME = ".codesearch"
+#: Meta key: the model roles a run switched off with 'none' (JSON list).
+DISABLED_KEY = "models.disabled"
 #: Chunks are never longer than this many tokens, whatever the model accepts: retrieval
 #: wants units of about a function or two. Measured on the semble dev split (lexical mode):
 #: 128 tokens 0.815, 256 0.845, 512 0.861, 1024 0.837 NDCG@10 (BENCHMARKS.md).
@@ -102,6 +104,9 @@ class Encoders:
 
     dense: Encoder | None = None
     multi: Encoder | None = None
+    #: Store roles the user switched off ('none'), recorded so that a later run with the
+    #: default models leaves them off instead of reporting them as unavailable.
+    disabled: tuple[str, ...] = ()
 
     def by_role(self) -> dict[str, Encoder]:
         """Store role (``dense`` | ``colbert``) -> encoder, for the encoders present."""
@@ -285,17 +290,20 @@ def resolve_encoders(
     from codesearch import encoder as enc_mod
 
     recorded: dict[str, Any] = {}
+    was_disabled: list[str] = []
     if store is not None:
-        recorded = store.models()
+        recorded, was_disabled = store.models(), json.loads(store.get_meta(DISABLED_KEY) or "[]")
     elif index_dir is not None and (Path(index_dir) / STORE_FILE).is_file():
         with contextlib.suppress(IndexCorruptError), Store(Path(index_dir) / STORE_FILE) as s:
-            recorded = s.models()
+            recorded, was_disabled = s.models(), json.loads(s.get_meta(DISABLED_KEY) or "[]")
 
     notices: list[str] = []
     missing_defaults: list[str] = []
+    disabled: list[str] = []
 
     def one(arg: str | None, role: str, package_default: str, want_multi: bool) -> Any:
-        if arg is None:
+        if arg is None or (arg == DEFAULT and role in was_disabled and role not in recorded):
+            disabled.append(role)
             return None
         is_default = arg == DEFAULT
         name = arg
@@ -334,7 +342,7 @@ def resolve_encoders(
             f"Default model{plural} {names} {cached} not cached and the hub is unreachable; {how}. "
             "Run 'codesearch index' again online (or pass --model PATH) to add vectors."
         )
-    return Encoders(dense=dense, multi=multi), notices
+    return Encoders(dense=dense, multi=multi, disabled=tuple(disabled)), notices
 
 
 def _check_models(store: Store, encoders: Encoders, index_dir: Path) -> None:
@@ -687,6 +695,7 @@ def _build(
         for role, enc in roles.items():
             if role not in recorded:
                 store.set_model(role, enc.name, enc.identity, int(enc.dim))
+        store.set_meta(DISABLED_KEY, json.dumps(sorted(getattr(encoders, "disabled", ()))))
         store.set_meta("root", str(root))
         store.set_meta("chunk_tokens", budget)
         store.set_meta("chunk_counter", counter_id)

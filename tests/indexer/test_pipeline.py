@@ -487,3 +487,19 @@ def test_default_reuses_the_models_the_index_records(offline_hub, single_vector_
     encoders, notices = pipeline.resolve_encoders(multi_model=None, store=s)
     assert encoders.dense is not None and encoders.dense.name == str(single_vector_dir)
     assert encoders.multi is None and notices == []
+
+
+def test_a_model_switched_off_stays_off_without_a_notice(offline_hub, repo, single_vector_dir):
+    # `codesearch index --multi-model none --model X`, then a plain `codesearch index`: the
+    # ColBERT model was switched off on purpose, so it is not reported as unavailable.
+    encoders, notices = pipeline.resolve_encoders(str(single_vector_dir), None)
+    assert encoders.disabled == ("colbert",) and notices == []
+    build_index(repo, encoders=encoders)
+    with _store(repo) as s:
+        again, notices = pipeline.resolve_encoders(store=s)
+    assert again.dense is not None and again.multi is None and notices == []
+    # Naming a model again turns the role back on (it is then loaded, or refused offline).
+    from codesearch.errors import ModelUnavailableError
+
+    with _store(repo) as s, pytest.raises(ModelUnavailableError):
+        pipeline.resolve_encoders(multi_model="some-org/not-cached", store=s)
