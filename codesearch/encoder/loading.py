@@ -447,6 +447,11 @@ def load(
     directory = resolve(name)
     dev = runtime.resolve_device(device)
     dt = runtime.resolve_dtype(dtype, dev)
+    if not (directory / "config.json").is_file() and not any(directory.glob("*.safetensors")):
+        raise CheckpointError(
+            f"'{directory}' is not a model checkpoint folder (no config.json); pass the folder "
+            "that holds config.json, model.safetensors and tokenizer.json"
+        )
     config = read_json(directory / "config.json")
     tokenizer = TextTokenizer(directory)
 

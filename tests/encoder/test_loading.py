@@ -216,3 +216,9 @@ def test_import_does_not_load_torch():
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "False"
+
+
+def test_a_folder_that_is_no_checkpoint_says_so(tmp_path):
+    (tmp_path / "notes.txt").write_text("not a model")
+    with pytest.raises(CheckpointError, match="is not a model checkpoint folder"):
+        load(str(tmp_path))
