@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from codesearch.errors import IndexCorruptError
+from codesearch.indexer.store import atomic_write
 
 __all__ = ["DenseIndex", "EXACT_THRESHOLD"]
 
@@ -262,19 +263,11 @@ class DenseIndex:
             "crc32": zlib.crc32(payload),
         }
         head = json.dumps(header, sort_keys=True).encode()
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            with open(tmp, "wb") as f:
-                f.write(_MAGIC)
-                f.write(len(head).to_bytes(4, "little"))
-                f.write(head)
-                f.write(payload)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        with atomic_write(path) as f:
+            f.write(_MAGIC)
+            f.write(len(head).to_bytes(4, "little"))
+            f.write(head)
+            f.write(payload)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> DenseIndex:

@@ -42,6 +42,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from codesearch.errors import IndexCorruptError
+from codesearch.indexer.store import atomic_write
 
 __all__ = ["LexicalIndex", "tokenize", "query_tokens", "split_identifier", "stem_word", "STOPWORDS"]
 
@@ -390,8 +391,7 @@ class LexicalIndex:
         self._flush()
         tf = self._tf.tocsr()
         meta = {"format": FORMAT_VERSION, "k1": self.k1, "b": self.b, "stem": self.stem, "stopwords": self.stopwords}
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as fh:
+        with atomic_write(path) as fh:
             np.savez(
                 fh,
                 meta=np.array(json.dumps(meta)),
@@ -401,9 +401,6 @@ class LexicalIndex:
                 indices=tf.indices.astype(np.int32),
                 data=tf.data.astype(np.float32),
             )
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> LexicalIndex:

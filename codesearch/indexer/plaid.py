@@ -46,6 +46,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from codesearch.errors import IndexCorruptError
+from codesearch.indexer.store import atomic_write
 
 __all__ = ["PlaidIndex", "ResidualCodec", "maxsim_search", "EXACT_TOKEN_THRESHOLD"]
 
@@ -690,15 +691,8 @@ class PlaidIndex:
             "added_tokens": self._added_tokens,
         }
         arrays["manifest"] = np.frombuffer(json.dumps(manifest).encode(), dtype=np.uint8)
-        tmp = file.with_name(f".{file.name}.tmp-{os.getpid()}")
-        try:
-            with open(tmp, "wb") as f:
-                np.savez(f, **arrays)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, file)
-        finally:
-            tmp.unlink(missing_ok=True)
+        with atomic_write(file) as f:
+            np.savez(f, **arrays)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> PlaidIndex:

@@ -38,6 +38,25 @@ import numpy as np
 
 from codesearch.errors import IndexCorruptError, IndexLockedError
 
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike) -> Iterator[Any]:
+    """Open a temp file beside ``path`` for binary writing; on success fsync it and
+    ``os.replace`` it onto ``path``, so a reader finds the old file or the new one, never
+    half of one. On an error (or a kill) the temp file is removed and ``path`` is untouched.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
 STORE_FILE = "store.sqlite"
 LOCK_FILE = "lock"
 
