@@ -161,7 +161,7 @@ def test_a_vanished_model_degrades_to_lexical_and_each_notice_shows_once(tmp_pat
         result = cs.query("refund_invoice_zq17", k=1, refresh=True)
     assert result.hits[0].path == "src/payments.py" and result.indexes_used == ("lexical",)
     assert any("refreshed" in n for n in result.notices)
-    assert any(str(model) in n for n in result.notices)
+    assert any(str(model) in n and "--rebuild --model" in n for n in result.notices)
     assert len(result.notices) == len(set(result.notices)), result.notices
 
 def in_threads(work, n: int) -> list:

@@ -321,7 +321,11 @@ def resolve_encoders(
                 raise
             # The model this index was built with is gone (a deleted local folder, say):
             # search and indexing go on without its vectors rather than refusing to run.
-            notices.append(f"Model {name} recorded in the index cannot be loaded ({exc}); indexed without its vectors")
+            flag = "--model" if role == "dense" else "--multi-model"
+            notices.append(
+                f"Model {name} recorded in the index cannot be loaded ({exc}); its vectors are left out "
+                f"of this run (restore the model, or re-embed with 'codesearch index --rebuild {flag} PATH_OR_ID')"
+            )
             return None
         if bool(enc.multivector) != want_multi:
             what = "a ColBERT (multi-vector)" if want_multi else "a single-vector"
