@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from test_chunking import assert_invariants as base_invariants
+
 from codesearch.indexer.chunking import CHUNKED_LANGUAGES, chunk_source
 
 # fmt: off
@@ -551,21 +553,12 @@ SYMBOLS = {
 
 
 def assert_invariants(src: str, chunks) -> None:
-    """Ordered, disjoint, exact text and bytes, every non-blank line covered."""
-    lines = src.split("\n")
-    data = src.encode("utf-8", errors="surrogatepass")
-    covered: set[int] = set()
-    prev_end = 0
+    """The chunker's invariants (test_chunking), plus: no chunk starts or ends on a blank
+    line, and the encoder text is the header over the code."""
+    base_invariants(src, chunks)
     for c in chunks:
-        assert prev_end < c.start_line <= c.end_line <= len(lines), c
-        prev_end = c.end_line
-        assert c.text == "\n".join(lines[c.start_line - 1 : c.end_line])
-        assert data[c.start_byte : c.end_byte] == c.text.encode("utf-8", errors="surrogatepass")
         assert c.text.split("\n")[0].strip() and c.text.split("\n")[-1].strip()
         assert c.encoder_text == c.header + "\n" + c.text
-        covered.update(range(c.start_line, c.end_line + 1))
-    nonblank = {i + 1 for i, line in enumerate(lines) if line.strip()}
-    assert nonblank - covered == set()
 
 
 def test_every_language_has_a_snippet():
