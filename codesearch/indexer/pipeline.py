@@ -370,7 +370,9 @@ def _chunk_budget(encoders: Encoders, chunk_tokens: int | None) -> tuple[int, Ca
             raise CodeSearchError(f"chunk size {chunk_tokens} tokens is too small (use 64 or more)")
         budget = int(chunk_tokens)
     else:
-        budget = min([MAX_CHUNK_TOKENS, *(int(e.max_length) for e in encs)])
+        # An encoder that reads long documents window by window does not cap the chunk size;
+        # one that truncates (multi-vector) does, so that it sees each chunk whole.
+        budget = min([MAX_CHUNK_TOKENS, *(int(e.max_length) for e in encs if not getattr(e, "windows", False))])
     if not encs:
         return budget, None, "approx"
     counter = encs[0]
@@ -639,7 +641,9 @@ def _build(
     for enc, items in streams.values():
         for batch in _batches(items):
             texts = [t for _, _, t in batch]
-            out = enc.encode(texts, kind="document")
+            # A whole file is read up to the model's window (its vector only matters for
+            # long-context models); a chunk is read whole, window by window if need be.
+            out = enc.encode(texts, kind="document", truncate=[k == "file" for k, _, _ in batch])
             vectors = list(out) if enc.multivector else [np.asarray(out)[i] for i in range(len(texts))]
             by_kind: dict[str, list[tuple[str, np.ndarray]]] = defaultdict(list)
             for (kind, h, _), v in zip(batch, vectors):
@@ -650,7 +654,10 @@ def _build(
             for kind, pairs in by_kind.items():
                 newly_encoded[kind].update(h for h, _ in pairs)
             texts_encoded += len(texts)
-            tokens_encoded += sum(min(n, int(enc.max_length)) for n in enc.count_tokens(texts))
+            tokens_encoded += sum(
+                n if enc.windows and k != "file" else min(n, int(enc.max_length))
+                for n, (k, _, _) in zip(enc.count_tokens(texts), batch)
+            )
             elapsed = max(time.perf_counter() - enc_t0, 1e-9)
             report(
                 "encode", texts_encoded, total_texts, files=len(work), chunks=chunks_made,

@@ -142,6 +142,10 @@ class RankingParams:
     # models only; long-context ones have a real file vector, w_file_dense): lets a file whose
     # chunks each say a part of what the query asks for rise as a whole.
     w_file_centroid: float = 0.5
+    # Centrality: the fused score times (1 + w * c), c in [0, 1] growing with how many other
+    # files use a name the file defines (see _centrality). The file a question is about is
+    # more often the one the rest of the code leans on (SqlMapper.cs, not SqlMapper.Cache.cs).
+    w_central: float = 0.4
 
 
 # ---- query analysis ---------------------------------------------------------------------
@@ -406,6 +410,53 @@ def _maxnorm(x: np.ndarray) -> np.ndarray:
     return x / m if m > 0 else x
 
 
+_DEF_NAME_RE = re.compile(r"[a-z_][a-z0-9_]{2,}")
+
+
+def _centrality(corpus: _Corpus, file_tf: sp.spmatrix, vocab: dict[str, int], *, max_share: float = 0.25) -> np.ndarray:
+    """Per file, ``log(1 + u) / log(1 + max u)``, ``u`` = how many other files use a name the
+    file defines (a symbol of one of its chunks, or its file name's stem).
+
+    A name found in more than ``max_share`` of the files (``get``, ``index``) says nothing
+    about who depends on whom and is left out. Uses the lexical index's per-file term
+    counts, so "uses" means "contains the name as a whole token".
+    """
+    nf = len(corpus.files)
+    if nf < 2 or not vocab:
+        return np.zeros(nf, dtype=np.float32)
+    rows: list[int] = []
+    cols: list[int] = []
+    term = functools.lru_cache(maxsize=None)(lambda name: vocab.get(stem_word(name)))
+    for i, names in enumerate(corpus.symbols):
+        for name in names:
+            if _DEF_NAME_RE.fullmatch(name) and (t := term(name)) is not None:
+                rows.append(int(corpus.file_idx[i]))
+                cols.append(t)
+    for f, stem in enumerate(corpus.stems):
+        if len(stem) >= 3 and (t := term(stem)) is not None:
+            rows.append(f)
+            cols.append(t)
+    n_terms = file_tf.shape[1]
+    defines = sp.csr_matrix((np.ones(len(rows), np.float32), (rows, cols)), shape=(nf, n_terms))
+    defines.data[:] = 1.0  # duplicates were summed
+    uses = sp.csr_matrix(file_tf, dtype=np.float32, copy=True)
+    uses.data[:] = 1.0
+    df = np.asarray(uses.sum(axis=0)).ravel()
+    keep = sp.diags((df <= max(5.0, max_share * nf)).astype(np.float32))
+    uses_t = (uses @ keep).T.tocsr()
+    users = np.zeros(nf, dtype=np.float32)
+    for lo in range(0, nf, 2048):  # files x files in row blocks: bounded memory on big repos
+        pairs = (defines[lo : lo + 2048] @ uses_t).tocsr()
+        pairs.eliminate_zeros()
+        users[lo : lo + 2048] = np.diff(pairs.indptr)
+        block = np.arange(lo, min(lo + 2048, nf))
+        self_use = np.asarray(pairs[block - lo, block]).ravel() > 0
+        users[lo : lo + 2048] -= self_use
+    out = np.log1p(users)
+    top = float(out.max())
+    return (out / top).astype(np.float32) if top > 0 else out.astype(np.float32)
+
+
 # ---- the ranking core (no store, no model: arrays in, rows out) --------------------------
 
 
@@ -441,6 +492,11 @@ class _Ranker:
         self._by_path_token = _invert(corpus.path_tokens)
         self._path_words = sorted(self._by_path_token)
         self._by_stem = _invert([frozenset((st,)) for st in corpus.stems])
+
+    @functools.cached_property
+    def centrality(self) -> np.ndarray:
+        """Per file, in [0, 1]: see :func:`_centrality` (computed on first use)."""
+        return _centrality(self.corpus, self._file_tf, self.lexical.vocab)
 
     @property
     def file_bm25(self) -> BM25Matrix:
@@ -605,6 +661,8 @@ class _Ranker:
             best = np.zeros(len(c.files), dtype=np.float32)
             np.maximum.at(best, c.file_idx, total)
             total = total + p.w_file_fused_max * best[c.file_idx]
+        if p.w_central:
+            total *= 1.0 + p.w_central * self.centrality[c.file_idx]
         if p.demote < 1.0:
             factor = np.ones(4, dtype=np.float32)
             factor[1] = 1.0 if q.wants_tests else p.demote

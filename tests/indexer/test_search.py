@@ -317,3 +317,80 @@ def test_path_word_matching_equals_the_scan(lexical_index):
                 if pt == t or (min_prefix and min(len(pt), len(t)) >= min_prefix and (pt.startswith(t) or t.startswith(pt)))
             }
             assert r._path_matches(t, min_prefix) == expected, (t, min_prefix)
+
+
+CENTRAL_FILES = {
+    "core/engine.py": "class Engine:\n    '''Runs each plan.'''\n\n    def run(self, plan):\n        return plan.execute()\n",
+    "core/engine_cache.py": (
+        "class EngineCache:\n    '''Keeps each plan the engine ran, so the engine skips planning.'''\n\n"
+        "    def plan_for(self, key):\n        return self.plans.get(key)\n"
+    ),
+    "app/api.py": "from core.engine import Engine\n\ndef serve():\n    return Engine().run(None)\n",
+    "app/cli.py": "from core.engine import Engine\n\ndef main():\n    Engine().run(None)\n",
+    "app/jobs.py": "from core.engine import Engine\n\ndef nightly():\n    Engine().run(None)\n",
+    "app/util.py": "def helper():\n    return 1\n",
+}
+
+
+@pytest.fixture(scope="module")
+def central_index(tmp_path_factory):
+    root = tmp_path_factory.mktemp("central")
+    for rel, text in CENTRAL_FILES.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    pipeline.build_index(root)
+    searcher = Searcher(root / ".codesearch")
+    yield root, searcher
+    searcher.close()
+
+
+def test_centrality_counts_the_files_that_use_what_a_file_defines(central_index):
+    """Checked against sets built from the files' own text: users of a file's names, the
+    file itself left out, a name in more than a quarter of the files ignored."""
+    import math
+
+    from codesearch.indexer.lexical import stem_word, tokenize
+
+    root, searcher = central_index
+    r = searcher._ranker
+    c = r.corpus
+    tokens = {f: set(tokenize((root / f).read_text())) for f in c.files}
+    defined: dict[str, set[str]] = {f: set() for f in c.files}
+    for i, names in enumerate(c.symbols):
+        defined[c.files[c.file_idx[i]]] |= {stem_word(n) for n in names if n.isidentifier() and len(n) >= 3}
+    for f, stem in zip(c.files, c.stems):
+        if len(stem) >= 3:
+            defined[f].add(stem_word(stem))
+    df = {t: sum(t in toks for toks in tokens.values()) for t in set().union(*tokens.values())}
+    cap = max(5.0, 0.25 * len(c.files))
+    users = {
+        f: sum(1 for g in c.files if g != f and any(t in tokens[g] and df[t] <= cap for t in defined[f]))
+        for f in c.files
+    }
+    top = max(math.log1p(u) for u in users.values())
+    got = dict(zip(c.files, r.centrality.tolist()))
+    assert users["core/engine.py"] == 4  # the three app files and engine_cache.py ("engine")
+    assert users["app/util.py"] == 0
+    for f in c.files:
+        assert got[f] == pytest.approx(math.log1p(users[f]) / top, abs=1e-6), f
+
+
+def test_centrality_multiplies_each_files_score(central_index):
+    """A file's fused score is scaled by 1 + w_central * centrality: the engine three files
+    import gains 40%, the cache nobody uses keeps its score."""
+    from dataclasses import replace
+
+    _, searcher = central_index
+    r = searcher._ranker
+    params = r.params
+    try:
+        scores = {}
+        for w in (0.0, params.w_central):
+            r.params = replace(params, w_central=w)
+            scores[w] = {h.path: h.score for h in searcher.search("engine plan", 5, mode="lexical").hits}
+    finally:
+        r.params = params
+    base, lifted = scores[0.0], scores[params.w_central]
+    assert params.w_central == pytest.approx(0.4)
+    assert lifted["core/engine.py"] == pytest.approx(base["core/engine.py"] * 1.4, rel=1e-5)
+    assert lifted["core/engine_cache.py"] == pytest.approx(base["core/engine_cache.py"], rel=1e-6)
