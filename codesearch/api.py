@@ -245,9 +245,14 @@ class CodeSearch:
         # codesearch.server.repos pre-fills and reads this dict to share loaded encoders
         # between the CodeSearch objects of successive index generations: keep its shape.
         self._encoders: dict[tuple[Any, Any], tuple[pipeline.Encoders, list[str]]] = {}
-        # "lexical" | "full" -> (Searcher, notices); the server holds these via _get_searcher.
-        self._searchers: dict[str, tuple[Any, list[str]]] = {}
+        # One Searcher for every mode: opened without encoders (a lexical search never loads
+        # a model), given the query encoders by the first search that needs them, after
+        # which _search_notices holds what resolving them said. The server gets it through
+        # _get_searcher.
+        self._searcher: Any = None
+        self._search_notices: list[str] | None = None
         self._state_lock = threading.Lock()  # guards lazy creation of encoders and searcher
+        self._attach_lock = threading.Lock()  # one thread loads and attaches the query encoders
         self._rw = _ReadWriteLock()  # searches read, index runs write
         self._closed = False
 
@@ -471,28 +476,37 @@ class CodeSearch:
             return cached
 
     def _get_searcher(self, *, lexical: bool) -> tuple[Any, list[str]]:
-        # A lexical search gets a searcher without encoders, so it never loads a model.
-        # Also called by codesearch.server.repos (it keeps a generation's searchers warm):
-        # keep the signature and the (searcher, notices) return.
-        key = "lexical" if lexical else "full"
-        with self._state_lock:
-            ready = self._searchers.get(key)
-        if ready is not None:
-            return ready
-        encoders, notices = (pipeline.Encoders(), []) if lexical else self._get_encoders(self._search_models())
-        from codesearch.indexer.search import Searcher
+        """The searcher, with the query encoders attached unless ``lexical``, and the
+        notices from loading them.
 
-        searcher = Searcher(self.index_dir, encoders=encoders)
+        Also called by codesearch.server.repos (it keeps a generation's searcher warm):
+        keep the signature and the (searcher, notices) return.
+        """
         with self._state_lock:
-            if key in self._searchers:  # another thread got there first
-                searcher.close()
-            else:
-                self._searchers[key] = (searcher, notices)
-            return self._searchers[key]
+            searcher = self._searcher
+        if searcher is None:
+            from codesearch.indexer.search import Searcher
+
+            opened = Searcher(self.index_dir)
+            with self._state_lock:
+                if self._searcher is None:
+                    self._searcher = opened
+                else:  # another thread got there first
+                    opened.close()
+                searcher = self._searcher
+        if lexical:
+            return searcher, []
+        with self._attach_lock:
+            if self._search_notices is None:
+                encoders, notices = self._get_encoders(self._search_models())
+                searcher.set_encoders(encoders)
+                self._search_notices = list(notices)
+            return searcher, self._search_notices
 
     def _close_searchers(self) -> None:
-        searchers, self._searchers = self._searchers, {}
-        for searcher, _ in searchers.values():
+        # The caller holds _state_lock (and the write lock, so no search is under way).
+        searcher, self._searcher, self._search_notices = self._searcher, None, None
+        if searcher is not None:
             searcher.close()
 
     def _index(

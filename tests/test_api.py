@@ -112,6 +112,20 @@ def test_lexical_search_never_imports_torch(model_repo):
     assert json.loads(out) == ["src/config.js", False, False]
 
 
+def test_lexical_and_hybrid_searches_share_one_searcher(model_repo):
+    """Every mode reads one copy of the index; the encoders join it on the first search
+    that needs them, and a lexical search before that loads no model."""
+    root, _ = model_repo
+    with CodeSearch(root) as cs:
+        lexical = cs.query("parseConfigFile", k=2, mode="lexical")
+        searcher, _ = cs._get_searcher(lexical=True)
+        assert searcher._encoders is None and cs._encoders == {}
+        hybrid = cs.query("parseConfigFile", k=2)
+        assert cs._get_searcher(lexical=False)[0] is searcher
+        assert searcher._encoders is not None and "dense" in hybrid.indexes_used
+        assert cs.query("parseConfigFile", k=2, mode="lexical").hits == lexical.hits
+
+
 def test_status_reports_counts_models_staleness_and_size(tmp_path, single_vector_dir):
     root = write_sample_repo(tmp_path / "repo")
     with CodeSearch(root, model=str(single_vector_dir), multi_model=None, device="cpu") as cs:

@@ -119,11 +119,6 @@ class PoolingHead:
     normalize: bool = False
     hidden_size: int = 0
     prompts: dict[str, str] = field(default_factory=dict)  # kind -> text prepended (config prompts)
-    # A document longer than max_length: "windows" = the length-weighted mean of the vectors
-    # of consecutive windows that cover it (a 256-token model then reads a 512-token chunk
-    # whole), or "truncate" = its first max_length tokens only.
-    long_documents: str = "windows"
-    max_windows: int = 32  # bound on the cost of one huge text; the rest is truncated
 
     multivector = False
 
@@ -133,7 +128,7 @@ class PoolingHead:
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "pooling", "modes": self.modes, "normalize": self.normalize, "max_length": self.max_length,
-                "prompts": self.prompts, "long_documents": self.long_documents}
+                "prompts": self.prompts}
 
     def to(self, device, dtype) -> None:
         self.dense = [d.to(device, dtype) for d in self.dense]
@@ -141,54 +136,6 @@ class PoolingHead:
     def tokenize(self, tokenizer: TextTokenizer, texts: list[str], kind: str) -> Tokenized:
         prompt = self.prompts.get(kind, "")
         return Tokenized(tokenizer.encode([prompt + t for t in texts], self.max_length))
-
-    def tokenize_windows(
-        self, tokenizer: TextTokenizer, texts: list[str], kind: str, truncate: list[bool]
-    ) -> tuple[Tokenized, np.ndarray]:
-        """Each text as one or more windows of at most ``max_length`` tokens, and the text
-        each window belongs to.
-
-        A long text is cut into near-equal consecutive pieces (no tiny last window), each
-        wrapped in the checkpoint's special tokens and the kind's prompt. A text whose
-        ``truncate`` flag is set, or a tokenizer whose special tokens are not one before and
-        one after the text, keeps the usual truncation.
-        """
-        prompt = self.prompts.get(kind, "")
-        full = tokenizer.encode([prompt + t for t in texts], None)
-        bare = tokenizer.encode([""], None)[0]
-        lead = 1 + (len(tokenizer.encode([prompt], None)[0]) - 2 if prompt else 0)
-        splittable = len(bare) == 2 and lead >= 1
-        width = self.max_length - lead - 1
-        ids: list[list[int]] = []
-        owner: list[int] = []
-        for i, x in enumerate(full):
-            if len(x) <= self.max_length:
-                ids.append(x)
-                owner.append(i)
-                continue
-            if truncate[i] or not splittable or width < 8:
-                ids.append(x[: self.max_length - 1] + x[-1:])
-                owner.append(i)
-                continue
-            content = x[lead:-1]
-            n = min(-(-len(content) // width), self.max_windows)
-            size = min(-(-len(content) // n), width)
-            for j in range(n):
-                ids.append(x[:lead] + content[j * size : (j + 1) * size] + x[-1:])
-                owner.append(i)
-        return Tokenized(ids), np.asarray(owner, dtype=np.int64)
-
-    def merge_windows(self, vectors: np.ndarray, owner: np.ndarray, lengths: list[int], n: int) -> np.ndarray:
-        """One vector per text: the window vectors' mean weighted by window length."""
-        if len(owner) == n:
-            return vectors
-        w = np.asarray(lengths, dtype=np.float32)[:, None]
-        out = np.zeros((n, vectors.shape[1]), dtype=np.float32)
-        np.add.at(out, owner, vectors * w)
-        out /= np.bincount(owner, weights=w[:, 0], minlength=n)[:, None].astype(np.float32)
-        if self.normalize:
-            out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
-        return out
 
     def count_extra(self, kind: str) -> int:
         return 0

@@ -12,7 +12,6 @@ import contextlib
 import functools
 import logging
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -260,8 +259,7 @@ class Encoder:
     dim : int
         Size of each output vector.
     max_length : int
-        Longest input in tokens (ColBERT: ``document_length``). A longer document is read
-        window by window by a single-vector model and truncated by a multi-vector one.
+        Longest document in tokens (ColBERT: ``document_length``); longer texts are truncated.
 
     Examples
     --------
@@ -295,12 +293,6 @@ class Encoder:
         return int(self.head.max_length)
 
     @property
-    def windows(self) -> bool:
-        """True when a document longer than ``max_length`` is read whole, window by window
-        (single-vector models); a multi-vector model truncates it."""
-        return getattr(self.head, "long_documents", "truncate") == "windows"
-
-    @property
     def backend(self) -> str:
         """Attention backend in use: "flash", "sdpa" or "transformers"."""
         return self.backbone.backend_name
@@ -330,12 +322,7 @@ class Encoder:
         return token_batches([len(x) for x in ids], budget, padded=padded)
 
     def encode(
-        self,
-        texts: list[str],
-        kind: str = "document",
-        batch_tokens: int | None = None,
-        *,
-        truncate: bool | Sequence[bool] = False,
+        self, texts: list[str], kind: str = "document", batch_tokens: int | None = None
     ) -> np.ndarray | list[np.ndarray]:
         """Vectors for ``texts``, in input order.
 
@@ -347,11 +334,6 @@ class Encoder:
             ``"document"`` or ``"query"`` (ColBERT prefixes and query expansion differ).
         batch_tokens
             Token budget per forward pass (default 16384 packed, 8192 padded).
-        truncate
-            A single-vector model reads a document longer than ``max_length`` whole, as the
-            mean of the vectors of consecutive windows (see :attr:`windows`); ``True`` (or a
-            per-text list of flags) keeps only its first ``max_length`` tokens instead.
-            Queries and multi-vector models always truncate.
 
         Returns
         -------
@@ -365,15 +347,8 @@ class Encoder:
         if isinstance(texts, str):
             raise TypeError("encode() takes a list of texts, not one string; wrap it: encode([text])")
         texts = list(texts)
-        owner = None
-        if kind == "document" and self.windows:
-            flags = [bool(truncate)] * len(texts) if isinstance(truncate, bool) else [bool(f) for f in truncate]
-            if len(flags) != len(texts):
-                raise ValueError(f"truncate has {len(flags)} flags for {len(texts)} texts")
-            tok, owner = self.head.tokenize_windows(self.tokenizer, texts, kind, flags)
-        else:
-            tok = self.head.tokenize(self.tokenizer, texts, kind)
-        results: list = [None] * len(tok.ids)
+        tok = self.head.tokenize(self.tokenizer, texts, kind)
+        results: list = [None] * len(texts)
         # the head's small ops too: a second thread woken for them would spin on a busy machine
         small = self.device.type == "cpu" and sum(map(len, tok.ids)) <= SMALL_FORWARD_TOKENS
         with single_thread(small):
@@ -389,10 +364,7 @@ class Encoder:
             return results
         if not results:
             return np.zeros((0, self.dim), dtype=np.float32)
-        out = np.stack(results).astype(np.float32, copy=False)
-        if owner is not None:
-            out = self.head.merge_windows(out, owner, [len(x) for x in tok.ids], len(texts))
-        return out
+        return np.stack(results).astype(np.float32, copy=False)
 
     def hidden_states(self, texts: list[str], batch_tokens: int | None = None) -> list[torch.Tensor]:
         """Last-layer hidden states of ``[CLS] text [SEP]`` (truncated to ``max_length``), real

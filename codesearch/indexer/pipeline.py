@@ -370,9 +370,13 @@ def _chunk_budget(encoders: Encoders, chunk_tokens: int | None) -> tuple[int, Ca
             raise CodeSearchError(f"chunk size {chunk_tokens} tokens is too small (use 64 or more)")
         budget = int(chunk_tokens)
     else:
-        # An encoder that reads long documents window by window does not cap the chunk size;
-        # one that truncates (multi-vector) does, so that it sees each chunk whole.
-        budget = min([MAX_CHUNK_TOKENS, *(int(e.max_length) for e in encs if not getattr(e, "windows", False))])
+        # A multi-vector model truncates, and a token it drops cannot match: its window caps
+        # the chunk. A single-vector model's window does not (MiniLM reads 256 tokens of a
+        # 512-token chunk): on the benchmark, hybrid NDCG was the same with 256- and
+        # 512-token chunks, lexical better with 512, and 512 halves the texts to encode.
+        # (Reading a long chunk as the mean of its windows' vectors was measured too: hybrid
+        # 0.875 -> 0.868 for 1.5x the encoding, BENCHMARKS.md.)
+        budget = min([MAX_CHUNK_TOKENS, *(int(e.max_length) for e in encs if getattr(e, "multivector", False))])
     if not encs:
         return budget, None, "approx"
     counter = encs[0]
@@ -641,9 +645,7 @@ def _build(
     for enc, items in streams.values():
         for batch in _batches(items):
             texts = [t for _, _, t in batch]
-            # A whole file is read up to the model's window (its vector only matters for
-            # long-context models); a chunk is read whole, window by window if need be.
-            out = enc.encode(texts, kind="document", truncate=[k == "file" for k, _, _ in batch])
+            out = enc.encode(texts, kind="document")
             vectors = list(out) if enc.multivector else [np.asarray(out)[i] for i in range(len(texts))]
             by_kind: dict[str, list[tuple[str, np.ndarray]]] = defaultdict(list)
             for (kind, h, _), v in zip(batch, vectors):
@@ -654,10 +656,7 @@ def _build(
             for kind, pairs in by_kind.items():
                 newly_encoded[kind].update(h for h, _ in pairs)
             texts_encoded += len(texts)
-            tokens_encoded += sum(
-                n if enc.windows and k != "file" else min(n, int(enc.max_length))
-                for n, (k, _, _) in zip(enc.count_tokens(texts), batch)
-            )
+            tokens_encoded += sum(min(n, int(enc.max_length)) for n in enc.count_tokens(texts))
             elapsed = max(time.perf_counter() - enc_t0, 1e-9)
             report(
                 "encode", texts_encoded, total_texts, files=len(work), chunks=chunks_made,

@@ -797,8 +797,9 @@ class Searcher:
         q = _analyse(query)
         dense_built = self._dense is not None and len(self._dense) > 0
         colbert_built = self._plaid is not None and len(self._plaid) > 0
-        has_dense = dense_built and self._encoder("dense") is not None
-        has_colbert = colbert_built and self._encoder("multi") is not None
+        # A model is asked for only by a mode that searches its vectors.
+        has_dense = dense_built and mode in ("hybrid", "dense") and self._encoder("dense") is not None
+        has_colbert = colbert_built and mode in ("hybrid", "colbert") and self._encoder("multi") is not None
         if mode == "dense" and not has_dense:
             raise QueryError(
                 "dense search needs the index's model to encode the query and it is not loaded (make the "
@@ -854,6 +855,11 @@ class Searcher:
         picked = self._ranker.select(total, k, files_only=files_only)
         hits = self._hits(picked, sources)
         return SearchResult(query=query, mode=mode, hits=hits, indexes_used=tuple(used), notices=notices)
+
+    def set_encoders(self, encoders: Any) -> None:
+        """Use these query encoders from the next search on (``None``: lexical only)."""
+        with self._lock:
+            self._encoders = encoders
 
     def close(self) -> None:
         """Release the store connection (idempotent)."""

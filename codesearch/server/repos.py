@@ -93,7 +93,7 @@ class _Cancelled(BaseException):
 
 @dataclass(eq=False)
 class _Reader:
-    """One generation's `CodeSearch` and its two searchers, opened and warmed up front.
+    """One generation's `CodeSearch` and its searcher, opened and warmed up front.
 
     Why hold the searchers rather than call ``cs.query``: `CodeSearch.query` first checks
     that ``store.sqlite`` exists on disk, and a rebuild deletes it for the length of the
@@ -101,7 +101,8 @@ class _Reader:
     """
 
     cs: Any  # codesearch.api.CodeSearch
-    searchers: dict[str, tuple[Any, list[str]]] | None = None  # "lexical" | "full" -> (Searcher, notices)
+    # "lexical" | "full" -> (Searcher, notices): one Searcher, with the notices of each kind
+    searchers: dict[str, tuple[Any, list[str]]] | None = None
     users: int = 0
     retired: bool = False
 
@@ -280,13 +281,14 @@ class ServedRepo:
 
         cs = CodeSearch(self.root, **self.options.kwargs())
         self._share_encoders(cs)
-        # Open both searchers (lexical, and full with the query encoders) and run one query
-        # on each before the swap, so the first request after it pays nothing.
+        # Open the searcher (lexical, then with the query encoders attached) and run one
+        # query of each kind before the swap, so the first request after it pays nothing.
         get_searcher = getattr(cs, "_get_searcher", None)
         searchers = None
         if callable(get_searcher):
             searchers = {"lexical": get_searcher(lexical=True), "full": get_searcher(lexical=False)}
-            for searcher, _ in searchers.values():
+            # Both entries are usually one Searcher: pin and wrap each object once.
+            for searcher in {id(s): s for s, _ in searchers.values()}.values():
                 _pin_snapshot(searcher)
                 if self._query_batching:
                     _batch_queries(searcher)

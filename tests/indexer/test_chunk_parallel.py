@@ -75,9 +75,18 @@ def test_pipeline_counts_with_a_picklable_tokenizer(single_vector_dir):
     """With a model, the pipeline's token count is the encoder's, in a form workers can rebuild."""
     enc = load(single_vector_dir, device="cpu", dtype="float32")
     budget, counter, identity = _chunk_budget(Encoders(dense=enc), None)
-    assert identity == enc.identity and budget == min(MAX_CHUNK_TOKENS, enc.max_length)
+    # A single-vector model's window does not cap the chunk (it reads the chunk's start).
+    assert identity == enc.identity and budget == MAX_CHUNK_TOKENS
     text = "def f(x):\n    return x + 1\n"
     assert pickle.loads(pickle.dumps(counter))(text) == enc.count_tokens([text])[0]
+
+
+def test_a_multi_vector_models_window_caps_the_chunk(single_vector_dir, colbert_dir):
+    dense = load(single_vector_dir, device="cpu", dtype="float32")
+    multi = load(colbert_dir, device="cpu", dtype="float32")
+    assert multi.max_length < MAX_CHUNK_TOKENS
+    assert _chunk_budget(Encoders(dense=dense, multi=multi), None)[0] == multi.max_length
+    assert _chunk_budget(Encoders(dense=dense, multi=multi), 300)[0] == 300
 
 
 def test_stopping_early_shuts_the_pool_down():
