@@ -145,7 +145,7 @@ class RankingParams:
     # Centrality: the fused score times (1 + w * c), c in [0, 1] growing with how many other
     # files use a name the file defines (see _centrality). The file a question is about is
     # more often the one the rest of the code leans on (SqlMapper.cs, not SqlMapper.Cache.cs).
-    w_central: float = 0.4
+    w_central: float = 0.3
 
 
 # ---- query analysis ---------------------------------------------------------------------

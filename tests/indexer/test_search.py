@@ -377,7 +377,7 @@ def test_centrality_counts_the_files_that_use_what_a_file_defines(central_index)
 
 def test_centrality_multiplies_each_files_score(central_index):
     """A file's fused score is scaled by 1 + w_central * centrality: the engine three files
-    import gains 40%, the cache nobody uses keeps its score."""
+    import gains 30%, the cache nobody uses keeps its score."""
     from dataclasses import replace
 
     _, searcher = central_index
@@ -391,6 +391,6 @@ def test_centrality_multiplies_each_files_score(central_index):
     finally:
         r.params = params
     base, lifted = scores[0.0], scores[params.w_central]
-    assert params.w_central == pytest.approx(0.4)
-    assert lifted["core/engine.py"] == pytest.approx(base["core/engine.py"] * 1.4, rel=1e-5)
+    assert params.w_central == pytest.approx(0.3)
+    assert lifted["core/engine.py"] == pytest.approx(base["core/engine.py"] * 1.3, rel=1e-5)
     assert lifted["core/engine_cache.py"] == pytest.approx(base["core/engine_cache.py"], rel=1e-6)
