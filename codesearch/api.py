@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -304,19 +303,7 @@ class CodeSearch:
             raise IndexWriteError(
                 f"the index folder {str(self.index_dir)!r} is a file (move it away, or pass --index-dir FOLDER)"
             )
-        dir_existed = self.index_dir.is_dir()
-        store_existed = (self.index_dir / STORE_FILE).is_file()
-        try:
-            return self._index((self.model, self.multi_model), rebuild=rebuild, progress=progress)
-        except NothingToIndexError:
-            if not store_existed:
-                # The pipeline opens the store before it walks; an empty index left behind
-                # would make `query` answer "No results" instead of "not indexed yet".
-                if dir_existed:
-                    pipeline._remove_index_files(self.index_dir)
-                else:
-                    shutil.rmtree(self.index_dir, ignore_errors=True)
-            raise
+        return self._index((self.model, self.multi_model), rebuild=rebuild, progress=progress)
 
     # -- searching -----------------------------------------------------------------------
 

@@ -448,7 +448,8 @@ def build_index(
         old index; vectors of the same model and text still come from the cache. An
         unreadable store is deleted first.
     chunk_tokens
-        Chunk budget; default ``min(512, the models' document max_length)``. A different
+        Chunk budget; default 512 tokens, or less when a multi-vector model's window is
+        shorter (a single-vector model with a shorter window reads each chunk's start). A different
         budget than the last run re-chunks every file (vectors still come from the cache
         when chunk texts match).
     progress
@@ -474,6 +475,8 @@ def build_index(
     idir = Path(index_dir).expanduser().resolve() if index_dir is not None else default_index_dir(root_path)
     encoders = encoders or Encoders()
     report = _Progress(progress)
+    dir_existed = idir.is_dir()
+    store_existed = (idir / STORE_FILE).is_file()
     _prepare_index_dir(idir)
     # A searcher may hold the lock for a moment to save an index it rebuilt; wait for that,
     # never for another writer.
@@ -493,10 +496,19 @@ def build_index(
                 store, root_path, idir, encoders, include, exclude, max_file_bytes, chunk_tokens, report, t0,
                 walk, rebuild,
             )
+        except NothingToIndexError:
+            store.close()
+            if not store_existed:
+                # The store was opened before the walk; leaving it empty would make a query
+                # answer "no results" instead of "not indexed yet".
+                _remove_index_files(idir)
+            raise
         finally:
             store.close()
     finally:
         lock.release()
+        if not dir_existed and not (idir / STORE_FILE).exists():
+            shutil.rmtree(idir, ignore_errors=True)
 
 
 def _build(

@@ -171,6 +171,14 @@ def test_nothing_to_index_says_what_was_skipped(tmp_path):
     (tmp_path / "blob.bin").write_bytes(bytes(range(256)) * 8)
     with pytest.raises(NothingToIndexError, match="binary"):
         build_index(tmp_path)
+    # Nothing is left behind: a later query says "not indexed", not "no results".
+    assert not (tmp_path / ".codesearch").exists()
+    own = tmp_path / "own-index"
+    own.mkdir()
+    (own / "notes.txt").write_text("mine")
+    with pytest.raises(NothingToIndexError):
+        build_index(tmp_path, index_dir=own)
+    assert not (own / "store.sqlite").exists() and (own / "notes.txt").read_text() == "mine"
 
 
 def test_second_indexer_is_refused_while_the_first_holds_the_lock(repo):
