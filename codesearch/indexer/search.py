@@ -109,7 +109,7 @@ class RankingParams:
 
     w_lexical: float = 1.5  # chunk BM25, max-normalised
     w_file_lexical: float = 0.6  # whole-file BM25, max-normalised
-    w_dense: float = 1.0  # chunk vector score (see fusion)
+    w_dense: float = 0.75  # chunk vector score (see fusion)
     w_file_dense: float = 0.5  # whole-file cosine (long-context models only, see FILE_VECTOR_MIN_TOKENS)
     w_colbert: float = 1.0  # MaxSim (see fusion)
     w_path: float = 2.0  # share of query words in the file's name / folder
