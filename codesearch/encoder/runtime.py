@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,12 +147,29 @@ def token_batches(lengths: list[int], budget: int, *, padded: bool = False) -> l
 # Threads for small inputs
 # --------------------------------------------------------------------------------------------
 
-# A forward pass over at most this many tokens runs on one intra-op thread. Such passes (a
-# search query is 10-40 tokens) are bound by reading the weights, not by arithmetic, so a
-# second thread gains little; and on a busy machine every op of a multi-threaded pass waits at
-# an OpenMP barrier for a thread the OS has descheduled, which made one short query cost
-# 10-25x its single-thread time (see BENCHMARKS.md "Query latency").
+# A forward pass over at most this many tokens runs on one intra-op thread when the machine
+# is busy (machine_busy). Such passes (a search query is 10-40 tokens) are bound by reading
+# the weights; on a busy machine every op of a multi-threaded pass waits at an OpenMP
+# barrier for a thread the OS has descheduled, which made one short query cost 10-25x its
+# single-thread time, while on a quiet one a second thread still cuts it by a third
+# (see BENCHMARKS.md "Query latency").
 SMALL_FORWARD_TOKENS = 128
+
+
+def machine_busy() -> bool:
+    """True when the CPUs are already taken: the 1-minute load average is above the core
+    count less one (unknown load counts as busy).
+
+    Why: a short forward pass on a second OpenMP thread pays off only when that thread gets
+    a core at once. On a quiet 2-core machine two threads encode a 149M-model query in
+    25 ms instead of 40; on a busy one each of the ~400 small ops waits at a barrier for a
+    descheduled thread, and the same query took 10-25x its single-thread time.
+    """
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # not on this platform
+        return True
+    return load > (os.cpu_count() or 1) - 1
 
 _threads_lock = threading.Lock()
 _threads_users = 0  # forward passes currently inside single_thread()
@@ -203,7 +221,7 @@ class PackedBackbone:
 
     def __call__(self, ids: list[list[int]], n_keys: list[int] | None) -> torch.Tensor:
         batch = PackedBatch.from_ids(ids, self.device, n_keys)
-        small = self.device.type == "cpu" and sum(batch.lengths) <= SMALL_FORWARD_TOKENS
+        small = self.device.type == "cpu" and sum(batch.lengths) <= SMALL_FORWARD_TOKENS and machine_busy()
         with torch.inference_mode(), single_thread(small):
             return self.model(batch)  # (total_tokens, hidden)
 
@@ -229,7 +247,7 @@ class PaddedBackbone:
         for i, x in enumerate(ids):
             input_ids[i, : len(x)] = torch.tensor(x)
             mask[i, : keys[i]] = 1
-        small = self.device.type == "cpu" and len(ids) * L <= SMALL_FORWARD_TOKENS
+        small = self.device.type == "cpu" and len(ids) * L <= SMALL_FORWARD_TOKENS and machine_busy()
         with torch.inference_mode(), single_thread(small):
             out = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device))
         hidden = out.last_hidden_state  # (batch, L, hidden)
@@ -350,7 +368,7 @@ class Encoder:
         tok = self.head.tokenize(self.tokenizer, texts, kind)
         results: list = [None] * len(texts)
         # the head's small ops too: a second thread woken for them would spin on a busy machine
-        small = self.device.type == "cpu" and sum(map(len, tok.ids)) <= SMALL_FORWARD_TOKENS
+        small = self.device.type == "cpu" and sum(map(len, tok.ids)) <= SMALL_FORWARD_TOKENS and machine_busy()
         with single_thread(small):
             for batch in self._batches(tok.ids, batch_tokens):
                 sub = Tokenized(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from codesearch.encoder import load
+from codesearch.encoder import load, runtime
 from codesearch.encoder.attention import SdpaBackend
 from codesearch.encoder.modernbert import PackedBatch
 from codesearch.encoder.runtime import SMALL_FORWARD_TOKENS, single_thread
@@ -20,7 +20,8 @@ def _threads_seen_by_forward(enc, texts, kind="query"):
     return seen, out
 
 
-def test_short_query_runs_on_one_thread_and_restores_the_count(single_vector_dir):
+def test_short_query_runs_on_one_thread_and_restores_the_count(single_vector_dir, monkeypatch):
+    monkeypatch.setattr(runtime, "machine_busy", lambda: True)
     enc = load(single_vector_dir, device="cpu", dtype="float32")
     before = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -40,6 +41,32 @@ def test_short_query_runs_on_one_thread_and_restores_the_count(single_vector_dir
         assert abs(cls - short).max() < 1e-5
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_quiet_machine_keeps_every_thread_for_a_short_query(single_vector_dir, monkeypatch):
+    monkeypatch.setattr(runtime, "machine_busy", lambda: False)
+    enc = load(single_vector_dir, device="cpu", dtype="float32")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen, _ = _threads_seen_by_forward(enc, ["where do we retry failed requests"])
+        assert seen == [2]
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_busy_means_a_load_above_the_cores_less_one(monkeypatch):
+    monkeypatch.setattr(runtime.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(runtime.os, "getloadavg", lambda: (0.6, 0.5, 0.5))
+    assert runtime.machine_busy() is False
+    monkeypatch.setattr(runtime.os, "getloadavg", lambda: (1.7, 0.5, 0.5))
+    assert runtime.machine_busy() is True
+
+    def unknown():
+        raise OSError("no load average here")
+
+    monkeypatch.setattr(runtime.os, "getloadavg", unknown)
+    assert runtime.machine_busy() is True
 
 
 def test_single_thread_nests_and_restores_after_errors():
