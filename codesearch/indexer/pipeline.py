@@ -49,7 +49,7 @@ from codesearch.errors import (
     NothingToIndexError,
     PathError,
 )
-from codesearch.indexer.store import STORE_FILE, IndexLock, Store
+from codesearch.indexer.store import LOCK_FILE, STORE_FILE, IndexLock, Store
 
 if TYPE_CHECKING:  # pragma: no cover
     from codesearch.encoder import Encoder
@@ -476,11 +476,13 @@ def build_index(
     encoders = encoders or Encoders()
     report = _Progress(progress)
     dir_existed = idir.is_dir()
-    store_existed = (idir / STORE_FILE).is_file()
+    gitignore_existed = (idir / ".gitignore").exists()
+    lock_existed = (idir / LOCK_FILE).exists()
     _prepare_index_dir(idir)
     # A searcher may hold the lock for a moment to save an index it rebuilt; wait for that,
     # never for another writer.
     lock = IndexLock(idir).acquire(wait_for_readers=30.0)
+    store_existed = (idir / STORE_FILE).is_file()  # under the lock: no writer is between
     try:
         try:
             store = Store(idir / STORE_FILE)
@@ -500,15 +502,24 @@ def build_index(
             store.close()
             if not store_existed:
                 # The store was opened before the walk; leaving it empty would make a query
-                # answer "no results" instead of "not indexed yet".
-                _remove_index_files(idir)
+                # answer "no results" instead of "not indexed yet". Only what this run
+                # wrote goes (nothing else is written before the walk).
+                for name in (STORE_FILE, STORE_FILE + "-wal", STORE_FILE + "-shm"):
+                    (idir / name).unlink(missing_ok=True)
+                if not gitignore_existed:
+                    (idir / ".gitignore").unlink(missing_ok=True)
+                # Still under the lock: the lock file goes (an unlinked file stays lockable
+                # through our descriptor), then the folder if this run made it.
+                with contextlib.suppress(OSError):
+                    if not lock_existed:
+                        lock.path.unlink()
+                    if not dir_existed:
+                        idir.rmdir()
             raise
         finally:
             store.close()
     finally:
         lock.release()
-        if not dir_existed and not (idir / STORE_FILE).exists():
-            shutil.rmtree(idir, ignore_errors=True)
 
 
 def _build(

@@ -173,12 +173,16 @@ def test_nothing_to_index_says_what_was_skipped(tmp_path):
         build_index(tmp_path)
     # Nothing is left behind: a later query says "not indexed", not "no results".
     assert not (tmp_path / ".codesearch").exists()
+    # A folder of the user's own keeps exactly what it held, even names the index uses.
     own = tmp_path / "own-index"
-    own.mkdir()
-    (own / "notes.txt").write_text("mine")
+    (own / "plaid").mkdir(parents=True)
+    (own / "plaid" / "keep.txt").write_text("mine")
+    (own / "lexical.npz").write_text("mine too")
+    before = sorted(p.relative_to(own) for p in own.rglob("*"))
     with pytest.raises(NothingToIndexError):
         build_index(tmp_path, index_dir=own)
-    assert not (own / "store.sqlite").exists() and (own / "notes.txt").read_text() == "mine"
+    assert sorted(p.relative_to(own) for p in own.rglob("*")) == before
+    assert (own / "plaid" / "keep.txt").read_text() == "mine"
 
 
 def test_second_indexer_is_refused_while_the_first_holds_the_lock(repo):
