@@ -245,12 +245,13 @@ class CodeSearch:
         # between the CodeSearch objects of successive index generations: keep its shape.
         self._encoders: dict[tuple[Any, Any], tuple[pipeline.Encoders, list[str]]] = {}
         # One Searcher for every mode: opened without encoders (a lexical search never loads
-        # a model), given the query encoders by the first search that needs them, after
-        # which _search_notices holds what resolving them said. The server gets it through
-        # _get_searcher.
+        # a model), given the query encoders by the first search that needs them; _attached
+        # says which searcher got them and what resolving them said. The server gets it
+        # through _get_searcher.
         self._searcher: Any = None
-        self._search_notices: list[str] | None = None
-        self._state_lock = threading.Lock()  # guards lazy creation of encoders and searcher
+        self._attached: tuple[Any, list[str]] | None = None  # (searcher given the encoders, notices)
+        self._state_lock = threading.Lock()  # guards the searcher's creation and replacement
+        self._encoders_lock = threading.Lock()  # model loads: a lexical search never waits on one
         self._attach_lock = threading.Lock()  # one thread loads and attaches the query encoders
         self._rw = _ReadWriteLock()  # searches read, index runs write
         self._closed = False
@@ -450,7 +451,7 @@ class CodeSearch:
     def _get_encoders(self, models: tuple[Any, Any]) -> tuple[pipeline.Encoders, list[str]]:
         # Loading imports torch and reads weights: once per distinct pair of models, and
         # never for (None, None). The usual case (index, then search) shares one load.
-        with self._state_lock:
+        with self._encoders_lock:
             cached = self._encoders.get(models)
             if cached is None:
                 if models == (None, None):
@@ -484,15 +485,16 @@ class CodeSearch:
         if lexical:
             return searcher, []
         with self._attach_lock:
-            if self._search_notices is None:
+            attached = self._attached
+            if attached is None or attached[0] is not searcher:
                 encoders, notices = self._get_encoders(self._search_models())
                 searcher.set_encoders(encoders)
-                self._search_notices = list(notices)
-            return searcher, self._search_notices
+                attached = self._attached = (searcher, list(notices))
+            return searcher, attached[1]
 
     def _close_searchers(self) -> None:
         # The caller holds _state_lock (and the write lock, so no search is under way).
-        searcher, self._searcher, self._search_notices = self._searcher, None, None
+        searcher, self._searcher = self._searcher, None
         if searcher is not None:
             searcher.close()
 
