@@ -157,8 +157,9 @@ SMALL_FORWARD_TOKENS = 128
 
 
 def machine_busy() -> bool:
-    """True when the CPUs are already taken: the 1-minute load average is above the core
-    count less one (unknown load counts as busy).
+    """True when the CPUs are already taken: the 1-minute load average is above the number
+    of cores this process may run on, less one (unknown load counts as busy). Checked on
+    every short pass, not once: the load changes while a server runs.
 
     Why: a short forward pass on a second OpenMP thread pays off only when that thread gets
     a core at once. On a quiet 2-core machine two threads encode a 149M-model query in
@@ -169,7 +170,12 @@ def machine_busy() -> bool:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):  # not on this platform
         return True
-    return load > (os.cpu_count() or 1) - 1
+    try:
+        cores = len(os.sched_getaffinity(0))  # a container's share, not the host's count
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return load > cores - 1
+
 
 _threads_lock = threading.Lock()
 _threads_users = 0  # forward passes currently inside single_thread()

@@ -379,7 +379,8 @@ def _chunk_budget(encoders: Encoders, chunk_tokens: int | None) -> tuple[int, Ca
         budget = min([MAX_CHUNK_TOKENS, *(int(e.max_length) for e in encs if getattr(e, "multivector", False))])
     if not encs:
         return budget, None, "approx"
-    counter = encs[0]
+    # Count with the model whose window must hold the chunk whole (the multi-vector one).
+    counter = next((e for e in encs if getattr(e, "multivector", False)), encs[0])
     if hasattr(counter, "token_counter"):
         # picklable (tokenizer path + extra tokens), so chunking can run in worker processes
         return budget, counter.token_counter(), counter.identity

@@ -85,7 +85,8 @@ def test_a_multi_vector_models_window_caps_the_chunk(single_vector_dir, colbert_
     dense = load(single_vector_dir, device="cpu", dtype="float32")
     multi = load(colbert_dir, device="cpu", dtype="float32")
     assert multi.max_length < MAX_CHUNK_TOKENS
-    assert _chunk_budget(Encoders(dense=dense, multi=multi), None)[0] == multi.max_length
+    budget, _counter, identity = _chunk_budget(Encoders(dense=dense, multi=multi), None)
+    assert budget == multi.max_length and identity == multi.identity  # counted in its tokens
     assert _chunk_budget(Encoders(dense=dense, multi=multi), 300)[0] == 300
 
 
