@@ -34,7 +34,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from codesearch.errors import NotIndexedError, QueryError
-from codesearch.indexer.lexical import BM25Matrix, LexicalIndex, query_tokens, split_identifier, stem_word
+from codesearch.indexer.lexical import BM25Matrix, LexicalIndex, query_tokens, split_identifier, stem_word, tokenize
 
 __all__ = ["SearchHit", "SearchResult", "Searcher", "MODES", "RankingParams"]
 
@@ -413,13 +413,26 @@ def _maxnorm(x: np.ndarray) -> np.ndarray:
 _DEF_NAME_RE = re.compile(r"[a-z_][a-z0-9_]{2,}")
 
 
-def _centrality(corpus: _Corpus, file_tf: sp.spmatrix, vocab: dict[str, int], *, max_share: float = 0.25) -> np.ndarray:
+def _centrality(
+    corpus: _Corpus,
+    file_tf: sp.spmatrix,
+    vocab: dict[str, int],
+    *,
+    max_share: float = 0.25,
+    exact_max_users: int = 1000,
+    own_path_counts: bool = False,
+) -> np.ndarray:
     """Per file, ``log(1 + u) / log(1 + max u)``, ``u`` = how many other files use a name the
     file defines (a symbol of one of its chunks, or its file name's stem).
 
-    A name found in more than ``max_share`` of the files (``get``, ``index``) says nothing
-    about who depends on whom and is left out. Uses the lexical index's per-file term
-    counts, so "uses" means "contains the name as a whole token".
+    "Uses" means contains the name as a whole token (the lexical index's per-file term
+    counts). A name found in more than ``max_share`` of the files (``get``, ``index``) says
+    nothing about who depends on whom and is left out, and so is a name a file only carries
+    in its own path (every chunk's header holds its path: ``engine/cache.py`` does not use
+    ``engine.py``) unless ``own_path_counts``. Distinct users are counted exactly through
+    names in at most ``exact_max_users`` files; a name in more (only in repositories over
+    4,000 files) adds its user count as a lower bound instead, which bounds the work to
+    definitions x ``exact_max_users`` pairs.
     """
     nf = len(corpus.files)
     if nf < 2 or not vocab:
@@ -432,26 +445,39 @@ def _centrality(corpus: _Corpus, file_tf: sp.spmatrix, vocab: dict[str, int], *,
             if _DEF_NAME_RE.fullmatch(name) and (t := term(name)) is not None:
                 rows.append(int(corpus.file_idx[i]))
                 cols.append(t)
-    for f, stem in enumerate(corpus.stems):
-        if len(stem) >= 3 and (t := term(stem)) is not None:
-            rows.append(f)
-            cols.append(t)
+    for f, path in enumerate(corpus.files):
+        raw = _stem_and_parent(path)[0].lower()  # "http_client": the tokenizer keeps it whole
+        for stem in {raw, corpus.stems[f]}:
+            if len(stem) >= 3 and (t := term(stem)) is not None:
+                rows.append(f)
+                cols.append(t)
     n_terms = file_tf.shape[1]
-    defines = sp.csr_matrix((np.ones(len(rows), np.float32), (rows, cols)), shape=(nf, n_terms))
-    defines.data[:] = 1.0  # duplicates were summed
-    uses = sp.csr_matrix(file_tf, dtype=np.float32, copy=True)
-    uses.data[:] = 1.0
-    df = np.asarray(uses.sum(axis=0)).ravel()
-    keep = sp.diags((df <= max(5.0, max_share * nf)).astype(np.float32))
-    uses_t = (uses @ keep).T.tocsr()
+    defines = sp.csr_matrix((np.ones(len(rows), bool), (rows, cols)), shape=(nf, n_terms), dtype=bool)
+    uses = sp.csr_matrix(file_tf, copy=True).astype(bool)
+    if not own_path_counts:
+        own = [(f, t) for f, path in enumerate(corpus.files) for t in {vocab.get(x) for x in tokenize(path)} if t is not None]
+        if own:
+            fr, tc = zip(*own)
+            uses = uses > sp.csr_matrix((np.ones(len(own), bool), (fr, tc)), shape=uses.shape, dtype=bool)
+    df = np.diff(uses.tocsc().indptr)
+    common = df > max(5.0, max_share * nf)
+    exact = ~common & (df <= exact_max_users)
     users = np.zeros(nf, dtype=np.float32)
+    uses_t = (uses @ sp.diags(exact.astype(np.float32))).astype(bool).T.tocsr()
     for lo in range(0, nf, 2048):  # files x files in row blocks: bounded memory on big repos
-        pairs = (defines[lo : lo + 2048] @ uses_t).tocsr()
+        block = defines[lo : lo + 2048]
+        pairs = (block.astype(np.float32) @ uses_t.astype(np.float32)).tocsr()
         pairs.eliminate_zeros()
-        users[lo : lo + 2048] = np.diff(pairs.indptr)
-        block = np.arange(lo, min(lo + 2048, nf))
-        self_use = np.asarray(pairs[block - lo, block]).ravel() > 0
-        users[lo : lo + 2048] -= self_use
+        rows_in = np.arange(lo, min(lo + 2048, nf))
+        self_use = np.asarray(pairs[rows_in - lo, rows_in]).ravel() > 0
+        users[lo : lo + 2048] = np.diff(pairs.indptr) - self_use
+    wide = ~common & ~exact
+    if wide.any():  # lower bound: the users of the file's most used wide name, itself left out
+        keep = sp.diags(wide.astype(np.float32))
+        d = (defines.astype(np.float32) @ keep).tocsr()
+        others = d.multiply(df[None, :].astype(np.float32)) - d.multiply(uses.astype(np.float32))
+        best = sp.csr_matrix(others).max(axis=1)
+        users = np.maximum(users, np.asarray(best.todense()).ravel())
     out = np.log1p(users)
     top = float(out.max())
     return (out / top).astype(np.float32) if top > 0 else out.astype(np.float32)

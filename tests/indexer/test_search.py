@@ -320,12 +320,16 @@ def test_path_word_matching_equals_the_scan(lexical_index):
 
 
 CENTRAL_FILES = {
-    "core/engine.py": "class Engine:\n    '''Runs each plan.'''\n\n    def run(self, plan):\n        return plan.execute()\n",
+    "core/engine.py": (
+        "from core.plan_store import PlanStore\n\n\nclass Engine:\n    '''Runs each plan.'''\n\n"
+        "    def run(self, plan):\n        return plan.execute()\n"
+    ),
+    "core/plan_store.py": "class PlanStore:\n    def get(self, key):\n        return key\n",
     "core/engine_cache.py": (
         "class EngineCache:\n    '''Keeps each plan the engine ran, so the engine skips planning.'''\n\n"
         "    def plan_for(self, key):\n        return self.plans.get(key)\n"
     ),
-    "app/api.py": "from core.engine import Engine\n\ndef serve():\n    return Engine().run(None)\n",
+    "app/api.py": "from core.engine import Engine\nfrom app.util import helper\n\ndef serve():\n    return Engine().run(helper())\n",
     "app/cli.py": "from core.engine import Engine\n\ndef main():\n    Engine().run(None)\n",
     "app/jobs.py": "from core.engine import Engine\n\ndef nightly():\n    Engine().run(None)\n",
     "app/util.py": "def helper():\n    return 1\n",
@@ -345,8 +349,10 @@ def central_index(tmp_path_factory):
 
 
 def test_centrality_counts_the_files_that_use_what_a_file_defines(central_index):
-    """Checked against sets built from the files' own text: users of a file's names, the
-    file itself left out, a name in more than a quarter of the files ignored."""
+    """Against sets built from the files' own text: the other files whose code holds a name
+    the file defines (a symbol, or its file name: ``plan_store`` for plan_store.py), a name
+    a file only carries in its own path not counting (engine_cache.py does not use
+    engine.py), a name in more than a quarter of the files ignored."""
     import math
 
     from codesearch.indexer.lexical import stem_word, tokenize
@@ -354,25 +360,37 @@ def test_centrality_counts_the_files_that_use_what_a_file_defines(central_index)
     root, searcher = central_index
     r = searcher._ranker
     c = r.corpus
-    tokens = {f: set(tokenize((root / f).read_text())) for f in c.files}
+    uses = {f: set(tokenize((root / f).read_text())) - set(tokenize(f)) for f in c.files}
     defined: dict[str, set[str]] = {f: set() for f in c.files}
     for i, names in enumerate(c.symbols):
         defined[c.files[c.file_idx[i]]] |= {stem_word(n) for n in names if n.isidentifier() and len(n) >= 3}
-    for f, stem in zip(c.files, c.stems):
-        if len(stem) >= 3:
-            defined[f].add(stem_word(stem))
-    df = {t: sum(t in toks for toks in tokens.values()) for t in set().union(*tokens.values())}
+    for f in c.files:
+        stem = Path(f).stem.lower()
+        defined[f] |= {stem_word(stem), stem_word(stem.replace("_", ""))}
+    df = {t: sum(t in u for u in uses.values()) for t in set().union(*uses.values())}
     cap = max(5.0, 0.25 * len(c.files))
     users = {
-        f: sum(1 for g in c.files if g != f and any(t in tokens[g] and df[t] <= cap for t in defined[f]))
+        f: sum(1 for g in c.files if g != f and any(t in uses[g] and df[t] <= cap for t in defined[f]))
         for f in c.files
     }
+    assert (users["core/engine.py"], users["core/plan_store.py"], users["app/util.py"]) == (3, 1, 1)
+    assert users["core/engine_cache.py"] == 0 and users["app/api.py"] == 0
     top = max(math.log1p(u) for u in users.values())
     got = dict(zip(c.files, r.centrality.tolist()))
-    assert users["core/engine.py"] == 4  # the three app files and engine_cache.py ("engine")
-    assert users["app/util.py"] == 0
     for f in c.files:
         assert got[f] == pytest.approx(math.log1p(users[f]) / top, abs=1e-6), f
+
+
+def test_centrality_bounds_the_work_with_a_lower_bound_for_widely_used_names(central_index):
+    """Exact counting limited to names in at most one file: a file whose users all come
+    through one name keeps its count (the bound is that name's users), never less."""
+    from codesearch.indexer.search import _centrality
+
+    _, searcher = central_index
+    r = searcher._ranker
+    exact = r.centrality
+    bounded = _centrality(r.corpus, r._file_tf, r.lexical.vocab, exact_max_users=1)
+    assert bounded.tolist() == pytest.approx(exact.tolist(), abs=1e-6)
 
 
 def test_centrality_multiplies_each_files_score(central_index):
