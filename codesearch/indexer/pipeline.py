@@ -49,7 +49,7 @@ from codesearch.errors import (
     NothingToIndexError,
     PathError,
 )
-from codesearch.indexer.store import LOCK_FILE, STORE_FILE, IndexLock, Store
+from codesearch.indexer.store import CENTRALITY_FILE, LOCK_FILE, STORE_FILE, IndexLock, Store
 
 if TYPE_CHECKING:  # pragma: no cover
     from codesearch.encoder import Encoder
@@ -245,7 +245,7 @@ def _file_text_for_encoder(path: str, text: str, max_length: int) -> str:
 
 
 def _remove_index_files(index_dir: Path) -> None:
-    for name in (STORE_FILE, STORE_FILE + "-wal", STORE_FILE + "-shm"):
+    for name in (STORE_FILE, STORE_FILE + "-wal", STORE_FILE + "-shm", CENTRALITY_FILE):
         (index_dir / name).unlink(missing_ok=True)
     for filename, _ in DERIVED.values():
         p = index_dir / filename

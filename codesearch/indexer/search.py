@@ -23,9 +23,12 @@ cap on hits per file. Every weight was chosen on the dev split of the semble ben
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
+import os
 import re
 import threading
+import zipfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -35,10 +38,15 @@ import scipy.sparse as sp
 
 from codesearch.errors import NotIndexedError, QueryError
 from codesearch.indexer.lexical import BM25Matrix, LexicalIndex, query_tokens, split_identifier, stem_word, tokenize
+from codesearch.indexer.store import CENTRALITY_FILE, atomic_write
 
 __all__ = ["SearchHit", "SearchResult", "Searcher", "MODES", "RankingParams"]
 
 MODES = ("hybrid", "lexical", "dense", "colbert")
+
+#: The version of _centrality's definition in CENTRALITY_FILE (Searcher._cached_centrality):
+#: bump it when the definition changes, so copies written by an older release are recomputed.
+CENTRALITY_VERSION = 2
 
 #: A whole-file vector is used only when the model reads at least this many tokens: from
 #: a 256-token model (MiniLM) it encodes little more than the file's imports and licence
@@ -493,6 +501,8 @@ class _Ranker:
         self.corpus = corpus
         self.lexical = lexical
         self.params = params or RankingParams()
+        self._centrality: np.ndarray | None = None
+        self.centrality_source: Any = None  # () -> array, set by Searcher (a cached copy)
         n, nf = len(corpus), len(corpus.files)
         # Lexical rows -> corpus rows (the corpus is built in lexical order, but a lexical
         # index may hold ids the store no longer has, or miss some).
@@ -519,9 +529,17 @@ class _Ranker:
         self._path_words = sorted(self._by_path_token)
         self._by_stem = _invert([frozenset((st,)) for st in corpus.stems])
 
-    @functools.cached_property
+    @property
     def centrality(self) -> np.ndarray:
-        """Per file, in [0, 1]: see :func:`_centrality` (computed on first use)."""
+        """Per file, in [0, 1]: see :func:`_centrality`. Made on first use by the source the
+        searcher gave (its per-generation file), else computed; two threads racing here
+        both compute the same array, which is cheaper than a lock held across repos."""
+        c = self._centrality
+        if c is None:
+            c = self._centrality = (self.centrality_source or self.compute_centrality)()
+        return c
+
+    def compute_centrality(self) -> np.ndarray:
         return _centrality(self.corpus, self._file_tf, self.lexical.vocab)
 
     @property
@@ -777,6 +795,8 @@ class Searcher:
         rows = list(self._store.iter_chunk_meta())
         rows = _in_lexical_order(rows, lexical.ids)
         self._ranker = _Ranker(_Corpus.build(rows), lexical, params)
+        self._generation = self._store.generation
+        self._ranker.centrality_source = self._cached_centrality
         self._file_row = {int(f): j for j, f in enumerate(self._ranker.corpus.file_ids.tolist())}
 
     # -- public ----------------------------------------------------------------------------
@@ -912,6 +932,33 @@ class Searcher:
             if value is not None:
                 return value
         return None
+
+    def _cached_centrality(self) -> np.ndarray:
+        """The ranker's centrality from ``centrality.npz`` when that file was written for this
+        generation and these files; else computed, and written for the next process (a CLI
+        query is one process per query) when the folder is writable.
+
+        The file validates itself (generation, algorithm version, file ids), so it needs no
+        lock: an index run makes it stale by moving the generation on, and two readers
+        writing at once each replace it atomically with the same array.
+        """
+        c = self._ranker.corpus
+        path = self.index_dir / CENTRALITY_FILE
+        try:
+            with np.load(path) as z:
+                if (
+                    int(z["version"]) == CENTRALITY_VERSION
+                    and int(z["generation"]) == self._generation
+                    and np.array_equal(z["file_ids"], c.file_ids)
+                ):
+                    return z["values"].astype(np.float32)
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+            pass  # missing, stale or damaged: compute it
+        values = self._ranker.compute_centrality()
+        if os.access(self.index_dir, os.W_OK):
+            with contextlib.suppress(OSError), atomic_write(path) as fh:
+                np.savez(fh, version=CENTRALITY_VERSION, generation=self._generation, file_ids=c.file_ids, values=values)
+        return values
 
     def _file_centroids(self) -> np.ndarray:
         """(n_files, dim) normalised mean of each file's chunk vectors (built on first use)."""

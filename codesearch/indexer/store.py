@@ -59,6 +59,8 @@ def atomic_write(path: str | os.PathLike) -> Iterator[Any]:
 
 STORE_FILE = "store.sqlite"
 LOCK_FILE = "lock"
+#: Per-generation copy of the files' centrality (written by a searcher, see indexer/search.py).
+CENTRALITY_FILE = "centrality.npz"
 
 #: Vector kinds in the cache, and the model role whose identity keys each of them.
 KIND_ROLE = {"dense": "dense", "file": "dense", "colbert": "colbert"}

@@ -412,3 +412,36 @@ def test_centrality_multiplies_each_files_score(central_index):
     assert params.w_central == pytest.approx(0.3)
     assert lifted["core/engine.py"] == pytest.approx(base["core/engine.py"] * 1.3, rel=1e-5)
     assert lifted["core/engine_cache.py"] == pytest.approx(base["core/engine_cache.py"], rel=1e-6)
+
+
+def test_centrality_is_kept_per_generation_for_the_next_process(tmp_path, monkeypatch):
+    """The first searcher that needs centrality writes it beside the index; the next one
+    (a new CLI process) reads it instead of computing; an index run or a damaged file
+    makes it computed again."""
+    from codesearch.indexer import search as search_mod
+
+    root = tmp_path / "repo"
+    for rel, text in CENTRAL_FILES.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    pipeline.build_index(root)
+    idir = root / ".codesearch"
+    computed = []
+    real = search_mod._centrality
+    monkeypatch.setattr(search_mod, "_centrality", lambda *a, **kw: computed.append(1) or real(*a, **kw))
+
+    def first_query() -> list[float]:
+        with Searcher(idir) as s:
+            s.search("engine plan", 3, mode="lexical")
+            return s._ranker.centrality.tolist()
+
+    values = first_query()
+    assert computed == [1] and (idir / "centrality.npz").is_file()
+    assert first_query() == values and computed == [1]  # read back, not computed
+    (idir / "centrality.npz").write_bytes(b"not a zip file")
+    assert first_query() == values and computed == [1, 1]  # damaged: computed, rewritten
+    assert first_query() == values and computed == [1, 1]
+    (root / "app" / "extra.py").write_text("from core.plan_store import PlanStore\n")
+    pipeline.build_index(root)  # a new generation
+    after = first_query()
+    assert computed == [1, 1, 1] and after != values
