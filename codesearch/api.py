@@ -652,12 +652,15 @@ def _widen(hit: SearchHit, root: Path, lines: int) -> SearchHit:
 def _disk_usage(index_dir: Path) -> dict[str, int]:
     sizes: dict[str, int] = {}
     for entry in sorted(index_dir.iterdir()):
-        if entry.is_dir():
-            sizes[entry.name] = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
-        elif entry.name not in {".gitignore", "lock", "server.json"}:
-            # SQLite's -wal/-shm side files are part of the store's footprint.
-            name = entry.name.split("-", 1)[0] if entry.name.startswith(STORE_FILE) else entry.name
-            sizes[name] = sizes.get(name, 0) + entry.stat().st_size
+        try:
+            if entry.is_dir():
+                sizes[entry.name] = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
+            elif entry.name not in {".gitignore", "lock", "server.json"} and not entry.name.startswith("."):
+                # SQLite's -wal/-shm side files are part of the store's footprint.
+                name = entry.name.split("-", 1)[0] if entry.name.startswith(STORE_FILE) else entry.name
+                sizes[name] = sizes.get(name, 0) + entry.stat().st_size
+        except FileNotFoundError:  # a temporary file renamed into place meanwhile
+            continue
     sizes["total"] = sum(sizes.values())
     return sizes
 
