@@ -938,26 +938,26 @@ class Searcher:
         generation and these files; else computed, and written for the next process (a CLI
         query is one process per query) when the folder is writable.
 
-        The file validates itself (generation, algorithm version, file ids), so it needs no
-        lock: an index run makes it stale by moving the generation on, and two readers
+        The file validates itself (algorithm version, generation, sizes, file ids), so it
+        needs no lock: an index run makes it stale by moving the generation on, and two readers
         writing at once each replace it atomically with the same array.
         """
         c = self._ranker.corpus
         path = self.index_dir / CENTRALITY_FILE
+        # What the array depends on, beyond the generation (a store rebuilt after damage
+        # counts generations from 0 again): the chunks, and the term counts it reads.
+        tf = self._ranker._file_tf
+        shape = np.array([CENTRALITY_VERSION, self._generation, len(c), tf.shape[1], tf.nnz], dtype=np.int64)
         try:
             with np.load(path) as z:
-                if (
-                    int(z["version"]) == CENTRALITY_VERSION
-                    and int(z["generation"]) == self._generation
-                    and np.array_equal(z["file_ids"], c.file_ids)
-                ):
+                if np.array_equal(z["shape"], shape) and np.array_equal(z["file_ids"], c.file_ids):
                     return z["values"].astype(np.float32)
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
             pass  # missing, stale or damaged: compute it
         values = self._ranker.compute_centrality()
         if os.access(self.index_dir, os.W_OK):
             with contextlib.suppress(OSError), atomic_write(path) as fh:
-                np.savez(fh, version=CENTRALITY_VERSION, generation=self._generation, file_ids=c.file_ids, values=values)
+                np.savez(fh, shape=shape, file_ids=c.file_ids, values=values)
         return values
 
     def _file_centroids(self) -> np.ndarray:
