@@ -493,8 +493,9 @@ class CodeSearch:
             return searcher, attached[1]
 
     def _close_searchers(self) -> None:
-        # The caller holds _state_lock (and the write lock, so no search is under way).
-        searcher, self._searcher = self._searcher, None
+        # The caller holds _state_lock and the write lock, so no search is under way; the
+        # attachment goes too, or it would keep the closed searcher's indexes in memory.
+        searcher, self._searcher, self._attached = self._searcher, None, None
         if searcher is not None:
             searcher.close()
 
