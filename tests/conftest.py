@@ -29,3 +29,15 @@ def single_vector_dir(tmp_path_factory):
 def colbert_dir(tmp_path_factory):
     """A PyLate ColBERT ModernBERT (1_Dense to 32 dims, [Q]/[D] prefixes)."""
     return models.make_colbert(tmp_path_factory.mktemp("colbert"))
+
+
+@pytest.fixture(scope="module")
+def one_faiss_thread():
+    """Test-sized FAISS calls are too small to gain from threads, and on a shared 2-core
+    runner OpenMP's barriers wait on descheduled threads (3x slower suites under load)."""
+    import faiss
+
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    yield
+    faiss.omp_set_num_threads(before)

@@ -11,16 +11,8 @@ from codesearch.indexer.dense import DenseIndex
 DIM = 32
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_faiss_thread():
-    """Test-sized FAISS calls are too small to gain from threads, and on a shared 2-core
-    runner OpenMP's barriers wait on descheduled threads (3x slower suites under load)."""
-    import faiss
-
-    before = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(1)
-    yield
-    faiss.omp_set_num_threads(before)
+# Test-sized FAISS calls run on one OpenMP thread (tests/conftest.py, one_faiss_thread).
+pytestmark = pytest.mark.usefixtures("one_faiss_thread")
 
 
 def clustered(n: int, *, dim: int = DIM, n_clusters: int = 40, seed: int = 0) -> np.ndarray:
