@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from codesearch.indexer.dense import DenseIndex
+from codesearch.indexes.dense import DenseIndex
 
 
 def clustered(n: int, dim: int, n_clusters: int, noise: float, seed: int) -> np.ndarray:

@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from codesearch.indexer.plaid import PlaidIndex, maxsim_search
+from codesearch.indexes.plaid import PlaidIndex, maxsim_search
 
 
 def unit(x: np.ndarray) -> np.ndarray:

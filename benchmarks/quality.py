@@ -132,19 +132,19 @@ _ENCODERS: dict = {}
 
 def _encoders(model: str | None):
     """One loaded encoder per model for the whole run (loading is the slow part)."""
-    from codesearch.indexer import pipeline
+    from codesearch.build.encoders import resolve_encoders
 
     if model is None:
         return None
     if model not in _ENCODERS:
-        _ENCODERS[model], _notices = pipeline.resolve_encoders(model, None)
+        _ENCODERS[model], _notices = resolve_encoders(model, None)
     return _ENCODERS[model]
 
 
 def build_or_open(repo: Repo, repos_dir: Path, out: Path, model: str | None, chunk_tokens: int | None, rebuild: bool):
     """Index the repo's benchmark_root (cached) and return (Searcher, index seconds, prefix)."""
-    from codesearch.indexer import pipeline
-    from codesearch.indexer.search import Searcher
+    from codesearch.build import pipeline
+    from codesearch.search.searcher import Searcher
 
     root = repos_dir / repo.name / (repo.benchmark_root or "")
     if not root.is_dir():

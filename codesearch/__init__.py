@@ -24,13 +24,12 @@ __all__ = ["CodeSearch", "SearchHit", "Chunk", "CodeSearchError", "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from codesearch.api import CodeSearch
-    from codesearch.indexer.chunking import Chunk
-    from codesearch.indexer.search import SearchHit
+    from codesearch.types import Chunk, SearchHit
 
 _LAZY = {
     "CodeSearch": "codesearch.api",
-    "SearchHit": "codesearch.indexer.search",
-    "Chunk": "codesearch.indexer.chunking",
+    "SearchHit": "codesearch.types",
+    "Chunk": "codesearch.types",
 }
 
 

@@ -24,20 +24,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from codesearch.build.encoders import DEFAULT, Encoders, resolve_encoders
+from codesearch.build.pipeline import build_index
+from codesearch.build.status import Staleness, index_info, staleness
 from codesearch.errors import (
     CodeSearchError,
     IndexLockedError,
     IndexWriteError,
-    NothingToIndexError,
     NotIndexedError,
     PathError,
     QueryError,
 )
-from codesearch.indexer import pipeline
-from codesearch.indexer.pipeline import DEFAULT, IndexSummary, ProgressEvent
+from codesearch.store import IndexLock, ReadWriteLock
+from codesearch.types import (
+    MODES,
+    SCHEMA_VERSION,
+    STORE_FILE,
+    IndexSummary,
+    ProgressEvent,
+    default_index_dir,
+    hit_document,
+    result_document,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from codesearch.indexer.search import SearchHit, SearchResult
+    from codesearch.types import SearchHit, SearchResult
 
 __all__ = [
     "CodeSearch",
@@ -55,12 +66,6 @@ __all__ = [
     "server_query",
 ]
 
-SCHEMA_VERSION = 1
-"""Version of the JSON documents `codesearch query --json/--jsonl` prints (and the server
-returns). Bumped only when a field changes meaning or disappears; new fields may be added."""
-
-MODES = ("hybrid", "lexical", "dense", "colbert")
-STORE_FILE = "store.sqlite"
 _META_INCLUDE, _META_EXCLUDE = "walk.include", "walk.exclude"  # store meta keys (JSON lists)
 
 
@@ -79,7 +84,7 @@ def find_index_root(start: str | Path = ".") -> Path:
     """
     here = Path(start).resolve()
     for folder in (here, *here.parents):
-        if (pipeline.default_index_dir(folder) / STORE_FILE).is_file():
+        if (default_index_dir(folder) / STORE_FILE).is_file():
             return folder
     raise NotIndexedError(
         f"no index found in {str(here)!r} or any parent folder "
@@ -126,6 +131,10 @@ class IndexStatus:
         Files ``added``, ``changed`` and ``removed`` since the last index run.
     disk_bytes : dict[str, int]
         Size on disk of each index file or folder, and ``total``.
+    vectors : dict[str, float]
+        Share of chunks (``dense``, ``colbert``) and files (``file``) that have a vector of
+        each recorded model, 0..1: below 1 while a first index run is still embedding (the
+        lexical index is complete from its first seconds) or after an offline run.
     """
 
     root: str
@@ -137,6 +146,7 @@ class IndexStatus:
     models: dict[str, str | None] = field(default_factory=dict)
     stale: dict[str, int] = field(default_factory=dict)
     disk_bytes: dict[str, int] = field(default_factory=dict)
+    vectors: dict[str, float] = field(default_factory=dict)
 
     @property
     def is_stale(self) -> bool:
@@ -146,33 +156,6 @@ class IndexStatus:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``codesearch status --json``)."""
         return {"schema_version": SCHEMA_VERSION, **dataclasses.asdict(self), "is_stale": self.is_stale}
-
-
-def hit_document(hit: SearchHit) -> dict[str, Any]:
-    """One hit as the stable JSON schema: path (relative to the indexed root), start_line,
-    end_line (1-based, inclusive), score, language, symbol, kind, text."""
-    return {
-        "path": hit.path,
-        "start_line": hit.start_line,
-        "end_line": hit.end_line,
-        "score": float(hit.score),
-        "language": hit.language,
-        "symbol": hit.symbol,
-        "kind": hit.kind,
-        "text": hit.text,
-    }
-
-
-def result_document(result: SearchResult) -> dict[str, Any]:
-    """A whole search as the stable JSON schema (``codesearch query --json``)."""
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "query": result.query,
-        "mode": result.mode,
-        "indexes_used": list(result.indexes_used),
-        "notices": list(result.notices),
-        "results": [hit_document(h) for h in result.hits],
-    }
 
 
 class CodeSearch:
@@ -232,7 +215,7 @@ class CodeSearch:
             raise PathError(f"path {str(path)!r} is not a folder (pass the folder of a repository)")
         self.root = root.resolve()
         self.index_dir = (
-            Path(index_dir).expanduser().resolve() if index_dir is not None else pipeline.default_index_dir(self.root)
+            Path(index_dir).expanduser().resolve() if index_dir is not None else default_index_dir(self.root)
         )
         self.model = model
         self.multi_model = multi_model
@@ -243,7 +226,7 @@ class CodeSearch:
         # (dense, multi) model arguments -> (encoders, notices from resolving them).
         # codesearch.server.repos pre-fills and reads this dict to share loaded encoders
         # between the CodeSearch objects of successive index generations: keep its shape.
-        self._encoders: dict[tuple[Any, Any], tuple[pipeline.Encoders, list[str]]] = {}
+        self._encoders: dict[tuple[Any, Any], tuple[Encoders, list[str]]] = {}
         # One Searcher for every mode: opened without encoders (a lexical search never loads
         # a model), given the query encoders by the first search that needs them; _attached
         # says which searcher got them and what resolving them said. The server gets it
@@ -253,7 +236,7 @@ class CodeSearch:
         self._state_lock = threading.Lock()  # guards the searcher's creation and replacement
         self._encoders_lock = threading.Lock()  # model loads: a lexical search never waits on one
         self._attach_lock = threading.Lock()  # one thread loads and attaches the query encoders
-        self._rw = _ReadWriteLock()  # searches read, index runs write
+        self._rw = ReadWriteLock()  # searches read, index runs write
         self._closed = False
 
     # -- life cycle --------------------------------------------------------------------
@@ -356,7 +339,7 @@ class CodeSearch:
         self._require_index()
         notices: list[str] = []
         if refresh:
-            notices.extend(self._refresh())
+            notices.extend(self._refresh(lexical=mode == "lexical"))
         with self._rw.reading():
             searcher, encoder_notices = self._get_searcher(lexical=mode == "lexical")
             result = searcher.search(query, k, mode=mode, language=language, glob=glob, files_only=files_only)
@@ -410,7 +393,7 @@ class CodeSearch:
         if not store_path.is_file():
             return IndexStatus(root=root, index_dir=index_dir, indexed=False)
         with self._rw.reading():
-            info = pipeline.index_info(self.index_dir)
+            info = index_info(self.index_dir)
             stale = self._staleness()
         return IndexStatus(
             root=root,
@@ -422,6 +405,10 @@ class CodeSearch:
             models={"dense": info.dense_model, "multi": info.multi_model},
             stale={"added": len(stale.added), "changed": len(stale.changed), "removed": len(stale.removed)},
             disk_bytes=_disk_usage(self.index_dir),
+            vectors={
+                kind: round(n / max(1, info.files if kind == "file" else info.chunks), 4)
+                for kind, n in info.vectors.items()
+            },
         )
 
     # -- internals -----------------------------------------------------------------------
@@ -443,21 +430,21 @@ class CodeSearch:
         Why not DEFAULT as is: it would load the package default model for an index that
         was built without it (lexical-only, or --model none), only to find no vectors.
         """
-        info = pipeline.index_info(self.index_dir)
+        info = index_info(self.index_dir)
         dense = self.model if self.model != DEFAULT else (DEFAULT if info.dense_model else None)
         multi = self.multi_model if self.multi_model != DEFAULT else (DEFAULT if info.multi_model else None)
         return dense, multi
 
-    def _get_encoders(self, models: tuple[Any, Any]) -> tuple[pipeline.Encoders, list[str]]:
+    def _get_encoders(self, models: tuple[Any, Any]) -> tuple[Encoders, list[str]]:
         # Loading imports torch and reads weights: once per distinct pair of models, and
         # never for (None, None). The usual case (index, then search) shares one load.
         with self._encoders_lock:
             cached = self._encoders.get(models)
             if cached is None:
                 if models == (None, None):
-                    cached = (pipeline.Encoders(), [])
+                    cached = (Encoders(), [])
                 else:
-                    cached = pipeline.resolve_encoders(
+                    cached = resolve_encoders(
                         models[0], models[1], device=self.device, index_dir=self.index_dir
                     )
                 self._encoders[models] = cached
@@ -473,7 +460,7 @@ class CodeSearch:
         with self._state_lock:
             searcher = self._searcher
         if searcher is None:
-            from codesearch.indexer.search import Searcher
+            from codesearch.search.searcher import Searcher
 
             opened = Searcher(self.index_dir)
             with self._state_lock:
@@ -509,9 +496,10 @@ class CodeSearch:
     ) -> IndexSummary:
         include, exclude, max_bytes = walk or (self.include, self.exclude, self.max_file_bytes)
         with self._rw.writing():
+            IndexLock.check_free(self.index_dir)  # before a model load of seconds, not after
             encoders, notices = self._get_encoders(models)
             try:
-                summary = pipeline.build_index(
+                summary = build_index(
                     self.root,
                     index_dir=self.index_dir,
                     encoders=encoders,
@@ -520,6 +508,7 @@ class CodeSearch:
                     max_file_bytes=max_bytes,
                     rebuild=rebuild,
                     progress=progress,
+                    defer_vectors=models == (None, None) and walk is not None,
                 )
             except OSError as exc:
                 # Unreadable source files are skipped by the pipeline; what reaches here is
@@ -545,7 +534,7 @@ class CodeSearch:
         with this object's own (possibly default) options, files left out on purpose by
         ``index --include/--exclude/--max-file-size`` would look new and be indexed.
         """
-        from codesearch.indexer.store import Store
+        from codesearch.store import Store
 
         with Store(self.index_dir / STORE_FILE, readonly=True) as store:
             include = json.loads(store.get_meta(_META_INCLUDE) or "[]")
@@ -556,7 +545,7 @@ class CodeSearch:
     def _record_walk(self) -> None:
         # The pipeline records max_file_bytes itself; the globs are recorded here, under the
         # index's write lock, right after the run that used them.
-        from codesearch.indexer.store import IndexLock, Store
+        from codesearch.store import IndexLock, Store
 
         try:
             with IndexLock(self.index_dir), Store(self.index_dir / STORE_FILE) as store, store.transaction():
@@ -566,20 +555,23 @@ class CodeSearch:
             # Another process started writing in between; its own run records its options.
             pass
 
-    def _staleness(self) -> pipeline.Staleness:
+    def _staleness(self) -> Staleness:
         include, exclude, max_bytes = self._recorded_walk()
-        return pipeline.staleness(
+        return staleness(
             self.root, index_dir=self.index_dir, include=include, exclude=exclude, max_file_bytes=max_bytes
         )
 
-    def _refresh(self) -> list[str]:
+    def _refresh(self, *, lexical: bool = False) -> list[str]:
         stale = self._staleness()
         if not stale.stale:
             return []
         n = len(stale.added) + len(stale.changed) + len(stale.removed)
         include, exclude, max_bytes = self._recorded_walk()
+        # A lexical search needs no vectors: its refresh loads no model (0.8 s, not 8 s after
+        # a one-line edit); the changed code gets its vectors from the next run that encodes.
+        models = (None, None) if lexical else self._search_models()
         try:
-            summary = self._index(self._search_models(), walk=(include, exclude, max_bytes))
+            summary = self._index(models, walk=(include, exclude, max_bytes))
         except IndexLockedError:
             # Another process is indexing right now: search what is there rather than fail.
             return [f"{n} file(s) changed since the last run, but another process is updating the index; "
@@ -609,8 +601,8 @@ def server_query(
     never fails a query. The server keeps its index fresh with its file watcher, so no
     refresh is needed; the result's notices say who answered.
     """
-    from codesearch.indexer.search import SearchHit, SearchResult
     from codesearch.server.client import try_server_search
+    from codesearch.types import SearchHit, SearchResult
 
     if not query or not query.strip():
         return None  # the local path raises the proper QueryError
@@ -666,52 +658,6 @@ def _disk_usage(index_dir: Path) -> dict[str, int]:
     return sizes
 
 
-class _ReadWriteLock:
-    """Many readers (searches) or one writer (an index run); writers are not starved."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._readers = 0
-        self._writer = False
-        self._waiting_writers = 0
-
-    class _Ctx:
-        def __init__(self, enter: Callable[[], None], exit_: Callable[[], None]) -> None:
-            self._enter, self._exit = enter, exit_
-
-        def __enter__(self) -> None:
-            self._enter()
-
-        def __exit__(self, *exc: object) -> None:
-            self._exit()
-
-    def reading(self) -> _ReadWriteLock._Ctx:
-        return self._Ctx(self._acquire_read, self._release_read)
-
-    def writing(self) -> _ReadWriteLock._Ctx:
-        return self._Ctx(self._acquire_write, self._release_write)
-
-    def _acquire_read(self) -> None:
-        with self._cond:
-            self._cond.wait_for(lambda: not self._writer and not self._waiting_writers)
-            self._readers += 1
-
-    def _release_read(self) -> None:
-        with self._cond:
-            self._readers -= 1
-            self._cond.notify_all()
-
-    def _acquire_write(self) -> None:
-        with self._cond:
-            self._waiting_writers += 1
-            self._cond.wait_for(lambda: not self._writer and not self._readers)
-            self._waiting_writers -= 1
-            self._writer = True
-
-    def _release_write(self) -> None:
-        with self._cond:
-            self._writer = False
-            self._cond.notify_all()
 
 
 # -- models ----------------------------------------------------------------------------

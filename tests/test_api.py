@@ -10,20 +10,21 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from fixtures.sample_repo import EXPECTED, write_sample_repo
 
 from codesearch import CodeSearch
-from codesearch.api import IndexStatus, find_index_root, hit_document, result_document
+from codesearch.api import IndexStatus, find_index_root
 from codesearch.errors import (
     CodeSearchError,
     IndexCorruptError,
     IndexLockedError,
     ModelUnavailableError,
-    NotIndexedError,
     NothingToIndexError,
+    NotIndexedError,
     PathError,
     QueryError,
 )
-from fixtures.sample_repo import EXPECTED, write_sample_repo
+from codesearch.types import hit_document, result_document
 
 
 @pytest.fixture(scope="module")
@@ -271,7 +272,7 @@ def test_model_unavailable_offline(tmp_path, monkeypatch):
 
 
 def test_index_locked_by_another_indexer(tmp_path):
-    from codesearch.indexer.store import IndexLock
+    from codesearch.store import IndexLock
 
     root = write_sample_repo(tmp_path / "repo")
     with CodeSearch(root, model=None, multi_model=None) as cs:
@@ -302,7 +303,7 @@ def test_closed_instance_refuses_work(lexical_repo):
 
 
 def test_refresh_while_another_process_indexes_searches_the_current_index(tmp_path):
-    from codesearch.indexer.store import IndexLock
+    from codesearch.store import IndexLock
 
     root = write_sample_repo(tmp_path / "repo")
     with CodeSearch(root, model=None, multi_model=None) as cs:
@@ -315,16 +316,16 @@ def test_refresh_while_another_process_indexes_searches_the_current_index(tmp_pa
 
 
 def test_encoders_load_once_and_are_shared_by_index_and_search(tmp_path, monkeypatch, single_vector_dir, colbert_dir):
-    from codesearch.indexer import pipeline
+    import codesearch.api as api_mod
 
     calls: list[tuple[object, object]] = []
-    real = pipeline.resolve_encoders
+    real = api_mod.resolve_encoders
 
     def counting(dense, multi, **kwargs):
         calls.append((dense, multi))
         return real(dense, multi, **kwargs)
 
-    monkeypatch.setattr(pipeline, "resolve_encoders", counting)
+    monkeypatch.setattr(api_mod, "resolve_encoders", counting)
     root = write_sample_repo(tmp_path / "repo")
     with CodeSearch(root, model=str(single_vector_dir), multi_model=str(colbert_dir), device="cpu") as cs:
         assert calls == []  # nothing loads at construction

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from fixtures.sample_repo import write_sample_repo
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -6,9 +6,9 @@ import subprocess
 import sys
 
 import pytest
+from fixtures.sample_repo import EXPECTED, write_sample_repo
 
 from codesearch import CodeSearch
-from fixtures.sample_repo import EXPECTED, write_sample_repo
 
 pytest.importorskip("langchain_core")
 pytest.importorskip("llama_index.core")

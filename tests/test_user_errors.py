@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from fixtures.console import SCRIPT, cli, ok
 from fixtures.sample_repo import EXPECTED, write_sample_repo
 
@@ -208,7 +207,7 @@ def test_ctrl_c_mid_index_exits_130_in_one_line_and_the_next_run_completes(repo,
     _grow(repo, 120)
     argv = [str(SCRIPT), "index", str(repo), "--model", "none", "--multi-model", str(colbert_dir), "--device", "cpu"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    from codesearch.indexer.store import IndexLock
+    from codesearch.store import IndexLock
 
     deadline = time.monotonic() + 120
     while proc.poll() is None and not IndexLock.writer_active(repo / ".codesearch") and time.monotonic() < deadline:
@@ -228,7 +227,7 @@ def test_ctrl_c_mid_index_exits_130_in_one_line_and_the_next_run_completes(repo,
 
 
 def test_an_index_locked_by_another_indexer(repo):
-    from codesearch.indexer.store import IndexLock
+    from codesearch.store import IndexLock
 
     ok("index", repo, *LEXICAL, "-q")
     with IndexLock(repo / ".codesearch"):

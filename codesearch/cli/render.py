@@ -41,7 +41,7 @@ def notices(lines: list[str]) -> None:
 
 def search_result(result: Any, *, root: Path, as_json: bool, as_jsonl: bool, files_only: bool) -> None:
     """Print a `SearchResult` as JSON, JSON lines, file names, or hits with snippets."""
-    from codesearch.api import SCHEMA_VERSION, hit_document, result_document
+    from codesearch.types import SCHEMA_VERSION, hit_document, result_document
 
     if as_json:
         write_json(result_document(result))
@@ -117,7 +117,8 @@ def _rich_hit(console: Console, hit: Any, root: Path) -> None:
 class IndexProgress:
     """A rich progress bar on stderr fed with the pipeline's `ProgressEvent`s.
 
-    One bar per stage (walk, chunk, encode, write, sync): ``done/total`` in the stage's
+    One bar per stage (walk, chunk, write, sync, encode), and a line when the index becomes
+    searchable (lexical, before the vectors): ``done/total`` in the stage's
     unit, then files and chunks so far, encoder tokens/s and the ETA. Silent when disabled
     (``--quiet``) or when stderr is not a terminal. Use as a context manager and pass the
     object itself as the ``progress`` callback.
@@ -130,7 +131,13 @@ class IndexProgress:
 
     def __enter__(self) -> IndexProgress:
         if self.enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+            )
 
             self._progress = Progress(
                 TextColumn("[bold]{task.description:>6}"),
@@ -152,6 +159,10 @@ class IndexProgress:
 
     def __call__(self, event: Any) -> None:
         if self._progress is None:
+            return
+        if event.stage == "searchable":
+            # The first phase is over: queries answer from here on, while vectors come.
+            self._progress.console.print(f"[green]{escape(event.message)}[/]; queries answer now, embedding continues")
             return
         task = self._tasks.get(event.stage)
         if task is None:
@@ -228,6 +239,7 @@ def index_status(info: Any, *, as_json: bool) -> None:
         ("languages", _cell(info.languages)),
         ("dense model", info.models.get("dense") or "none"),
         ("multi-vector model", info.models.get("multi") or "none"),
+        ("vectors", ", ".join(f"{k}: {v:.0%}" for k, v in info.vectors.items()) or "none (lexical only)"),
         ("stale", _cell(info.stale) if info.is_stale else "up to date"),
         ("size on disk", ", ".join(f"{k}: {_bytes(v)}" for k, v in info.disk_bytes.items())),
     ]

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from codesearch.encoder.loading import TextTokenizer, read_json, read_tensors
+from codesearch.encoder.checkpoint import TextTokenizer, read_json, read_tensors
 from codesearch.errors import CheckpointError
 
 # sentence-transformers Dense `activation_function` values -> callables

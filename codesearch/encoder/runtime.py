@@ -336,7 +336,7 @@ class Encoder:
     def token_counter(self):
         """A picklable ``count(text) -> int`` equal to ``count_tokens([text])[0]`` (for worker
         processes: it carries the tokenizer file's path, not the loaded model)."""
-        from codesearch.encoder.loading import TokenCounter
+        from codesearch.encoder.checkpoint import TokenCounter
 
         return TokenCounter(self.tokenizer.path, self.head.count_extra("document"))
 

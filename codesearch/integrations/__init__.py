@@ -20,7 +20,7 @@ def hit_metadata(hit: Any) -> dict[str, Any]:
     """The metadata every adapter attaches to a hit: the fields of the JSON schema
     (`codesearch.api.hit_document`) but the text, which is the document's content, plus
     ``source`` (``"path:start-end"``) for citing it."""
-    from codesearch.api import hit_document
+    from codesearch.types import hit_document
 
     meta = hit_document(hit)
     del meta["text"]

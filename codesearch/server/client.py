@@ -130,7 +130,7 @@ def result_from_document(doc: dict[str, Any]) -> Any:
     The document carries what ``--json`` prints; fields it lacks (scope, chunk id, sources)
     are left empty.
     """
-    from codesearch.indexer.search import SearchHit, SearchResult
+    from codesearch.types import SearchHit, SearchResult
 
     hits = [
         SearchHit(

@@ -30,7 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from codesearch.api import DEFAULT
-from codesearch.errors import CodeSearchError, IndexLockedError, NotIndexedError, PathError
+from codesearch.errors import (
+    CodeSearchError,
+    IndexLockedError,
+    NotIndexedError,
+    PathError,
+)
 
 log = logging.getLogger("codesearch.server")
 
@@ -332,7 +337,7 @@ class ServedRepo:
     def _compose(self, key: tuple[Any, Any]) -> tuple[Any, list[str]] | None:
         """Encoders for ``key`` from the ones loaded for each role, loading only the
         roles that are missing; None when no role is loaded yet (the caller loads all)."""
-        from codesearch.indexer.pipeline import Encoders, resolve_encoders
+        from codesearch.build.encoders import Encoders, resolve_encoders
 
         found: dict[str, Any] = {}
         missing: dict[str, Any] = {}
@@ -361,7 +366,7 @@ class ServedRepo:
 
     def _recorded_identities(self) -> dict[str, str]:
         """Role (``dense`` | ``multi``) -> identity of the model this root's index records."""
-        from codesearch.indexer.store import Store
+        from codesearch.store import Store
 
         path = self.index_dir / "store.sqlite"
         if not path.is_file():

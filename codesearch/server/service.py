@@ -98,7 +98,7 @@ class Service:
         QueryError, NotIndexedError
             From the repository.
         """
-        from codesearch.api import result_document
+        from codesearch.types import result_document
 
         if k > MAX_K:
             raise QueryError(f"k={k} is more than this server returns (pass k <= {MAX_K})")

@@ -11,10 +11,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from fixtures.sample_repo import EXPECTED, FILES, write_sample_repo
 from typer.testing import CliRunner
 
 from codesearch.cli.app import app
-from fixtures.sample_repo import EXPECTED, FILES, write_sample_repo
 
 LEXICAL = ["--model", "none", "--multi-model", "none"]
 
@@ -270,7 +270,7 @@ def test_default_models_unavailable_offline_degrade_to_lexical_with_a_notice(fre
 
 
 def test_index_locked_by_another_indexer(fresh_repo):
-    from codesearch.indexer.store import IndexLock
+    from codesearch.store import IndexLock
 
     run("index", fresh_repo, *LEXICAL, "-q")
     with IndexLock(fresh_repo / ".codesearch"):

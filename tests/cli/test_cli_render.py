@@ -5,12 +5,12 @@ from __future__ import annotations
 import io
 import re
 import sys
+
 import pytest
 from rich.console import Console
 
 from codesearch.cli import render
-from codesearch.indexer.pipeline import ProgressEvent
-from codesearch.indexer.search import SearchHit, SearchResult
+from codesearch.types import ProgressEvent, SearchHit, SearchResult
 
 HIT = SearchHit(
     path="src/http_client.py", start_line=17, end_line=18, score=0.8731, language="python",

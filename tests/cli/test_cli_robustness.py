@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from codesearch.indexer.store import IndexLock
 from fixtures.console import SCRIPT, ok
 from fixtures.sample_repo import EXPECTED, write_sample_repo
+
+from codesearch.store import IndexLock
 
 LEXICAL = ("--model", "none", "--multi-model", "none")
 QUERY, WINNER = "parseConfigFile", EXPECTED["parseConfigFile"]

@@ -12,11 +12,11 @@ import httpx
 import httpx2
 import pytest
 from mcp import Client
+from serverkit import LEXICAL, server_env, start_server
 
+from codesearch.errors import ServerError
 from codesearch.server.client import try_server_search
 from codesearch.server.runner import check_bind, is_loopback
-from codesearch.errors import ServerError
-from serverkit import LEXICAL, server_env, start_server
 
 TOKEN = "s3cret-token-for-tests"
 

@@ -8,9 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from typer.testing import CliRunner
-
 from serverkit import LEXICAL, server_env
+from typer.testing import CliRunner
 
 
 def test_serve_is_a_codesearch_command_with_an_example():

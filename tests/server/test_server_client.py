@@ -9,10 +9,17 @@ import subprocess
 import sys
 import time
 
-from codesearch.api import CodeSearch, result_document
-from codesearch.server.client import find_server, try_server_search
-from codesearch.server.discovery import ServerInfo, read_discovery, remove_discovery, write_discovery
 from fixtures.sample_repo import write_sample_repo
+
+from codesearch.api import CodeSearch
+from codesearch.server.client import find_server, try_server_search
+from codesearch.server.discovery import (
+    ServerInfo,
+    read_discovery,
+    remove_discovery,
+    write_discovery,
+)
+from codesearch.types import result_document
 
 
 def test_fast_path_returns_the_servers_document(lexical_server, sample_repo):

@@ -10,12 +10,18 @@ import time
 
 import httpx
 import pytest
-
-from codesearch.api import CodeSearch, result_document
-from codesearch.server.repos import RepoOptions, RepoSet
-from codesearch.server.service import Limits, SearchTimeoutError, ServerBusyError, Service
 from fixtures.sample_repo import EXPECTED, write_sample_repo
 from serverkit import LEXICAL, start_server
+
+from codesearch.api import CodeSearch
+from codesearch.server.repos import RepoOptions, RepoSet
+from codesearch.server.service import (
+    Limits,
+    SearchTimeoutError,
+    ServerBusyError,
+    Service,
+)
+from codesearch.types import result_document
 
 
 def _hammer(url: str, stop: threading.Event, outcomes: list, query: str, expected_path: str) -> None:
@@ -132,7 +138,12 @@ def test_search_pool_is_bounded_and_timed_out(service, monkeypatch):
 
 
 def test_error_classes_map_to_http_statuses():
-    from codesearch.errors import IndexCorruptError, NotIndexedError, PathError, QueryError
+    from codesearch.errors import (
+        IndexCorruptError,
+        NotIndexedError,
+        PathError,
+        QueryError,
+    )
     from codesearch.server.app import status_for
 
     assert status_for(PathError("p")) == 403
@@ -170,7 +181,7 @@ def test_a_reader_stays_on_its_generation_until_the_swap(tmp_path, monkeypatch):
 
 
 def test_a_run_blocked_by_another_indexer_is_retried(tmp_path):
-    from codesearch.indexer.store import IndexLock
+    from codesearch.store import IndexLock
 
     root = write_sample_repo(tmp_path / "repo")
     repos = RepoSet([root], RepoOptions(model=None, multi_model=None))

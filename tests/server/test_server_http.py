@@ -7,9 +7,10 @@ import json
 import os
 
 import pytest
-
-from codesearch.api import CodeSearch, result_document
 from fixtures.sample_repo import EXPECTED
+
+from codesearch.api import CodeSearch
+from codesearch.types import result_document
 
 
 def library(root, query, k=10, **kwargs):
@@ -142,8 +143,9 @@ def test_discovery_file_names_the_bound_port_and_no_token(lexical_server, sample
 
 
 def test_two_roots_one_server(tmp_path):
-    from codesearch.server.client import try_server_search
     from serverkit import LEXICAL, start_server
+
+    from codesearch.server.client import try_server_search
 
     one = tmp_path / "one"
     two = tmp_path / "two"

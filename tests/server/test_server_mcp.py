@@ -8,9 +8,10 @@ import sys
 import anyio
 import pytest
 from mcp import Client, StdioServerParameters
-
-from codesearch.api import CodeSearch, result_document
 from serverkit import LEXICAL, server_env
+
+from codesearch.api import CodeSearch
+from codesearch.types import result_document
 
 
 def library(root, query, k, **kwargs):

@@ -4,10 +4,11 @@ library's, and the models are loaded once, then shared by every reader swap."""
 from __future__ import annotations
 
 import pytest
-
-from codesearch.api import CodeSearch, result_document
 from fixtures.sample_repo import write_sample_repo
 from serverkit import start_server
+
+from codesearch.api import CodeSearch
+from codesearch.types import result_document
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from codesearch.server.watch import Debouncer, RepoWatcher
 from fixtures.sample_repo import write_sample_repo
 from serverkit import LEXICAL, start_server
+
+from codesearch.server.watch import Debouncer, RepoWatcher
 
 FIND_TIMEOUT_S = 8.0  # generous: 2 cores shared with other test suites
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from codesearch.errors import IndexCorruptError
-from codesearch.indexer.plaid import PlaidIndex, ResidualCodec, maxsim_search
+from codesearch.indexes.plaid import PlaidIndex, ResidualCodec, maxsim_search
 
 DIM = 32
 

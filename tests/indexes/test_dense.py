@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from codesearch.errors import IndexCorruptError
-from codesearch.indexer.dense import DenseIndex
+from codesearch.indexes.dense import DenseIndex
 
 DIM = 32
 

@@ -10,7 +10,7 @@ import os
 import sqlite3
 
 import pytest
-from pipeline_helpers import (
+from fixtures.pipeline_helpers import (
     CountingEncoder,
     check_consistent,
     chunk_set,
@@ -20,6 +20,10 @@ from pipeline_helpers import (
     module_source,
 )
 
+from codesearch.build import pipeline
+from codesearch.build.encoders import Encoders, resolve_encoders
+from codesearch.build.pipeline import build_index
+from codesearch.build.status import staleness
 from codesearch.errors import (
     IndexCorruptError,
     IndexLockedError,
@@ -27,9 +31,10 @@ from codesearch.errors import (
     NothingToIndexError,
     PathError,
 )
-from codesearch.indexer import pipeline
-from codesearch.indexer.pipeline import Encoders, build_index, load_derived, staleness
-from codesearch.indexer.store import STORE_FILE, IndexLock, Store
+from codesearch.indexes import registry
+from codesearch.indexes.registry import load_derived
+from codesearch.store import IndexLock, Store
+from codesearch.types import STORE_FILE
 
 
 @pytest.fixture
@@ -267,8 +272,8 @@ def test_reader_waits_for_a_syncing_writer_instead_of_rebuilding(repo, monkeypat
     build_index(repo)
     idir = pipeline.default_index_dir(repo)
     rebuilt = []
-    real = pipeline._rebuild_index
-    monkeypatch.setattr(pipeline, "_rebuild_index", lambda name, store: rebuilt.append(name) or real(name, store))
+    real = registry._rebuild_index
+    monkeypatch.setattr(registry, "_rebuild_index", lambda name, store: rebuilt.append(name) or real(name, store))
     # A writer between its store commit and its derived-index writes.
     lock = IndexLock(idir).acquire()
     with _store(repo) as w:
@@ -472,7 +477,7 @@ def offline_hub(monkeypatch, tmp_path):
 
 
 def test_unavailable_default_models_degrade_to_lexical_only_with_a_notice(offline_hub):
-    encoders, notices = pipeline.resolve_encoders()
+    encoders, notices = resolve_encoders()
     assert encoders.dense is None and encoders.multi is None
     assert len(notices) == 1
     assert "not cached and the hub is unreachable; indexed lexical-only" in notices[0]
@@ -483,20 +488,20 @@ def test_an_explicit_model_that_cannot_be_had_raises(offline_hub):
     from codesearch.errors import ModelUnavailableError
 
     with pytest.raises(ModelUnavailableError, match="some-org/not-cached"):
-        pipeline.resolve_encoders("some-org/not-cached", None)
+        resolve_encoders("some-org/not-cached", None)
 
 
 def test_a_colbert_checkpoint_as_dense_model_is_refused(colbert_dir):
     from codesearch.errors import ModelError
 
     with pytest.raises(ModelError, match="not a single-vector model"):
-        pipeline.resolve_encoders(str(colbert_dir), None)
+        resolve_encoders(str(colbert_dir), None)
 
 
 def test_default_reuses_the_models_the_index_records(offline_hub, single_vector_dir):
     s = Store(":memory:")
     s.set_model("dense", str(single_vector_dir), "whatever@1", 64)
-    encoders, notices = pipeline.resolve_encoders(multi_model=None, store=s)
+    encoders, notices = resolve_encoders(multi_model=None, store=s)
     assert encoders.dense is not None and encoders.dense.name == str(single_vector_dir)
     assert encoders.multi is None and notices == []
 
@@ -504,14 +509,14 @@ def test_default_reuses_the_models_the_index_records(offline_hub, single_vector_
 def test_a_model_switched_off_stays_off_without_a_notice(offline_hub, repo, single_vector_dir):
     # `codesearch index --multi-model none --model X`, then a plain `codesearch index`: the
     # ColBERT model was switched off on purpose, so it is not reported as unavailable.
-    encoders, notices = pipeline.resolve_encoders(str(single_vector_dir), None)
+    encoders, notices = resolve_encoders(str(single_vector_dir), None)
     assert encoders.disabled == ("colbert",) and notices == []
     build_index(repo, encoders=encoders)
     with _store(repo) as s:
-        again, notices = pipeline.resolve_encoders(store=s)
+        again, notices = resolve_encoders(store=s)
     assert again.dense is not None and again.multi is None and notices == []
     # Naming a model again turns the role back on (it is then loaded, or refused offline).
     from codesearch.errors import ModelUnavailableError
 
     with _store(repo) as s, pytest.raises(ModelUnavailableError):
-        pipeline.resolve_encoders(multi_model="some-org/not-cached", store=s)
+        resolve_encoders(multi_model="some-org/not-cached", store=s)

@@ -25,7 +25,6 @@ Example
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import sqlite3
 import struct
@@ -36,31 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from codesearch.errors import IndexCorruptError, IndexLockedError
-
-
-@contextlib.contextmanager
-def atomic_write(path: str | os.PathLike) -> Iterator[Any]:
-    """Open a temp file beside ``path`` for binary writing; on success fsync it and
-    ``os.replace`` it onto ``path``, so a reader finds the old file or the new one, never
-    half of one. On an error (or a kill) the temp file is removed and ``path`` is untouched.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-STORE_FILE = "store.sqlite"
-LOCK_FILE = "lock"
-#: Per-generation copy of the files' centrality (written by a searcher, see indexer/search.py).
-CENTRALITY_FILE = "centrality.npz"
+from codesearch.errors import IndexCorruptError
 
 #: Vector kinds in the cache, and the model role whose identity keys each of them.
 KIND_ROLE = {"dense": "dense", "file": "dense", "colbert": "colbert"}
@@ -716,104 +691,3 @@ class Store:
             self._exec("DELETE FROM files")
             self._exec("DELETE FROM models")
             self._exec("DELETE FROM meta")
-
-
-def _read_holder(fd: int) -> tuple[str, str]:
-    """(pid, role) written by the lock's holder, or ("", "") when none is written."""
-    parts = os.pread(fd, 64, 0).decode(errors="replace").split()
-    if not parts:
-        return "", ""
-    return parts[0], parts[1] if len(parts) > 1 else "writer"
-
-
-class IndexLock:
-    """The one-writer lock of an index folder: ``fcntl.flock`` on ``<index_dir>/lock``.
-
-    Non-blocking: a second writer fails at once with :class:`IndexLockedError` naming the
-    pid that holds it. The kernel drops the lock when the holder dies, even by kill -9, so
-    a stale lock file never blocks anyone.
-
-    Example
-    -------
-    >>> with IndexLock(index_dir):                   # doctest: +SKIP
-    ...     ...  # write the index
-    """
-
-    def __init__(self, index_dir: str | os.PathLike[str]):
-        self.path = Path(index_dir) / LOCK_FILE
-        self._fd: int | None = None
-
-    def acquire(self, *, role: str = "writer", wait_for_readers: float = 0.0) -> IndexLock:
-        """Take the lock or raise :class:`IndexLockedError` at once.
-
-        Parameters
-        ----------
-        role
-            ``"writer"`` (an index run) or ``"reader"`` (a searcher saving an index it had
-            to rebuild: it holds the lock for a file write or two).
-        wait_for_readers
-            Seconds to wait when the holder is a reader; a writer never waits for a writer.
-        """
-        import time
-
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        deadline = time.monotonic() + wait_for_readers
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                pid, holder_role = _read_holder(fd)
-                # No holder line yet (or already cleared): the lock is changing hands.
-                if holder_role in ("reader", "") and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                    continue
-                os.close(fd)
-                raise IndexLockedError(
-                    f"Index at {self.path.parent} is being written by another codesearch process "
-                    f"(pid {pid or 'unknown'}); wait for it to finish or stop it, then run again"
-                ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} {role}\n".encode(), 0)
-        self._fd = fd
-        return self
-
-    @staticmethod
-    def writer_active(index_dir: str | os.PathLike[str]) -> bool:
-        """Whether an index run holds the lock now, without touching the lock.
-
-        Reads the holder line (``"<pid> <role>"``); the holder clears it on release, and a
-        holder killed with -9 leaves a pid that no longer runs.
-        """
-        try:
-            with open(Path(index_dir) / LOCK_FILE, "rb") as fh:
-                pid, role = _read_holder(fh.fileno())
-        except OSError:
-            return False
-        if not pid or role != "writer":
-            return False
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            return False
-        except (PermissionError, ValueError):
-            return True
-        return True
-
-    def release(self) -> None:
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._fd, 0)
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
-
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
-
-    def __enter__(self) -> IndexLock:
-        return self if self.held else self.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 import codesearch
-from codesearch.indexer import chunking
-from codesearch.indexer.chunking import Chunk, chunk_source, estimate_tokens
-from codesearch.indexer.walk import detect_language, read_source
+from codesearch.build import chunking
+from codesearch.build.chunking import chunk_source, estimate_tokens
+from codesearch.build.walk import detect_language, read_source
+from codesearch.types import Chunk
 
 
 def assert_invariants(src: str, chunks: list[Chunk]) -> None:
@@ -151,7 +152,7 @@ def test_valid_utf8_offsets_are_file_offsets(tmp_path: Path):
 
 def test_parse_failure_falls_back_to_line_chunks(caplog):
     src = "".join(f"this is ]] not {{ python at all ))) line {i} <<<\n" for i in range(40))
-    with caplog.at_level(logging.DEBUG, logger="codesearch.indexer.chunking"):
+    with caplog.at_level(logging.DEBUG, logger="codesearch.build.chunking"):
         chunks = chunk_source("bad.py", src, "python", max_tokens=64)
     assert_invariants(src, chunks)
     assert len(chunks) > 1

@@ -17,7 +17,7 @@ Guarantees, relied on by the store and by every consumer of a hit:
 
 Example
 -------
->>> from codesearch.indexer.chunking import chunk_source
+>>> from codesearch.build.chunking import chunk_source
 >>> src = "import os\\n\\n\\nclass A:\\n    def f(self):\\n        return os.sep\\n"
 >>> [(c.start_line, c.end_line, c.kind, c.symbol) for c in chunk_source("a.py", src, "python")]
 [(1, 6, 'class', 'A')]
@@ -32,9 +32,11 @@ import os
 import pickle
 import re
 import threading
-from itertools import accumulate
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
+
+from codesearch.types import Chunk
 
 __all__ = [
     "Chunk",
@@ -47,58 +49,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class Chunk:
-    """A contiguous run of whole lines of one file, with what it defines.
-
-    Attributes
-    ----------
-    path : str
-        File path relative to the repository root.
-    start_line, end_line : int
-        1-based, inclusive line range.
-    start_byte, end_byte : int
-        Byte range of ``text`` in the UTF-8 encoding of the decoded file (see module doc).
-    language : str
-        Language name as given to `chunk_source`.
-    symbol : str or None
-        Name of the definition the chunk holds, as written (``"HttpClient"``, ``"Start"``;
-        the enclosing names are in `scope`); for a merged group of several definitions
-        their names joined by ``", "``; None when the chunk defines nothing.
-    kind : str
-        ``"function"``, ``"method"``, ``"class"``, ``"struct"``, ``"enum"``, ``"interface"``,
-        ``"trait"``, ``"impl"``, ``"module"``, ``"type"``, ... for a definition; ``"block"`` for
-        merged groups and pieces of a split definition; ``"section"`` for a Markdown section;
-        ``"text"`` for line/paragraph fallback chunks.
-    scope : str or None
-        Signatures of the enclosing definitions, outermost first, joined by ``" > "``
-        (``"class HttpClient(BaseClient):"``); None at file level.
-    text : str
-        The source lines ``start_line..end_line`` exactly.
-    header : str
-        Context for the encoder: ``"path"`` or ``"path > scope"``.
-    """
-
-    path: str
-    start_line: int
-    end_line: int
-    start_byte: int
-    end_byte: int
-    language: str
-    symbol: str | None
-    kind: str
-    scope: str | None
-    text: str
-    header: str
-
-    @property
-    def encoder_text(self) -> str:
-        """What the encoder embeds: the header line, then the code."""
-        return self.header + "\n" + self.text
-
-    def to_dict(self) -> dict:
-        """Plain-JSON form of the chunk."""
-        return dataclasses.asdict(self)
 
 
 # --------------------------------------------------------------------------- token budget

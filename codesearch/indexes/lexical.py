@@ -42,7 +42,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from codesearch.errors import IndexCorruptError
-from codesearch.indexer.store import atomic_write
+from codesearch.store import atomic_write
 
 __all__ = ["LexicalIndex", "tokenize", "query_tokens", "split_identifier", "stem_word", "STOPWORDS"]
 

@@ -7,12 +7,13 @@ import os
 import pickle
 from pathlib import Path
 
-from pipeline_helpers import chunk_set, make_repo
+from fixtures.pipeline_helpers import chunk_set, make_repo
 
+from codesearch.build import chunking
+from codesearch.build.chunking import chunk_many, chunk_source, estimate_tokens
+from codesearch.build.encoders import MAX_CHUNK_TOKENS, Encoders, chunk_budget
+from codesearch.build.pipeline import build_index
 from codesearch.encoder import load
-from codesearch.indexer import chunking
-from codesearch.indexer.chunking import chunk_many, chunk_source, estimate_tokens
-from codesearch.indexer.pipeline import MAX_CHUNK_TOKENS, Encoders, _chunk_budget, build_index
 
 SOURCES = {
     "python": "import os\n\n\nclass Client:\n    def get(self, url):\n        return os.path.join(url, 'x')\n\n"
@@ -74,7 +75,7 @@ def test_pipeline_chunks_the_same_in_parallel(tmp_path, monkeypatch):
 def test_pipeline_counts_with_a_picklable_tokenizer(single_vector_dir):
     """With a model, the pipeline's token count is the encoder's, in a form workers can rebuild."""
     enc = load(single_vector_dir, device="cpu", dtype="float32")
-    budget, counter, identity = _chunk_budget(Encoders(dense=enc), None)
+    budget, counter, identity = chunk_budget(Encoders(dense=enc), None)
     # A single-vector model's window does not cap the chunk (it reads the chunk's start).
     assert identity == enc.identity and budget == MAX_CHUNK_TOKENS
     text = "def f(x):\n    return x + 1\n"
@@ -85,9 +86,9 @@ def test_a_multi_vector_models_window_caps_the_chunk(single_vector_dir, colbert_
     dense = load(single_vector_dir, device="cpu", dtype="float32")
     multi = load(colbert_dir, device="cpu", dtype="float32")
     assert multi.max_length < MAX_CHUNK_TOKENS
-    budget, _counter, identity = _chunk_budget(Encoders(dense=dense, multi=multi), None)
+    budget, _counter, identity = chunk_budget(Encoders(dense=dense, multi=multi), None)
     assert budget == multi.max_length and identity == multi.identity  # counted in its tokens
-    assert _chunk_budget(Encoders(dense=dense, multi=multi), 300)[0] == 300
+    assert chunk_budget(Encoders(dense=dense, multi=multi), 300)[0] == 300
 
 
 def test_stopping_early_shuts_the_pool_down():

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from codesearch.errors import IndexCorruptError
-from codesearch.indexer.store import atomic_write
+from codesearch.store import atomic_write
 
 __all__ = ["DenseIndex", "EXACT_THRESHOLD"]
 

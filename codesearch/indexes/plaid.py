@@ -46,7 +46,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from codesearch.errors import IndexCorruptError
-from codesearch.indexer.store import atomic_write
+from codesearch.store import atomic_write
 
 __all__ = ["PlaidIndex", "ResidualCodec", "maxsim_search", "EXACT_TOKEN_THRESHOLD"]
 

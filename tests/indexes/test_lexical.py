@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 
 from codesearch.errors import IndexCorruptError
-from codesearch.indexer.lexical import LexicalIndex, query_tokens, split_identifier, tokenize
+from codesearch.indexes.lexical import (
+    LexicalIndex,
+    query_tokens,
+    split_identifier,
+    tokenize,
+)
 
 
 @pytest.mark.parametrize(
@@ -148,7 +153,7 @@ def _reference_tokenize(text: str, stem: bool) -> list[str]:
     """The per-occurrence tokenizer the cached one replaced (kept here as the oracle)."""
     import re
 
-    from codesearch.indexer.lexical import stem_word
+    from codesearch.indexes.lexical import stem_word
 
     out: list[str] = []
     for word in re.findall(r"[A-Za-z0-9_]+", text):

@@ -1,0 +1,297 @@
+"""Every derived index in one table: its file in the index folder, the kind of vector it
+holds, and how it is made empty, loaded, filled from the store, updated by a delta and kept
+at the store's generation. Adding an index type means a class in its own module and one
+entry in `DERIVED`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from codesearch.errors import (
+    CodeSearchError,
+    IndexCorruptError,
+    IndexLockedError,
+)
+from codesearch.indexes.base import Index
+from codesearch.store import KIND_ROLE, IndexLock, Store
+from codesearch.types import STORE_FILE
+
+@dataclass(frozen=True, slots=True)
+class IndexSpec:
+    """One derived index: where it lives, what it holds and how it is made.
+
+    ``kind`` is the store's vector kind it is filled from (None: the chunks' text), and so
+    also the model role it needs (`KIND_ROLE`); ``per_file`` indexes have file ids, the
+    others chunk ids; ``one_add`` indexes learn from what they are given (PLAID's centroids),
+    so a rebuild hands them everything in one ``add``.
+    """
+
+    name: str
+    filename: str  # file or folder inside the index folder
+    kind: str | None
+    index_class: str  # "module:Class", imported only when the index is used
+    per_file: bool = False
+    one_add: bool = False
+
+    def cls(self) -> type[Index]:
+        module, _, attr = self.index_class.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+    def role(self) -> str | None:
+        return None if self.kind is None else KIND_ROLE[self.kind]
+
+
+#: Every derived index, in the order they are synced. A new index type: its class in a
+#: module of this package, and one entry here.
+DERIVED: dict[str, IndexSpec] = {
+    spec.name: spec
+    for spec in (
+        IndexSpec("lexical", "lexical.npz", None, "codesearch.indexes.lexical:LexicalIndex"),
+        IndexSpec("dense_chunks", "dense_chunks.faiss", "dense", "codesearch.indexes.dense:DenseIndex"),
+        IndexSpec("dense_files", "dense_files.faiss", "file", "codesearch.indexes.dense:DenseIndex", per_file=True),
+        IndexSpec("plaid", "plaid", "colbert", "codesearch.indexes.plaid:PlaidIndex", one_add=True),
+    )
+}
+
+
+@dataclass
+class Delta:
+    """What one index run changed, so each index is updated instead of rebuilt."""
+
+    removed_chunks: list[tuple[int, str]]  # (chunk id, text hash)
+    added_chunks: list[int]
+    removed_files: list[int]
+    changed_files: list[int]  # files whose content (hence file vector) changed
+    newly_encoded: dict[str, set[str]]  # vector kind -> text hashes encoded this run
+
+
+def _wanted(store: Store) -> list[str]:
+    """The derived indexes this store should have: the text ones, plus those of recorded models."""
+    roles = store.models()
+    return [name for name, spec in DERIVED.items() if spec.role() is None or spec.role() in roles]
+
+
+def _empty_index(name: str, store: Store) -> Index:
+    spec = DERIVED[name]
+    if spec.kind is None:
+        return spec.cls()()
+    return spec.cls()(store.models()[spec.role()].dim)
+
+
+def _load_index(name: str, path: Path) -> Index:
+    return DERIVED[name].cls().load(path)
+
+
+def _expected_len(name: str, store: Store) -> int:
+    kind = DERIVED[name].kind
+    return store.count("chunks") if kind is None else store.count_with_vectors(kind)
+
+
+def _add_from_store(name: str, index: Index, store: Store, ids: Sequence[int] | None) -> None:
+    """Add ``ids`` (or everything, when None) to ``index`` from the store, no encoding."""
+    spec = DERIVED[name]
+    if spec.kind is None:
+        if ids is None:
+            batch_ids: list[int] = []
+            texts: list[str] = []
+            for rec in store.iter_chunk_records():
+                batch_ids.append(rec.id)
+                texts.append(rec.header + "\n" + rec.text)
+            index.add(np.asarray(batch_ids, dtype=np.int64), texts)
+        elif ids:
+            recs = store.chunk_records(ids)
+            index.add(np.asarray([r.id for r in recs], dtype=np.int64), [r.header + "\n" + r.text for r in recs])
+        return
+    batches = store.iter_vectors(spec.kind) if ids is None else [store.vectors_for(ids, spec.kind)]
+    if spec.one_add:
+        all_ids, all_vecs = [], []
+        for found, arrays in batches:
+            all_ids.append(found)
+            all_vecs += arrays
+        if all_vecs:
+            index.add(np.concatenate(all_ids), all_vecs)
+        return
+    for found, arrays in batches:
+        if len(found):
+            index.add(found, np.concatenate(arrays, axis=0))
+
+
+def _rebuild_index(name: str, store: Store) -> Index:
+    index = _empty_index(name, store)
+    _add_from_store(name, index, store, None)
+    return index
+
+
+def _apply_delta(name: str, index: Index, store: Store, delta: Delta) -> None:
+    spec = DERIVED[name]
+    if spec.per_file:
+        gone = delta.removed_files + delta.changed_files
+        index.remove(np.asarray(gone, dtype=np.int64))
+        fresh = set(delta.changed_files)
+        new_hashes = delta.newly_encoded.get(spec.kind, set()) if spec.kind else set()
+        if new_hashes:
+            # Files whose content was unchanged but that lacked a vector (model added offline).
+            fresh |= set(store.file_ids_with_hashes(new_hashes))
+        _add_from_store(name, index, store, sorted(fresh))
+        return
+    removed = [cid for cid, _ in delta.removed_chunks]
+    index.remove(np.asarray(removed, dtype=np.int64))
+    add = set(delta.added_chunks)
+    if spec.kind is not None:
+        new_hashes = delta.newly_encoded.get(spec.kind, set())
+        if new_hashes:
+            add |= set(store.chunk_ids_with_hashes(new_hashes))
+    _add_from_store(name, index, store, sorted(add))
+
+
+def _save_index(index: Any, path: Path) -> None:
+    # Every index class writes atomically (temp file + os.replace), so a crash here leaves
+    # the previous file, whose recorded generation then no longer matches the store.
+    index.save(path)
+
+
+def _touches(name: str, delta: Delta) -> bool:
+    """Whether ``delta`` changes what index ``name`` holds."""
+    spec = DERIVED[name]
+    if spec.kind is not None and delta.newly_encoded.get(spec.kind):
+        return True
+    if spec.per_file:
+        return bool(delta.removed_files or delta.changed_files)
+    return bool(delta.removed_chunks or delta.added_chunks)
+
+
+def sync_derived(idir: Path, store: Store, prev_gen: int, delta: Delta, report: Callable[..., None]) -> None:
+    """Bring every wanted index from generation ``prev_gen`` to the store's, by ``delta`` where
+    it was at ``prev_gen`` (rebuilt from the store's vectors otherwise, or when it drifted);
+    an index the delta does not touch only has its generation recorded."""
+    gen = store.generation
+    names = _wanted(store)
+    for i, name in enumerate(names):
+        path = idir / DERIVED[name].filename
+        saved = store.get_meta(f"gen.{name}")
+        index = None
+        if saved == str(gen) and path.exists():
+            report("sync", i + 1, len(names), message=f"{name}: up to date")
+            continue
+        if saved == str(prev_gen) and path.exists() and not _touches(name, delta):
+            store.set_meta(f"gen.{name}", gen)
+            report("sync", i + 1, len(names), message=f"{name}: unchanged")
+            continue
+        if saved == str(prev_gen) and path.exists():
+            try:
+                index = _load_index(name, path)
+                _apply_delta(name, index, store, delta)
+                if len(index) != _expected_len(name, store) or getattr(index, "needs_rebuild", False):
+                    index = None  # drifted (or PLAID's codec went stale): rebuild below
+            except (CodeSearchError, ValueError, KeyError):
+                index = None
+        if index is None:
+            index = _rebuild_index(name, store)
+        _save_index(index, path)
+        store.set_meta(f"gen.{name}", gen)
+        report("sync", i + 1, len(names), message=name)
+    for name in set(DERIVED) - set(names):
+        # A model the index no longer records (after a rebuild): its index file goes too.
+        store.delete_meta(f"gen.{name}")
+        stale = idir / DERIVED[name].filename
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
+
+
+def load_derived(index_dir: str | os.PathLike[str], store: Store, *, wait_s: float = 5.0) -> dict[str, Any]:
+    """Load every derived index the store calls for, at the store's generation.
+
+    An index whose recorded generation differs from the store's, or whose file is missing
+    or corrupt, is rebuilt from the store's vectors (no encoding) - in memory, and on disk
+    too when no indexer holds the lock. Except while an indexer holds the lock: then the
+    mismatch is its sync in progress (it committed the store and is writing the index
+    files), so this waits up to ``wait_s`` seconds for those files instead of rebuilding
+    what the writer is about to write.
+
+    Returns
+    -------
+    dict
+        ``"lexical"`` (:class:`LexicalIndex`), and where the store records the models
+        ``"dense_chunks"``, ``"dense_files"`` (:class:`DenseIndex`, ids = chunk / file ids)
+        and ``"plaid"`` (:class:`PlaidIndex`).
+    """
+    idir = Path(index_dir)
+    deadline = time.monotonic() + wait_s
+    out: dict[str, Any] = {}
+    for _attempt in range(3):
+        gen = store.generation
+        if _out_of_sync(idir, store, gen):
+            _wait_for_writer(idir, store, deadline)
+            gen = store.generation
+        out = {}
+        stale: list[str] = []
+        for name in _wanted(store):
+            path = idir / DERIVED[name].filename
+            index = None
+            if store.get_meta(f"gen.{name}") == str(gen) and path.exists():
+                with contextlib.suppress(IndexCorruptError):
+                    index = _load_index(name, path)
+                if index is not None and len(index) != _expected_len(name, store):
+                    index = None
+            if index is None:
+                index = _rebuild_index(name, store)
+                stale.append(name)
+            out[name] = index
+        if stale:
+            _persist_rebuilt(idir, store, gen, {n: out[n] for n in stale})
+        # A writer may have committed while we loaded; then load again.
+        if store.generation == gen:
+            return out
+    return out
+
+
+def _out_of_sync(idir: Path, store: Store, gen: int) -> bool:
+    return any(
+        store.get_meta(f"gen.{name}") != str(gen) or not (idir / DERIVED[name].filename).exists()
+        for name in _wanted(store)
+    )
+
+
+def _wait_for_writer(idir: Path, store: Store, deadline: float) -> None:
+    """Poll (cheap meta reads) until the derived files match the store, or no writer is left."""
+    while time.monotonic() < deadline and IndexLock.writer_active(idir):
+        time.sleep(0.05)
+        if not _out_of_sync(idir, store, store.generation):
+            return
+
+
+def _persist_rebuilt(idir: Path, store: Store, gen: int, indexes: dict[str, Any]) -> None:
+    if not os.access(idir, os.W_OK):
+        return
+    if IndexLock.writer_active(idir):
+        return  # the writer brings them up to date itself
+    try:
+        lock = IndexLock(idir).acquire(role="reader")
+    except (IndexLockedError, OSError):
+        return
+    try:
+        writer = Store(idir / STORE_FILE) if store.readonly else store
+        try:
+            if writer.generation != gen:
+                return
+            for name, index in indexes.items():
+                _save_index(index, idir / DERIVED[name].filename)
+                writer.set_meta(f"gen.{name}", gen)
+        finally:
+            if writer is not store:
+                writer.close()
+    finally:
+        lock.release()

@@ -1,0 +1,367 @@
+"""The query side's entry point: a `Searcher` opens one index folder at its store's generation
+and answers queries from every index it holds (signals and fusion: :mod:`codesearch.search.ranking`).
+
+Example
+-------
+>>> from codesearch.search.searcher import Searcher
+>>> s = Searcher("repo/.codesearch")                         # doctest: +SKIP
+>>> s.search("parse the config file", k=5).hits[0].path      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from codesearch.errors import NotIndexedError, QueryError
+from codesearch.indexes.lexical import (
+    LexicalIndex,
+)
+from codesearch.search.corpus import CENTRALITY_VERSION, Corpus
+from codesearch.search.query import analyse
+from codesearch.search.ranking import FILE_VECTOR_MIN_TOKENS, Ranker, RankingParams
+from codesearch.store import atomic_write
+from codesearch.types import CENTRALITY_FILE, MODES, SearchHit, SearchResult
+
+
+class Searcher:
+    """Searches one index folder; safe to share between threads.
+
+    Parameters
+    ----------
+    index_dir : path
+        The ``.codesearch`` folder (``store.sqlite`` and the derived index files).
+    encoders : pipeline.Encoders, optional
+        Query encoders for the dense and multi-vector indexes; without them only the
+        lexical index is searched (the result's ``notices`` say so).
+
+    Examples
+    --------
+    >>> s = Searcher("repo/.codesearch")                       # doctest: +SKIP
+    >>> for hit in s.search("parse the config file", k=5).hits:  # doctest: +SKIP
+    ...     print(hit.path, hit.start_line, round(hit.score, 3))
+    """
+
+    def __init__(self, index_dir: str | Path, *, encoders: Any = None, params: RankingParams | None = None) -> None:
+        from codesearch.indexes.registry import load_derived
+        from codesearch.store import IndexLock, Store
+
+        self.index_dir = Path(index_dir)
+        store_path = self.index_dir / "store.sqlite"
+        if not store_path.is_file():
+            raise NotIndexedError(f"no index in {str(self.index_dir)!r} (run 'codesearch index' first)")
+        self._lock = threading.RLock()
+        self._store = Store(store_path, readonly=True)
+        if self._store.generation == 0 and IndexLock.writer_active(self.index_dir):
+            self._store.close()
+            raise NotIndexedError(
+                f"the first index run of {str(self.index_dir)!r} is still reading the files and nothing is "
+                "searchable yet (try again in a few seconds)"
+            )
+        derived = load_derived(self.index_dir, self._store)
+        self._encoders = encoders
+        self._dense = _get(derived, "dense", "dense_chunks")
+        self._dense_files = _get(derived, "dense_files")
+        self._plaid = _get(derived, "plaid", "colbert")
+        lexical = _get(derived, "lexical")
+        if lexical is None:
+            lexical = LexicalIndex()
+            lexical.add(*_lexical_inputs(self._store))
+        # Metadata only: chunk text is fetched for the returned hits (see _hits), which
+        # keeps start-up on a large index to reading a few small columns.
+        rows = list(self._store.iter_chunk_meta())
+        rows = _in_lexical_order(rows, lexical.ids)
+        self._ranker = Ranker(Corpus.build(rows), lexical, params)
+        self._generation = self._store.generation
+        self._ranker.centrality_source = self._cached_centrality
+        self._file_row = {int(f): j for j, f in enumerate(self._ranker.corpus.file_ids.tolist())}
+        self._covered = self._coverage()
+
+    # -- public ----------------------------------------------------------------------------
+
+    def search(
+        self,
+        query: str,
+        k: int = 10,
+        *,
+        mode: str = "hybrid",
+        language: str | None = None,
+        glob: str | None = None,
+        files_only: bool = False,
+    ) -> SearchResult:
+        """Rank the index's chunks for ``query``.
+
+        Parameters
+        ----------
+        query : str
+            Words, an identifier, or a piece of code.
+        k : int
+            Number of hits.
+        mode : {"hybrid", "lexical", "dense", "colbert"}
+            ``hybrid`` fuses every index the folder has; the others use one index (plus
+            the code-aware signals), and fail when that index was not built.
+        language, glob : str, optional
+            Keep only chunks of this language / whose path matches this glob
+            (gitignore-style: ``*.py`` matches at any depth, ``src/**/io_*.go``).
+        files_only : bool
+            At most one hit per file.
+
+        Raises
+        ------
+        QueryError
+            Empty query, unknown mode, ``k < 1``, or a mode whose index is missing.
+        """
+        if not query or not query.strip():
+            raise QueryError("the query is empty (pass some words or code to search for)")
+        if mode not in MODES:
+            raise QueryError(f"unknown mode {mode!r} (use one of: {', '.join(MODES)})")
+        if k < 1:
+            raise QueryError(f"k must be at least 1, got {k} (pass k=10 for example)")
+        notices: list[str] = []
+        q = analyse(query)
+        dense_built = self._dense is not None and len(self._dense) > 0
+        colbert_built = self._plaid is not None and len(self._plaid) > 0
+        # A model is asked for only by a mode that searches its vectors.
+        has_dense = dense_built and mode in ("hybrid", "dense") and self._encoder("dense") is not None
+        has_colbert = colbert_built and mode in ("hybrid", "colbert") and self._encoder("multi") is not None
+        if mode == "dense" and not has_dense:
+            raise QueryError(
+                "dense search needs the index's model to encode the query and it is not loaded (make the "
+                "model available again, or re-embed with 'codesearch index --rebuild --model PATH_OR_ID')"
+                if dense_built
+                else "this index has no dense vectors (index with a model: 'codesearch index --model PATH_OR_ID')"
+            )
+        if mode == "colbert" and not has_colbert:
+            raise QueryError(
+                "colbert search needs the index's ColBERT model to encode the query and it is not loaded "
+                "(make it available again, or re-embed with 'codesearch index --rebuild --multi-model PATH_OR_ID')"
+                if colbert_built
+                else "this index has no multi-vector index (index with a ColBERT model: 'codesearch index --multi-model ID')"
+            )
+        use_lex = mode in ("hybrid", "lexical")
+        use_dense = has_dense and mode in ("hybrid", "dense")
+        use_colbert = has_colbert and mode in ("hybrid", "colbert")
+        if mode == "hybrid" and not (has_dense or has_colbert) and self._covered and not (dense_built or colbert_built):
+            notices.append("semantic vectors for 0% of chunks so far (indexing is still embedding); lexical for all")
+        elif mode == "hybrid" and not (has_dense or has_colbert):
+            notices.append(
+                "lexical index only: this index's model is not loaded, so its vectors were not searched "
+                "(make the model available again, or 'codesearch index --rebuild --model PATH_OR_ID')"
+                if dense_built or colbert_built
+                else "lexical index only: no model vectors in this index (index with a model for semantic search)"
+            )
+        mask = self._mask(language, glob)
+        p = self._ranker.params
+        n_cand = max(p.dense_candidates, 4 * k)
+        dense = file_dense = colbert = None
+        used: list[str] = ["lexical"] if use_lex else []
+        if use_dense:
+            qv = np.asarray(self._encoder("dense").encode([query], kind="query"), dtype=np.float32)
+            ids, scores = self._dense.search(qv, n_cand)[0]
+            dense = (self._ranker.rows_of(ids), scores)
+            used.append("dense")
+            long_context = int(getattr(self._encoder("dense"), "max_length", 0) or 0) >= FILE_VECTOR_MIN_TOKENS
+            if p.w_file_centroid and not long_context:
+                cent = self._file_centroids()
+                file_dense = (np.arange(len(cent), dtype=np.int64), cent @ qv[0])
+                used.append("dense_files")
+            elif long_context and self._dense_files is not None and len(self._dense_files):
+                fids, fscores = self._dense_files.search(qv, max(50, k * 5))[0]
+                file_dense = (np.array([self._file_row.get(int(f), -1) for f in fids], dtype=np.int64), fscores)
+                used.append("dense_files")
+        if use_colbert:
+            qm = self._encoder("multi").encode([query], kind="query")
+            ids, scores = self._plaid.search([qm[0]], n_cand)[0]
+            colbert = (self._ranker.rows_of(ids), scores)
+            used.append("colbert")
+        if (use_dense or use_colbert) and self._covered:
+            shares = [f"{int(100 * self._covered[k].mean())}% of chunks" for k in ("dense", "colbert") if k in self._covered]
+            notices.append(
+                f"semantic vectors for {' and '.join(shares)} so far (indexing is still embedding); lexical for all"
+            )
+        total, sources = self._ranker.score(
+            q, use_lexical=use_lex, dense=dense, file_dense=file_dense, colbert=colbert, mask=mask,
+            covered=self._covered or None,
+        )
+        picked = self._ranker.select(total, k, files_only=files_only)
+        hits = self._hits(picked, sources)
+        return SearchResult(query=query, mode=mode, hits=hits, indexes_used=tuple(used), notices=notices)
+
+    def set_encoders(self, encoders: Any) -> None:
+        """Use these query encoders from the next search on (``None``: lexical only)."""
+        with self._lock:
+            self._encoders = encoders
+
+    def close(self) -> None:
+        """Release the store connection (idempotent)."""
+        with self._lock:
+            self._store.close()
+
+    def __enter__(self) -> Searcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _encoder(self, role: str) -> Any:
+        enc = self._encoders
+        if enc is None:
+            return None
+        names = {"dense": ("dense", "dense_encoder"), "multi": ("multi", "colbert", "multi_encoder")}[role]
+        for name in names:
+            value = getattr(enc, name, None)
+            if callable(value) and not hasattr(value, "encode"):
+                value = value()
+            if value is not None:
+                return value
+        return None
+
+    def _cached_centrality(self) -> np.ndarray:
+        """The ranker's centrality from ``centrality.npz`` when that file was written for this
+        generation and these files; else computed, and written for the next process (a CLI
+        query is one process per query) when the folder is writable.
+
+        The file validates itself (algorithm version, generation, sizes, file ids), so it
+        needs no lock: an index run makes it stale by moving the generation on, and two readers
+        writing at once each replace it atomically with the same array.
+        """
+        c = self._ranker.corpus
+        path = self.index_dir / CENTRALITY_FILE
+        # What the array depends on, beyond the generation (a store rebuilt after damage
+        # counts generations from 0 again): the chunks, and the term counts it reads.
+        tf = self._ranker._file_tf
+        shape = np.array([CENTRALITY_VERSION, self._generation, len(c), tf.shape[1], tf.nnz], dtype=np.int64)
+        try:
+            with np.load(path) as z:
+                if np.array_equal(z["shape"], shape) and np.array_equal(z["file_ids"], c.file_ids):
+                    return z["values"].astype(np.float32)
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+            pass  # missing, stale or damaged: compute it
+        values = self._ranker.compute_centrality()
+        if os.access(self.index_dir, os.W_OK):
+            with contextlib.suppress(OSError), atomic_write(path) as fh:
+                np.savez(fh, shape=shape, file_ids=c.file_ids, values=values)
+        return values
+
+    def _coverage(self) -> dict[str, np.ndarray]:
+        """Which rows (and files) have a vector yet, for each vector index that lacks some:
+        empty when every vector is in (the usual case), so ranking is then untouched."""
+        c = self._ranker.corpus
+        n = len(c.file_idx)
+        out: dict[str, np.ndarray] = {}
+        for name, index in (("dense", self._dense), ("colbert", self._plaid)):
+            if index is None or len(index) >= n:
+                continue
+            cov = np.zeros(n, dtype=bool)
+            rows = self._ranker.rows_of(index.ids())
+            cov[rows[rows >= 0]] = True
+            out[name] = cov
+        if "dense" in out:
+            files = np.zeros(len(c.files), dtype=bool)
+            files[c.file_idx[out["dense"]]] = True
+            if self._dense_files is not None and len(self._dense_files):
+                fr = np.array([self._file_row.get(int(f), -1) for f in self._dense_files.ids()], dtype=np.int64)
+                files[fr[fr >= 0]] = True
+            out["files"] = files
+        return out
+
+    def _file_centroids(self) -> np.ndarray:
+        """(n_files, dim) normalised mean of each file's chunk vectors (built on first use)."""
+        with self._lock:
+            cent = getattr(self, "_centroids", None)
+            if cent is None:
+                # Streamed from the store in batches (the same vectors the dense index
+                # holds), so a large index never holds a second full copy in memory.
+                c = self._ranker.corpus
+                cent = np.zeros((len(c.files), self._dense.dim), dtype=np.float32)
+                for ids, arrays in self._store.iter_vectors("dense"):
+                    rows = self._ranker.rows_of(ids)
+                    ok = rows >= 0
+                    if ok.any():
+                        vecs = np.concatenate(arrays, axis=0).astype(np.float32, copy=False)
+                        np.add.at(cent, c.file_idx[rows[ok]], vecs[ok])
+                cent /= np.maximum(np.linalg.norm(cent, axis=1, keepdims=True), 1e-9)
+                self._centroids = cent
+        return cent
+
+    def _mask(self, language: str | None, glob: str | None) -> np.ndarray | None:
+        c = self._ranker.corpus
+        mask = None
+        if language:
+            mask = c.language == language.lower()
+            if not mask.any():
+                known = ", ".join(sorted(set(c.language.tolist()))) or "none"
+                raise QueryError(f"no indexed chunk is in language {language!r} (indexed: {known})")
+        if glob:
+            import pathspec
+
+            spec = pathspec.GitIgnoreSpec.from_lines([glob])
+            fmask = np.fromiter((spec.match_file(f) for f in c.files), dtype=bool, count=len(c.files))
+            gm = fmask[c.file_idx]
+            mask = gm if mask is None else mask & gm
+        return mask
+
+    def _hits(self, picked: list[tuple[int, float]], sources: dict[str, np.ndarray]) -> list[SearchHit]:
+        c = self._ranker.corpus
+        ids = [int(c.ids[r]) for r, _ in picked]
+        with self._lock:
+            recs = {r.id: r for r in self._store.chunk_records(ids)}
+        hits = []
+        for r, s in picked:
+            rec = recs.get(int(c.ids[r]))
+            if rec is None:
+                continue
+            src = tuple(name for name, v in sources.items() if v[r] > 0)
+            hits.append(
+                SearchHit(
+                    path=rec.path,
+                    start_line=rec.start_line,
+                    end_line=rec.end_line,
+                    score=float(s),
+                    language=rec.language,
+                    symbol=rec.symbol,
+                    kind=rec.kind,
+                    scope=rec.scope,
+                    text=rec.text,
+                    chunk_id=rec.id,
+                    sources=src,
+                )
+            )
+        return hits
+
+
+def _in_lexical_order(rows: list[tuple], lex_ids: np.ndarray) -> list[tuple]:
+    """``rows`` (by chunk id) reordered to the lexical index's row order; ids it lacks last, by id."""
+    ids = np.array([r[0] for r in rows], dtype=np.int64)
+    lex_ids = np.asarray(lex_ids, dtype=np.int64)
+    if len(ids) == len(lex_ids) and np.array_equal(ids, lex_ids):
+        return rows
+    # Key = position in the lexical index, or len + id for rows it does not hold.
+    order = np.argsort(lex_ids, kind="stable")
+    pos = np.searchsorted(lex_ids[order], ids).clip(0, max(len(lex_ids) - 1, 0))
+    found = (lex_ids[order][pos] == ids) if len(lex_ids) else np.zeros(len(ids), dtype=bool)
+    key = np.where(found, order[pos] if len(lex_ids) else 0, len(lex_ids) + ids)
+    return [rows[i] for i in np.argsort(key, kind="stable").tolist()]
+
+
+def _get(obj: Any, *names: str) -> Any:
+    for name in names:
+        if isinstance(obj, dict):
+            if obj.get(name) is not None:
+                return obj[name]
+        elif getattr(obj, name, None) is not None:
+            return getattr(obj, name)
+    return None
+
+
+def _lexical_inputs(store: Any) -> tuple[np.ndarray, list[str]]:
+    recs = list(store.iter_chunk_records())
+    return np.array([r.id for r in recs], dtype=np.int64), [f"{r.header}\n{r.text}" for r in recs]
