@@ -159,15 +159,15 @@ def query_command(
     """Search an indexed repository."""
     if json_out and jsonl_out:
         raise typer.BadParameter("use --json or --jsonl, not both", param_hint="--json/--jsonl")
-    from codesearch.api import CodeSearch, check_query, find_index_root, server_query
+    from codesearch.api import CodeSearch, check_query, find_index_root
     from codesearch.cli import render
+    from codesearch.server.client import try_server_result
 
     check_query(query, top_k, mode=mode.value)
     root = path if path is not None or index_dir is not None else find_index_root(Path.cwd())
     with CodeSearch(root or Path("."), index_dir=index_dir) as cs:
-        result = None if no_server else server_query(
-            cs, query, top_k, mode=mode.value, language=lang, glob=glob, files_only=files_only
-        )
+        request = {"query": query, "k": top_k, "mode": mode.value, "lang": lang, "glob": glob, "files_only": files_only}
+        result = None if no_server else try_server_result(cs.root, request, index_dir=cs.index_dir)
         if result is None:
             result = cs.query(query, top_k, mode=mode.value, language=lang, glob=glob, files_only=files_only,
                               refresh=not no_refresh)

@@ -265,6 +265,7 @@ def resolve_encoders(
     device: str = "auto",
     store: Store | None = None,
     index_dir: str | os.PathLike[str] | None = None,
+    load: Callable[..., Any] | None = None,
 ) -> tuple[Encoders, list[str]]:
     """Load the encoders a run asks for; returns them and the notices to show.
 
@@ -280,6 +281,10 @@ def resolve_encoders(
         Passed to :func:`codesearch.encoder.load`.
     store, index_dir
         Where to read the recorded models (either; ``store`` wins).
+    load
+        ``load(name, device=...)`` that returns an encoder; default
+        :func:`codesearch.encoder.load`. `codesearch.api.EncoderPool.load` passes its
+        memoised one, so processes with several `CodeSearch` objects load a model once.
 
     Raises
     ------
@@ -310,7 +315,7 @@ def resolve_encoders(
         if is_default:
             name = recorded[role].name if role in recorded else package_default
         try:
-            enc = enc_mod.load(name, device=device)
+            enc = (load or enc_mod.load)(name, device=device)
         except ModelUnavailableError:
             if not is_default:
                 raise

@@ -22,6 +22,8 @@ from codesearch.server.discovery import ServerInfo, read_discovery
 HEALTH_TIMEOUT_S = 0.3
 SEARCH_TIMEOUT_S = 30.0
 TOKEN_ENV = "CODESEARCH_TOKEN"
+SCHEMA_VERSION = 1  # of the documents this client understands (codesearch.api.SCHEMA_VERSION)
+ANSWERED_BY = "answered by the running 'codesearch serve' for this repository"
 
 
 def _request(
@@ -128,7 +130,7 @@ def result_from_document(doc: dict[str, Any]) -> Any:
     """Turn a ``POST /search`` document back into a `SearchResult` for the CLI's renderers.
 
     The document carries what ``--json`` prints; fields it lacks (scope, chunk id, sources)
-    are left empty.
+    are left empty. A first notice says who answered.
     """
     from codesearch.indexer.search import SearchHit, SearchResult
 
@@ -142,7 +144,7 @@ def result_from_document(doc: dict[str, Any]) -> Any:
     ]
     return SearchResult(
         query=doc["query"], mode=doc["mode"], hits=hits, indexes_used=tuple(doc.get("indexes_used", ())),
-        notices=list(doc.get("notices", ())),
+        notices=[ANSWERED_BY, *doc.get("notices", ())],
     )
 
 
@@ -163,8 +165,10 @@ def try_server_result(
     >>> if result is None:                                                                   # doctest: +SKIP
     ...     result = CodeSearch("repo").query("open the db", 5)
     """
+    if not str(request.get("query") or "").strip():
+        return None  # the local path raises the proper QueryError
     doc = try_server_search(root, request, index_dir=index_dir, token=token)
-    if doc is None:
+    if doc is None or doc.get("schema_version") != SCHEMA_VERSION:
         return None
     try:
         return result_from_document(doc)
