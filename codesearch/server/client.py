@@ -11,6 +11,7 @@ the round trip it makes.
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import os
@@ -130,7 +131,7 @@ def result_from_document(doc: dict[str, Any]) -> Any:
     """Turn a ``POST /search`` document back into a `SearchResult` for the CLI's renderers.
 
     The document carries what ``--json`` prints; fields it lacks (scope, chunk id, sources)
-    are left empty. A first notice says who answered.
+    are left empty.
     """
     from codesearch.indexer.search import SearchHit, SearchResult
 
@@ -144,7 +145,7 @@ def result_from_document(doc: dict[str, Any]) -> Any:
     ]
     return SearchResult(
         query=doc["query"], mode=doc["mode"], hits=hits, indexes_used=tuple(doc.get("indexes_used", ())),
-        notices=[ANSWERED_BY, *doc.get("notices", ())],
+        notices=list(doc.get("notices", ())),
     )
 
 
@@ -157,7 +158,8 @@ def try_server_result(
 ) -> Any:
     """`try_server_search`, returned as a `SearchResult` (None when no usable server is up).
 
-    This is the one call ``codesearch query`` makes before opening the index itself.
+    This is the one call ``codesearch query`` makes before opening the index itself. The
+    result's first notice says that the server answered.
 
     Example
     -------
@@ -171,6 +173,7 @@ def try_server_result(
     if doc is None or doc.get("schema_version") != SCHEMA_VERSION:
         return None
     try:
-        return result_from_document(doc)
+        result = result_from_document(doc)
     except (KeyError, TypeError, ValueError):  # a server of another version: search locally
         return None
+    return dataclasses.replace(result, notices=[ANSWERED_BY, *result.notices])  # say who answered
