@@ -238,6 +238,9 @@ def models_info(
 from codesearch.cli.serve import register as _register_serve  # noqa: E402
 
 _register_serve(app)
+from codesearch.cli.agents import register as _register_agents  # noqa: E402
+
+_register_agents(app)
 
 
 def run() -> None:

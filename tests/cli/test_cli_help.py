@@ -22,7 +22,7 @@ COMMANDS = _walk(typer.main.get_command(app))
 
 def test_every_documented_command_is_there():
     names = {" ".join(p) for p in COMMANDS}
-    assert {"", "index", "query", "status", "serve", "models", "models list", "models pull", "models info"} <= names
+    assert {"", "index", "query", "status", "serve", "agents", "models", "models list", "models pull", "models info"} <= names
 
 
 @pytest.mark.parametrize("path", COMMANDS, ids=lambda p: " ".join(p) or "codesearch")
