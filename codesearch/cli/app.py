@@ -51,9 +51,13 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_show_locals=False,
     context_settings={"help_option_names": ["-h", "--help"]},
+    # Plain help, as click writes it: rich's option tables cut words at 80 columns
+    # (`CODESEARCH_TOKE…`, `--no-index-on-…`) and show a `<bool>` type on flags.
+    rich_markup_mode=None,
 )
 models_app = typer.Typer(
     cls=_Group,
+    rich_markup_mode=None,
     help="List, download and inspect encoder models.",
     epilog="Example: codesearch models info lightonai/LateOn-Code-edge",
     no_args_is_help=True,
