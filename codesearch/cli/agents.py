@@ -13,7 +13,6 @@ import os
 import shutil
 import sys
 import tempfile
-import tomllib
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -158,27 +157,45 @@ def merge_toml(path: Path, key: str, entry: dict[str, Any]) -> bool:
     """Put ``[key.codesearch]`` into the TOML file ``path``, keeping the rest of the text
     (comments included); returns False when it was already there as is.
 
+    Works on the text (the standard library reads TOML but does not write it): an existing
+    ``[key.codesearch]`` table is replaced where it stands, else the table is appended.
+
     Raises
     ------
     CodeSearchError
-        The file is not valid TOML.
+        The file is not valid TOML (checked where the standard library can read it).
     """
     text = path.read_text(encoding="utf-8") if path.exists() else ""
-    try:
-        current = tomllib.loads(text).get(key, {}).get(SERVER_NAME)
-    except tomllib.TOMLDecodeError as exc:
-        raise CodeSearchError(f"cannot merge into {path}: not valid TOML ({exc}) (fix the file first)") from None
-    if current == entry:
-        return False
-    header = f"[{key}.{SERVER_NAME}]"
+    _check_toml(path, text)
+    table = _toml_table(f"{key}.{SERVER_NAME}", entry)
+    header = table.splitlines()[0]
     lines = text.splitlines(keepends=True)
-    if current is not None:  # drop the old table: its header up to the next table
-        start = next(i for i, line in enumerate(lines) if line.strip() == header)
+    start = next((i for i, line in enumerate(lines) if line.strip() == header), None)
+    if start is None:
+        kept = text.rstrip("\n")
+        new = (kept + "\n\n" if kept else "") + table
+    else:
         end = next((i for i in range(start + 1, len(lines)) if lines[i].lstrip().startswith("[")), len(lines))
-        lines = lines[:start] + lines[end:]
-    kept = "".join(lines).rstrip("\n")
-    _write_atomic(path, (kept + "\n\n" if kept else "") + _toml_table(f"{key}.{SERVER_NAME}", entry))
+        if "".join(lines[start:end]).strip() == table.strip():
+            return False
+        new = "".join(lines[:start]) + table + ("\n" + "".join(lines[end:]) if end < len(lines) else "")
+    _check_toml(path, new)
+    _write_atomic(path, new)
     return True
+
+
+def _check_toml(path: Path, text: str) -> None:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: written unchecked
+        return
+    try:
+        tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise CodeSearchError(
+            f"cannot merge into {path}: not valid TOML after the merge ({exc}) "
+            "(fix the file, or add the table printed by 'codesearch agents codex' by hand)"
+        ) from None
 
 
 def agents(
