@@ -8,11 +8,11 @@ import subprocess
 import sys
 
 import pytest
+from fixtures.sample_repo import write_sample_repo
 
 from codesearch import CodeSearch
 from codesearch.api import EncoderPool, result_document
 from codesearch.errors import NotIndexedError
-from fixtures.sample_repo import write_sample_repo
 
 
 def test_a_snapshot_stays_on_its_generation_while_runs_commit(tmp_path):

@@ -10,10 +10,10 @@ import sys
 
 import anyio
 import pytest
+from fixtures.sample_repo import write_sample_repo
 from typer.testing import CliRunner
 
 from codesearch.cli.app import app
-from fixtures.sample_repo import write_sample_repo
 
 # client -> (file under the project, or under CODEX_HOME for codex), table of servers, the served folder
 FILES = {

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import httpx
 import pytest
-
 from serverkit import LEXICAL, server_env, start_server
 
 TOKEN = "t0ken-for-host-tests"

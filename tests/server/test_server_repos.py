@@ -8,9 +8,9 @@ from __future__ import annotations
 import anyio
 import pytest
 from mcp import Client
+from serverkit import LEXICAL, start_server
 
 from codesearch.server.repos import _labels
-from serverkit import LEXICAL, start_server
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def search(server, **body):
 
 
 def test_no_path_searches_every_root_and_hits_name_their_repo(two_roots):
-    server, roots = two_roots
+    server, _ = two_roots
     doc = search(server, query="shared_marker", k=10).json()
     assert {(r["repo"], r["path"]) for r in doc["results"]} == {
         ("one", "src/mod.py"), ("one", "docs/extra.py"), ("two", "src/mod.py"), ("two", "lib/extra.py")
@@ -110,7 +110,7 @@ def test_status_index_and_health_name_the_roots(two_roots):
 def test_the_cli_fast_path_still_finds_each_root(two_roots):
     from codesearch.server.client import try_server_search
 
-    server, roots = two_roots
+    _, roots = two_roots
     for name, ident in (("one", "alpha_only_in_one"), ("two", "beta_only_in_two")):
         doc = try_server_search(roots[name], {"query": ident, "mode": "lexical"})
         assert doc is not None and ident in doc["results"][0]["text"]
