@@ -53,6 +53,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "CodeSearch",
     "DEFAULT",
+    "EncoderPool",
     "IndexStatus",
     "ModelInfo",
     "SCHEMA_VERSION",
@@ -63,7 +64,7 @@ __all__ = [
     "model_info",
     "pull_model",
     "result_document",
-    "server_query",
+    "Snapshot",
 ]
 
 _META_INCLUDE, _META_EXCLUDE = "walk.include", "walk.exclude"  # store meta keys (JSON lists)
@@ -181,6 +182,9 @@ class CodeSearch:
         the files with the options of the last `index` run, not with these.
     max_file_bytes : int
         Files larger than this are skipped (by `index`; remembered likewise).
+    encoder_pool : EncoderPool, optional
+        Load models through this pool, shared with other `CodeSearch` objects (a server
+        serving several repositories); default: this object loads its own.
 
     Notes
     -----
@@ -207,6 +211,7 @@ class CodeSearch:
         include: Sequence[str] = (),
         exclude: Sequence[str] = (),
         max_file_bytes: int = 1_000_000,
+        encoder_pool: EncoderPool | None = None,
     ) -> None:
         root = Path(path).expanduser()
         if not root.exists():
@@ -223,14 +228,12 @@ class CodeSearch:
         self.include = tuple(include)
         self.exclude = tuple(exclude)
         self.max_file_bytes = int(max_file_bytes)
+        self.encoder_pool = encoder_pool
         # (dense, multi) model arguments -> (encoders, notices from resolving them).
-        # codesearch.server.repos pre-fills and reads this dict to share loaded encoders
-        # between the CodeSearch objects of successive index generations: keep its shape.
         self._encoders: dict[tuple[Any, Any], tuple[Encoders, list[str]]] = {}
         # One Searcher for every mode: opened without encoders (a lexical search never loads
         # a model), given the query encoders by the first search that needs them; _attached
-        # says which searcher got them and what resolving them said. The server gets it
-        # through _get_searcher.
+        # says which searcher got them and what resolving them said.
         self._searcher: Any = None
         self._attached: tuple[Any, list[str]] | None = None  # (searcher given the encoders, notices)
         self._state_lock = threading.Lock()  # guards the searcher's creation and replacement
@@ -375,6 +378,59 @@ class CodeSearch:
             ).hits
         )
 
+    def snapshot(self, *, wrap_encoder: Callable[[Any], Any] | None = None) -> Snapshot:
+        """A searcher held on the index generation committed now, with its query encoders.
+
+        Unlike `query`, a snapshot never waits for an index run of this object and never
+        sees one half-way: it keeps answering from its generation (records included) while
+        runs commit newer ones, until it is closed. A long-running process searches a
+        snapshot, takes a new one after each run, and closes the old one when its last
+        search returns.
+
+        Parameters
+        ----------
+        wrap_encoder : callable, optional
+            Applied to each query encoder of this snapshot (not to the ones `index` uses),
+            e.g. to encode the queries of concurrent searches in one batch.
+
+        Returns
+        -------
+        Snapshot
+            Close it when done (or use it as a context manager).
+
+        Raises
+        ------
+        NotIndexedError
+            When the folder has no index yet.
+
+        Examples
+        --------
+        >>> with cs.snapshot() as snap:                      # doctest: +SKIP
+        ...     hits = snap.search("open the database", k=3).hits
+        """
+        from codesearch.search.searcher import Searcher
+
+        self._check_open()
+        self._require_index()
+        with self._rw.reading():
+            searcher = Searcher(self.index_dir)
+            try:
+                while not searcher.pin():  # another process committed in between: reopen
+                    searcher.close()
+                    searcher = Searcher(self.index_dir)
+                encoders, notices = self._get_encoders(self._search_models())
+                if wrap_encoder is not None:
+                    encoders = dataclasses.replace(
+                        encoders,
+                        dense=None if encoders.dense is None else wrap_encoder(encoders.dense),
+                        multi=None if encoders.multi is None else wrap_encoder(encoders.multi),
+                    )
+                searcher.set_encoders(encoders)
+            except BaseException:
+                searcher.close()
+                raise
+        return Snapshot(searcher, encoders, tuple(notices))
+
     def with_context(self, result: SearchResult, lines: int) -> SearchResult:
         """Widen each hit by `lines` lines above and below, read from the current files.
 
@@ -444,19 +500,16 @@ class CodeSearch:
                 if models == (None, None):
                     cached = (Encoders(), [])
                 else:
+                    load = self.encoder_pool.load if self.encoder_pool is not None else None
                     cached = resolve_encoders(
-                        models[0], models[1], device=self.device, index_dir=self.index_dir
+                        models[0], models[1], device=self.device, index_dir=self.index_dir, load=load
                     )
                 self._encoders[models] = cached
             return cached
 
     def _get_searcher(self, *, lexical: bool) -> tuple[Any, list[str]]:
         """The searcher, with the query encoders attached unless ``lexical``, and the
-        notices from loading them.
-
-        Also called by codesearch.server.repos (it keeps a generation's searcher warm):
-        keep the signature and the (searcher, notices) return.
-        """
+        notices from loading them."""
         with self._state_lock:
             searcher = self._searcher
         if searcher is None:
@@ -583,48 +636,110 @@ class CodeSearch:
         ]
 
 
-def server_query(
-    cs: CodeSearch,
-    query: str,
-    k: int = 10,
-    *,
-    mode: str = "hybrid",
-    language: str | None = None,
-    glob: str | None = None,
-    files_only: bool = False,
-) -> SearchResult | None:
-    """Ask a running ``codesearch serve`` for this repository; None when there is none.
+# -- pieces for long-running processes (the server uses only these) -------------------------
 
-    Why: a warm server answers in milliseconds, while a fresh process spends seconds
-    importing torch and loading the models. Any doubt (no server, another root, an error
-    status, a timeout) returns None and the caller searches on its own, so a broken server
-    never fails a query. The server keeps its index fresh with its file watcher, so no
-    refresh is needed; the result's notices say who answered.
+
+class EncoderPool:
+    """Models loaded once and shared by every `CodeSearch` given this pool.
+
+    A process that keeps several `CodeSearch` objects (a server: one per repository) passes
+    one pool to all of them, so a model named by several of them, or recorded by several
+    indexes, is loaded once. Models are keyed by the name they were loaded by (hub id or
+    folder; for `DEFAULT`, the name the index records) and the device. Thread-safe.
+
+    Examples
+    --------
+    >>> pool = EncoderPool()
+    >>> a = CodeSearch("repo-a", encoder_pool=pool)          # doctest: +SKIP
+    >>> b = CodeSearch("repo-b", encoder_pool=pool)          # doctest: +SKIP
     """
-    from codesearch.server.client import try_server_search
-    from codesearch.types import SearchHit, SearchResult
 
-    if not query or not query.strip():
-        return None  # the local path raises the proper QueryError
-    request = {"query": query, "k": k, "mode": mode, "lang": language, "glob": glob, "files_only": files_only}
-    doc = try_server_search(cs.root, request, index_dir=cs.index_dir)
-    if doc is None or doc.get("schema_version") != SCHEMA_VERSION:
-        return None
-    try:
-        hits = [
-            SearchHit(
-                path=r["path"], start_line=int(r["start_line"]), end_line=int(r["end_line"]),
-                score=float(r["score"]), language=r["language"], symbol=r["symbol"], kind=r["kind"],
-                scope=None, text=r["text"], chunk_id=-1,
-            )
-            for r in doc["results"]
-        ]
-        notices = ["answered by the running 'codesearch serve' for this repository", *doc["notices"]]
-        return SearchResult(
-            query=doc["query"], mode=doc["mode"], hits=hits, indexes_used=tuple(doc["indexes_used"]), notices=notices
-        )
-    except (KeyError, TypeError, ValueError):
-        return None  # a server speaking another dialect: search locally
+    def __init__(self) -> None:
+        self._loaded: dict[tuple[str, str], Any] = {}
+        self._lock = threading.Lock()
+
+    def load(self, name: str, *, device: str = "auto") -> Any:
+        """The encoder for ``name`` on ``device``, loading it on first use.
+
+        Raises
+        ------
+        ModelError
+            The model cannot be loaded (not cached offline, a bad checkpoint).
+        """
+        from codesearch.encoder import load
+
+        key = (str(name), device)
+        # One lock for every load: two threads asking for the same model load it once, and
+        # distinct models would only compete for the same cores.
+        with self._lock:
+            encoder = self._loaded.get(key)
+            if encoder is None:
+                encoder = self._loaded[key] = load(name, device=device)
+            return encoder
+
+    def loaded(self) -> list[Any]:
+        """The encoders loaded so far, in loading order."""
+        with self._lock:
+            return list(self._loaded.values())
+
+    def clear(self) -> None:
+        """Forget every loaded encoder (their memory frees once no searcher holds them)."""
+        with self._lock:
+            self._loaded.clear()
+
+
+class Snapshot:
+    """One committed index generation, open for searching (from `CodeSearch.snapshot`).
+
+    Attributes
+    ----------
+    encoders
+        The query encoders attached (``.dense``, ``.multi``; None where absent).
+    notices : tuple of str
+        What resolving the encoders said (e.g. a default model not cached); added to the
+        notices of every search that uses them.
+    """
+
+    def __init__(self, searcher: Any, encoders: Any, notices: tuple[str, ...]) -> None:
+        self._searcher = searcher
+        self.encoders = encoders
+        self.notices = notices
+
+    def search(
+        self,
+        query: str,
+        k: int = 10,
+        *,
+        mode: str = "hybrid",
+        language: str | None = None,
+        glob: str | None = None,
+        files_only: bool = False,
+    ) -> SearchResult:
+        """Search this generation; same parameters and result as `CodeSearch.query`.
+
+        Raises
+        ------
+        QueryError
+            An empty query, an unknown mode or language, or k < 1.
+        """
+        check_query(query, k, mode=mode)
+        result = self._searcher.search(query, k, mode=mode, language=language, glob=glob, files_only=files_only)
+        if self.notices and mode != "lexical":  # a lexical search used no encoder
+            result = dataclasses.replace(result, notices=list(dict.fromkeys([*self.notices, *result.notices])))
+        return result
+
+    def close(self) -> None:
+        """Release the store connection and the indexes held in memory. Idempotent."""
+        self._searcher.close()
+
+    def __enter__(self) -> Snapshot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- end of the pieces for long-running processes ------------------------------------------
 
 
 def _widen(hit: SearchHit, root: Path, lines: int) -> SearchHit:

@@ -51,9 +51,13 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_show_locals=False,
     context_settings={"help_option_names": ["-h", "--help"]},
+    # Plain help, as click writes it: rich's option tables cut words at 80 columns
+    # (`CODESEARCH_TOKE…`, `--no-index-on-…`) and show a `<bool>` type on flags.
+    rich_markup_mode=None,
 )
 models_app = typer.Typer(
     cls=_Group,
+    rich_markup_mode=None,
     help="List, download and inspect encoder models.",
     epilog="Example: codesearch models info lightonai/LateOn-Code-edge",
     no_args_is_help=True,
@@ -159,15 +163,15 @@ def query_command(
     """Search an indexed repository."""
     if json_out and jsonl_out:
         raise typer.BadParameter("use --json or --jsonl, not both", param_hint="--json/--jsonl")
-    from codesearch.api import CodeSearch, check_query, find_index_root, server_query
+    from codesearch.api import CodeSearch, check_query, find_index_root
     from codesearch.cli import render
+    from codesearch.server.client import try_server_result
 
     check_query(query, top_k, mode=mode.value)
     root = path if path is not None or index_dir is not None else find_index_root(Path.cwd())
     with CodeSearch(root or Path("."), index_dir=index_dir) as cs:
-        result = None if no_server else server_query(
-            cs, query, top_k, mode=mode.value, language=lang, glob=glob, files_only=files_only
-        )
+        request = {"query": query, "k": top_k, "mode": mode.value, "lang": lang, "glob": glob, "files_only": files_only}
+        result = None if no_server else try_server_result(cs.root, request, index_dir=cs.index_dir)
         if result is None:
             result = cs.query(query, top_k, mode=mode.value, language=lang, glob=glob, files_only=files_only,
                               refresh=not no_refresh)
@@ -238,6 +242,9 @@ def models_info(
 from codesearch.cli.serve import register as _register_serve  # noqa: E402
 
 _register_serve(app)
+from codesearch.cli.agents import register as _register_agents  # noqa: E402
+
+_register_agents(app)
 
 
 def run() -> None:

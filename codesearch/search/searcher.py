@@ -198,6 +198,26 @@ class Searcher:
         with self._lock:
             self._encoders = encoders
 
+    def pin(self) -> bool:
+        """Hold a read transaction open on the store until `close`; False when too late.
+
+        Why: the ranking indexes live in memory, but each hit's record (path, lines, text)
+        is read from SQLite when a search answers. Without a pin, a searcher kept open
+        while another run commits would rank with generation N and print records of N+1.
+        In WAL mode an open read transaction keeps the snapshot of its first read, so a
+        pinned searcher stays wholly on its generation. Returns False (and pins nothing)
+        when a run committed between this searcher's opening and the pin: open a new one.
+        """
+        with self._lock:
+            conn = self._store.conn
+            if conn.in_transaction:
+                return True
+            conn.execute("BEGIN")
+            if self._store.generation == self._generation:  # the snapshot starts at this read
+                return True
+            conn.execute("ROLLBACK")
+            return False
+
     def close(self) -> None:
         """Release the store connection (idempotent)."""
         with self._lock:

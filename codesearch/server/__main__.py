@@ -28,7 +28,7 @@ def _serve(*args: Any, **kwargs: Any) -> None:
 
 def main() -> None:
     """Run the serve command as its own program."""
-    app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+    app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False, rich_markup_mode=None)
     app.command("serve", epilog=SERVE_EPILOG)(_serve)
     app(prog_name="python -m codesearch.server")
 

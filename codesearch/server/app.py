@@ -3,7 +3,9 @@
 
 Errors are JSON ``{"error": <class>, "detail": <one line>}`` with a status that says whose
 fault it is: 400 bad request, 401 no or wrong token, 403 path outside the served roots,
-409 not indexed yet, 503 too busy, 504 search timed out.
+404 a path or repo that is not served, 409 not indexed yet, 503 too busy, 504 search timed
+out. On a loopback bind every route also refuses a foreign ``Host`` (421) or ``Origin``
+(403) header: DNS-rebinding protection, see `HostGuard`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from codesearch.errors import (
     PathError,
     QueryError,
 )
+from codesearch.server.repos import AmbiguousPathError, UnknownPathError
 from codesearch.server.service import MAX_K, SearchTimeoutError, ServerBusyError, Service
 
 # -- request and response models (they make the OpenAPI schema) ---------------------------
@@ -42,7 +45,12 @@ class SearchRequest(BaseModel):
     lang: str | None = Field(None, description="Only this language (python, go, ...).")
     glob: str | None = Field(None, description="Only paths matching this gitignore-style glob.")
     files_only: bool = Field(False, description="One result per file, best chunk first.")
-    path: str | None = Field(None, description="Served root (or a folder inside it); default the first root.")
+    path: str | None = Field(
+        None,
+        description="A folder or file to search in: absolute, or relative (to `repo`; else starting with a "
+        "served repository's name; with one repository served, inside it). Default: every served repository.",
+    )
+    repo: str | None = Field(None, description="Only this served repository: its name (folder name) or path.")
 
 
 class Hit(BaseModel):
@@ -54,6 +62,7 @@ class Hit(BaseModel):
     symbol: str | None
     kind: str
     text: str
+    repo: str | None = Field(None, description="The served repository's name; only when several are served.")
 
 
 class SearchResponse(BaseModel):
@@ -72,12 +81,13 @@ class IndexRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    path: str | None = Field(None, description="Served root (or a folder inside it); default the first root.")
+    path: str | None = Field(None, description="A served repository (name or path); default every one.")
     rebuild: bool = Field(False, description="Drop the index and build it again.")
 
 
 class IndexAccepted(BaseModel):
     root: str
+    roots: list[str]
     accepted: bool
     rebuild: bool
     indexing: dict[str, Any]
@@ -88,6 +98,7 @@ class Health(BaseModel):
     version: str
     pid: int
     roots: list[str]
+    repos: list[str] = Field(description="Each root's name, as `repo` and hits use it.")
 
 
 class ErrorBody(BaseModel):
@@ -96,6 +107,8 @@ class ErrorBody(BaseModel):
 
 
 _STATUS: list[tuple[type[CodeSearchError], int]] = [
+    (UnknownPathError, 404),
+    (AmbiguousPathError, 400),
     (PathError, 403),
     (QueryError, 400),
     (NotIndexedError, 409),
@@ -155,6 +168,56 @@ class BearerAuth:
         await response(scope, receive, send)
 
 
+class HostGuard:
+    """ASGI middleware: refuse requests whose ``Host`` or ``Origin`` is not this machine.
+
+    Why: a web page on ``evil.example`` can make its name resolve to 127.0.0.1 (DNS
+    rebinding) and then read a loopback server as its own origin; only the ``Host`` and
+    ``Origin`` headers give it away. Same rule and statuses as the MCP SDK's protection of
+    ``/mcp`` (421 for the host, 403 for the origin), applied to every route. Only installed
+    on a loopback bind: a server exposed beyond it requires a bearer token, which a page
+    from another origin cannot know.
+    """
+
+    def __init__(self, app: Any, host: str):
+        self.app = app
+        self._hosts = {"127.0.0.1", "localhost", "[::1]", _bracket(host).lower()}
+
+    def _local(self, authority: str) -> bool:
+        """``host`` or ``host:port`` names this machine."""
+        name = authority.strip().lower()
+        if name.startswith("["):
+            name = name[: name.find("]") + 1]
+        else:
+            name = name.rsplit(":", 1)[0] if name.count(":") == 1 else name
+        return name in self._hosts
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":  # lifespan
+            await self.app(scope, receive, send)
+            return
+        headers = {name: value.decode("latin-1") for name, value in scope.get("headers", ())
+                   if name in (b"host", b"origin")}
+        host, origin = headers.get(b"host", ""), headers.get(b"origin")
+        if not self._local(host):
+            response = _error(421, "HostError", f"Host header {host!r} is not this machine (DNS-rebinding protection; "
+                                                "serve with --host and --token to be reached by another name)")
+        elif origin is not None and not (
+            origin.startswith(("http://", "https://")) and self._local(origin.split("://", 1)[1].split("/", 1)[0])
+        ):
+            response = _error(403, "OriginError", f"Origin {origin!r} may not call this server (requests from web "
+                                                  "pages of other origins are refused)")
+        else:
+            await self.app(scope, receive, send)
+            return
+        await response(scope, receive, send)
+
+
+def _bracket(host: str) -> str:
+    """IPv6 addresses as a Host header writes them: ``[::1]``."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
 # -- the app -------------------------------------------------------------------------------
 
 
@@ -170,13 +233,14 @@ def create_app(service: Service, *, token: str | None = None, mcp: bool = True, 
     mcp:
         Mount the MCP Streamable HTTP endpoint at ``/mcp``.
     host:
-        The bound host; on loopback the MCP endpoint also checks Host/Origin headers
-        (DNS-rebinding protection from the SDK).
+        The bound host; on loopback every route checks the Host/Origin headers
+        (`HostGuard`; the MCP SDK also checks them on ``/mcp``).
 
     Returns
     -------
     ASGI app
-        The FastAPI app, wrapped in `BearerAuth` when a token is set.
+        The FastAPI app, wrapped in `BearerAuth` when a token is set and in `HostGuard` on
+        a loopback bind.
     """
     mcp_server = None
     mcp_routes: list[Any] = []
@@ -245,6 +309,8 @@ def create_app(service: Service, *, token: str | None = None, mcp: bool = True, 
         return service.health()
 
     app.router.routes.extend(mcp_routes)
-    if token:
-        return BearerAuth(app, token)
-    return app
+    from codesearch.server.runner import is_loopback
+
+    guarded: Any = BearerAuth(app, token) if token else app
+    # Host first: a rebinding page must learn nothing, not even that a token is needed.
+    return HostGuard(guarded, host) if is_loopback(host) else guarded

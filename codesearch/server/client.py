@@ -11,6 +11,7 @@ the round trip it makes.
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import os
@@ -18,10 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from codesearch.server.discovery import ServerInfo, read_discovery
+from codesearch.types import SCHEMA_VERSION  # of the documents this client understands
 
 HEALTH_TIMEOUT_S = 0.3
 SEARCH_TIMEOUT_S = 30.0
 TOKEN_ENV = "CODESEARCH_TOKEN"
+ANSWERED_BY = "answered by the running 'codesearch serve' for this repository"
 
 
 def _request(
@@ -155,7 +158,8 @@ def try_server_result(
 ) -> Any:
     """`try_server_search`, returned as a `SearchResult` (None when no usable server is up).
 
-    This is the one call ``codesearch query`` makes before opening the index itself.
+    This is the one call ``codesearch query`` makes before opening the index itself. The
+    result's first notice says that the server answered.
 
     Example
     -------
@@ -163,10 +167,13 @@ def try_server_result(
     >>> if result is None:                                                                   # doctest: +SKIP
     ...     result = CodeSearch("repo").query("open the db", 5)
     """
+    if not str(request.get("query") or "").strip():
+        return None  # the local path raises the proper QueryError
     doc = try_server_search(root, request, index_dir=index_dir, token=token)
-    if doc is None:
+    if doc is None or doc.get("schema_version") != SCHEMA_VERSION:
         return None
     try:
-        return result_from_document(doc)
+        result = result_from_document(doc)
     except (KeyError, TypeError, ValueError):  # a server of another version: search locally
         return None
+    return dataclasses.replace(result, notices=[ANSWERED_BY, *result.notices])  # say who answered

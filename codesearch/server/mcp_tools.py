@@ -9,7 +9,11 @@ document and goes through the same bounded pool and timeout. Served over stdio
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+from typing import Annotated, Any, Literal
+
+# Module level, not in build_mcp: the SDK reads the tools' annotations from this module.
+from mcp.types import CallToolResult, TextContent
 
 from codesearch import __version__
 from codesearch.errors import CodeSearchError
@@ -18,9 +22,20 @@ from codesearch.server.service import Service
 INSTRUCTIONS = (
     "Semantic and lexical code search over the repositories this server indexes. "
     "Call search_code with a description of the code you need (or an identifier); "
-    "results carry path, line range, score and the code itself. index_status says what "
-    "is indexed and whether an index run is going."
+    "results carry path, line range, score and the code itself. With several repositories "
+    "served, a search covers all of them (each hit names its repo) unless repo or path picks "
+    "one. index_status says what is indexed and whether an index run is going."
 )
+
+
+def _compact(doc: dict[str, Any]) -> Any:
+    """The tool result: the document as structured content, and as compact JSON text.
+
+    Why not return the dict: the SDK would write the text with ``indent=2``, and an agent
+    pays for every space of it out of its context window.
+    """
+    text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=doc)
 
 
 def build_mcp(service: Service) -> Any:
@@ -42,46 +57,54 @@ def build_mcp(service: Service) -> Any:
         query: str,
         k: int = 10,
         mode: Literal["hybrid", "lexical", "dense", "colbert"] = "hybrid",
-        language: str | None = None,
+        lang: str | None = None,
         glob: str | None = None,
         files_only: bool = False,
         path: str | None = None,
-    ) -> dict[str, Any]:
+        repo: str | None = None,
+        language: str | None = None,
+    ) -> Annotated[CallToolResult, dict[str, Any]]:
         """Search the served code for `query` (natural language, an identifier, or code).
 
         Args:
             query: What to look for.
             k: How many results (chunks, or files with files_only).
             mode: hybrid (every index), lexical (BM25 only), dense, or colbert.
-            language: Only results in this language, e.g. "python".
+            lang: Only results in this language, e.g. "python".
             glob: Only paths matching this gitignore-style glob, e.g. "src/**/*.py".
             files_only: One result per file, best chunk first.
-            path: Which served repository (or a folder inside it); default the first one.
+            path: Only this folder or file: relative to the repository (with several served,
+                starting with the repository's name, e.g. "fd/src"), or absolute.
+            repo: Only this served repository (its folder name or path); default all.
+            language: Same as lang (older name).
 
         Returns the same JSON document as `codesearch query --json`: schema_version, query,
         mode, indexes_used, notices and results (path, start_line, end_line, score,
-        language, symbol, kind, text).
+        language, symbol, kind, text, and repo when several repositories are served).
         """
+        if lang and language and lang != language:
+            raise ToolError(f"lang={lang!r} and language={language!r} disagree (pass only lang)")
         try:
-            return await service.search(
-                query=query, k=k, mode=mode, lang=language, glob=glob, files_only=files_only, path=path
-            )
+            return _compact(await service.search(
+                query=query, k=k, mode=mode, lang=lang or language, glob=glob, files_only=files_only, path=path,
+                repo=repo,
+            ))
         except CodeSearchError as exc:
             # ToolError's message reaches the agent; any other exception is hidden by the SDK.
             raise ToolError(str(exc)) from None
 
     @server.tool()
-    async def index_status(path: str | None = None) -> dict[str, Any]:
+    async def index_status(path: str | None = None) -> Annotated[CallToolResult, dict[str, Any]]:
         """What each served repository's index holds and whether it is being updated.
 
         Args:
-            path: Only the repository containing this path; default all of them.
+            path: Only this repository (its name or path); default all of them.
 
         Returns files, chunks, languages, models, staleness and the background indexer's
         state (idle / queued / running, last run summary or error) per repository.
         """
         try:
-            return await anyio.to_thread.run_sync(service.status, path)
+            return _compact(await anyio.to_thread.run_sync(service.status, path))
         except CodeSearchError as exc:
             raise ToolError(str(exc)) from None
 

@@ -9,15 +9,18 @@ warmed on the new generation and swapped in under a lock; requests already runni
 on the old reader, which is closed when its last request returns. A search therefore sees
 one committed generation or the next, never a half-written one, and never waits for a run.
 
-Encoders are loaded once and handed to each new reader, so a swap costs opening the
-indexes, not loading a model; roots share a model when they name the same one or when their
-indexes record the same one (same identity), and a reader's pair of encoders is composed
-from models already loaded for each role.
+The reader is a `codesearch.api.Snapshot` of the writer: it shares the writer's loaded
+encoders, so a swap costs opening the indexes, not loading a model. Every root's writer
+loads through one `EncoderPool`, so roots that name the same model, or whose indexes record
+the same one, load it once. Only public API of `codesearch.api` is used here.
+
+With several roots, a request without ``path`` searches all of them and merges the hits by
+score (each hit then names its ``repo``); ``path`` or ``repo`` selects one (see
+`RepoSet.select`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
@@ -26,20 +29,23 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
-from codesearch.api import DEFAULT
-from codesearch.errors import (
-    CodeSearchError,
-    IndexLockedError,
-    NotIndexedError,
-    PathError,
-)
+from codesearch.api import DEFAULT, CodeSearch, EncoderPool, Snapshot
+from codesearch.errors import CodeSearchError, IndexLockedError, NotIndexedError, PathError
 
 log = logging.getLogger("codesearch.server")
 
 LOCKED_RETRY_S = 1.0  # another process holds the index lock: try the run again after this
+
+
+class UnknownPathError(PathError):
+    """A ``path`` or ``repo`` that names nothing the server serves (HTTP 404)."""
+
+
+class AmbiguousPathError(PathError):
+    """A relative ``path`` found in several served roots (HTTP 400)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,27 +104,16 @@ class _Cancelled(BaseException):
 
 @dataclass(eq=False)
 class _Reader:
-    """One generation's `CodeSearch` and its searcher, opened and warmed up front.
+    """One generation's snapshot, opened and warmed up front, and who is using it.
 
-    Why hold the searchers rather than call ``cs.query``: `CodeSearch.query` first checks
-    that ``store.sqlite`` exists on disk, and a rebuild deletes it for the length of the
-    run; the searchers already hold this generation in memory and go on answering.
+    Why a snapshot rather than ``CodeSearch.query``: `query` waits for the writer's runs
+    and checks that ``store.sqlite`` exists on disk, which a rebuild deletes for the length
+    of the run; the snapshot holds this generation and goes on answering.
     """
 
-    cs: Any  # codesearch.api.CodeSearch
-    # "lexical" | "full" -> (Searcher, notices): one Searcher, with the notices of each kind
-    searchers: dict[str, tuple[Any, list[str]]] | None = None
+    snapshot: Snapshot
     users: int = 0
     retired: bool = False
-
-    def query(self, query: str, k: int, **options: Any) -> Any:
-        if self.searchers is None:
-            return self.cs.query(query, k, refresh=False, **options)
-        searcher, notices = self.searchers["lexical" if options.get("mode") == "lexical" else "full"]
-        result = searcher.search(query, k, **options)
-        if notices:
-            result = dataclasses.replace(result, notices=[*notices, *result.notices])
-        return result
 
 
 class ServedRepo:
@@ -137,26 +132,18 @@ class ServedRepo:
         root: str | os.PathLike[str],
         options: RepoOptions,
         *,
-        shared_encoders: dict | None = None,
-        by_identity: dict | None = None,
+        encoder_pool: EncoderPool | None = None,
         run_lock: Any = None,
         query_batching: bool = True,
+        name: str | None = None,
     ):
-        from codesearch.api import CodeSearch
-
         self.options = options
-        self._writer = CodeSearch(root, **options.kwargs())
+        self._writer = CodeSearch(root, **options.kwargs(), encoder_pool=encoder_pool)
         self.root: Path = self._writer.root
         self.index_dir: Path = self._writer.index_dir
+        self.name = name or self.root.name  # how requests and hits name this root
         # Status reads get their own object: the writer's status() waits for its runs.
         self._statuser = CodeSearch(root, **options.kwargs())
-        self._encoders: dict[Any, Any] = {}  # (model, multi_model) -> loaded encoders, this root's
-        # Models named explicitly are the same models for every root, so roots share them;
-        # DEFAULT resolves to whatever each index records, so those stay per root.
-        self._shared = shared_encoders if shared_encoders is not None else {}
-        # Every loaded encoder by identity (name + hash of config and weights), across roots:
-        # roots whose indexes record the same model (DEFAULT) share it through this.
-        self._by_identity = by_identity if by_identity is not None else {}
         # One index run at a time across roots: they would only compete for the same cores,
         # and the second run finds the models the first one loaded.
         self._run_lock = run_lock if run_lock is not None else threading.Lock()
@@ -225,7 +212,7 @@ class ServedRepo:
         with self._ref_lock:
             reader, self._reader = self._reader, None
         if reader is not None:
-            reader.cs.close()
+            reader.snapshot.close()
         self._statuser.close()
         self._writer.close()
 
@@ -257,7 +244,7 @@ class ServedRepo:
         """
         reader = self._lease()
         try:
-            return reader.query(query, k, mode=mode, language=language, glob=glob, files_only=files_only)
+            return reader.snapshot.search(query, k, mode=mode, language=language, glob=glob, files_only=files_only)
         finally:
             self._unlease(reader)
 
@@ -278,29 +265,25 @@ class ServedRepo:
             reader.users -= 1
             close = reader.retired and reader.users == 0
         if close:
-            reader.cs.close()
+            reader.snapshot.close()
 
     def _swap_reader(self) -> None:
-        """Open a reader on the current generation, warm it, and make it the current one."""
-        from codesearch.api import CodeSearch
+        """Open a snapshot of the current generation, warm it, and make it the reader."""
+        wrap = None
+        if self._query_batching:
+            from codesearch.server.batching import batcher_for
 
-        cs = CodeSearch(self.root, **self.options.kwargs())
-        self._share_encoders(cs)
-        # Open the searcher (lexical, then with the query encoders attached) and run one
-        # query of each kind before the swap, so the first request after it pays nothing.
-        get_searcher = getattr(cs, "_get_searcher", None)
-        searchers = None
-        if callable(get_searcher):
-            searchers = {"lexical": get_searcher(lexical=True), "full": get_searcher(lexical=False)}
-            # Both entries are usually one Searcher: pin and wrap each object once.
-            for searcher in {id(s): s for s, _ in searchers.values()}.values():
-                _pin_snapshot(searcher)
-                if self._query_batching:
-                    _batch_queries(searcher)
-        reader = _Reader(cs, searchers)
-        reader.query("warm up", 1, mode="lexical")
-        reader.query("warm up", 1, mode="hybrid")
-        self._collect_encoders(cs)
+            # Only the snapshot's query encoders are wrapped: the writer encodes documents.
+            wrap = batcher_for
+        snapshot = self._writer.snapshot(wrap_encoder=wrap)
+        try:
+            # One query of each kind before the swap, so the first request after it pays nothing.
+            snapshot.search("warm up", 1, mode="lexical")
+            snapshot.search("warm up", 1, mode="hybrid")
+        except BaseException:
+            snapshot.close()
+            raise
+        reader = _Reader(snapshot)
         with self._ref_lock:
             old, self._reader = self._reader, reader
             if old is not None:
@@ -310,87 +293,7 @@ class ServedRepo:
                 close_old = False
             self.run_state.generation += 1
         if close_old and old is not None:
-            old.cs.close()
-
-    # Why reach into `CodeSearch._encoders`: `CodeSearch` loads its encoders lazily per
-    # object, and a reader per generation would otherwise load the models again on every
-    # swap. The dict maps the (model, multi_model) arguments to (encoders, notices); the
-    # same arguments on the same root resolve to the same models.
-    def _share_encoders(self, cs: Any) -> None:
-        pool = getattr(cs, "_encoders", None)
-        if not isinstance(pool, dict):
-            return
-        for key, value in [*self._shared.items(), *self._encoders.items()]:
-            pool.setdefault(key, value)
-        # The writer asks for (model, multi_model); a reader asks for what the index holds,
-        # e.g. (DEFAULT, None) for a dense-only index. Compose such a pair from encoders
-        # already loaded for each role, so a model is never loaded a second time.
-        wanted = [(cs.model, cs.multi_model)]
-        search_models = getattr(cs, "_search_models", None)
-        if callable(search_models):
-            with contextlib.suppress(CodeSearchError, OSError):
-                wanted.append(tuple(search_models()))
-        for key in wanted:
-            if key not in pool and (composed := self._compose(key)) is not None:
-                pool[key] = composed
-
-    def _compose(self, key: tuple[Any, Any]) -> tuple[Any, list[str]] | None:
-        """Encoders for ``key`` from the ones loaded for each role, loading only the
-        roles that are missing; None when no role is loaded yet (the caller loads all)."""
-        from codesearch.build.encoders import Encoders, resolve_encoders
-
-        found: dict[str, Any] = {}
-        missing: dict[str, Any] = {}
-        for role, arg in zip(("dense", "multi"), key):
-            if arg is None:
-                found[role] = None
-                continue
-            for (dense_arg, multi_arg), (encoders, _notices) in [*self._encoders.items(), *self._shared.items()]:
-                if (dense_arg if role == "dense" else multi_arg) == arg and getattr(encoders, role, None) is not None:
-                    found[role] = getattr(encoders, role)
-                    break
-            else:
-                recorded = self._recorded_identities().get(role) if arg == DEFAULT else None
-                if recorded is not None and recorded in self._by_identity:
-                    found[role] = self._by_identity[recorded]
-                else:
-                    missing[role] = arg
-        if not missing:
-            return Encoders(dense=found["dense"], multi=found["multi"]), []
-        if not any(found.values()):
-            return None
-        loaded, notices = resolve_encoders(
-            missing.get("dense"), missing.get("multi"), device=self.options.device, index_dir=self.index_dir
-        )
-        return Encoders(dense=found.get("dense", loaded.dense), multi=found.get("multi", loaded.multi)), notices
-
-    def _recorded_identities(self) -> dict[str, str]:
-        """Role (``dense`` | ``multi``) -> identity of the model this root's index records."""
-        from codesearch.store import Store
-
-        path = self.index_dir / "store.sqlite"
-        if not path.is_file():
-            return {}
-        try:
-            with Store(path, readonly=True) as store:
-                records = store.models()
-        except (CodeSearchError, OSError, sqlite3.Error):
-            return {}
-        roles = {"dense": "dense", "colbert": "multi"}
-        return {roles[role]: rec.identity for role, rec in records.items() if role in roles}
-
-    def _collect_encoders(self, cs: Any) -> None:
-        pool = getattr(cs, "_encoders", None)
-        if isinstance(pool, dict):
-            for key, value in list(pool.items()):
-                self._encoders.setdefault(key, value)
-                if isinstance(key, tuple) and DEFAULT not in key:
-                    self._shared.setdefault(key, value)
-                for role in ("dense", "multi"):
-                    encoder = getattr(value[0], role, None)
-                    identity = getattr(encoder, "identity", None)
-                    if identity is not None:
-                        self._by_identity.setdefault(identity, encoder)
+            old.snapshot.close()
 
     # -- indexing ----------------------------------------------------------------------
 
@@ -435,9 +338,7 @@ class ServedRepo:
                 with self._run_lock:
                     if self._stopping:
                         return
-                    self._share_encoders(self._writer)
                     summary = self._writer.index(rebuild=rebuild, progress=self._on_progress)
-                    self._collect_encoders(self._writer)
                     self._swap_reader()
                 self.run_state.last_summary = summary.to_dict()
                 self.run_state.last_error = None
@@ -496,48 +397,13 @@ class ServedRepo:
         }
 
 
-def _batch_queries(searcher: Any) -> None:
-    """Route the searcher's query encodings through the process's `QueryBatcher` s.
-
-    Why here and not in the pool of encoders: the writer shares that pool and must encode
-    documents unwrapped; the searcher is the only place that encodes queries.
-    """
-    from codesearch.server.batching import batched_encoders
-
-    encoders = getattr(searcher, "_encoders", None)
-    if encoders is not None:
-        searcher._encoders = batched_encoders(encoders)
-
-
-def _pin_snapshot(searcher: Any) -> None:
-    """Hold a read transaction open on the searcher's store connection.
-
-    Why: a `Searcher` keeps its ranking indexes in memory but reads each hit's record
-    (path, lines, text) from SQLite when it answers. Between the writer's commit of the
-    next generation and the swap to a reader on it, an unpinned old reader would rank with
-    generation N and print records of generation N+1 (moved lines, dropped chunks). In WAL
-    mode an open read transaction keeps seeing the snapshot it started on, so the old
-    reader stays wholly on generation N until it is closed. Best effort: a store without a
-    ``conn`` (another implementation) is left as it is.
-    """
-    conn = getattr(getattr(searcher, "_store", None), "conn", None)
-    if conn is None or getattr(conn, "in_transaction", True):
-        return
-    try:
-        conn.execute("BEGIN")
-        conn.execute("SELECT count(*) FROM chunks").fetchone()  # the snapshot starts at the first read
-    except Exception:  # noqa: BLE001 - pinning is an optimisation of consistency, never a failure
-        with contextlib.suppress(Exception):
-            conn.execute("ROLLBACK")
-
-
 class RepoSet:
-    """Every served root, and the mapping from a request's ``path`` to one of them.
+    """Every served root, and the mapping from a request's ``path``/``repo`` to them.
 
     Parameters
     ----------
     roots:
-        The folders to serve (duplicates are dropped; the first is the default).
+        The folders to serve (duplicates are dropped).
     options:
         Passed to each `ServedRepo`; ``index_dir`` only makes sense with one root.
     """
@@ -550,20 +416,20 @@ class RepoSet:
         if options.index_dir is not None and len(roots) > 1:
             raise PathError("--index-dir names one index folder; serve one PATH with it (or drop --index-dir)")
         self.repos: list[ServedRepo] = []
-        shared: dict[Any, Any] = {}
-        by_identity: dict[str, Any] = {}
+        self.encoder_pool = EncoderPool()
         run_lock = threading.Lock()
-        seen: set[Path] = set()
+        unique: list[Path] = []
+        for root in roots:
+            resolved = Path(root).expanduser().resolve()
+            if resolved not in unique:
+                unique.append(resolved)
+        names = _labels(unique)
         try:
-            for root in roots:
-                resolved = Path(root).expanduser().resolve()
-                if resolved in seen:
-                    continue
-                seen.add(resolved)
+            for root, name in zip(unique, names):
                 self.repos.append(ServedRepo(
-                        root, options, shared_encoders=shared, by_identity=by_identity, run_lock=run_lock,
-                        query_batching=query_batching,
-                    ))
+                    root, options, encoder_pool=self.encoder_pool, run_lock=run_lock,
+                    query_batching=query_batching, name=name,
+                ))
         except BaseException:
             for repo in self.repos:
                 repo.close()
@@ -573,6 +439,11 @@ class RepoSet:
     def roots(self) -> list[str]:
         return [str(r.root) for r in self.repos]
 
+    @property
+    def names(self) -> list[str]:
+        """Each root's name as requests and hits use it (its folder name, made unique)."""
+        return [r.name for r in self.repos]
+
     def start(self, *, index_now: bool, watch: bool, quiet_s: float | None = None) -> None:
         for repo in self.repos:
             repo.start(index_now=index_now, watch=watch, quiet_s=quiet_s)
@@ -581,38 +452,136 @@ class RepoSet:
         for repo in self.repos:
             repo.close()
 
-    def resolve(self, path: str | None) -> tuple[ServedRepo, str | None]:
-        """The served repo a request's ``path`` is in, and the sub-folder (relative, posix).
+    def served(self) -> str:
+        """The served roots for an error message: ``name (path), ...``."""
+        return ", ".join(f"{r.name} ({r.root})" for r in self.repos)
 
-        ``None`` means the first root. A relative path is taken inside the first root.
-        Symlinks are resolved first, so a link that leads outside is outside.
+    def select(self, path: str | None = None, repo: str | None = None) -> list[tuple[ServedRepo, str | None]]:
+        """The served roots a request covers, each with the sub-path to keep (or None).
+
+        The contract, the same for HTTP and MCP:
+
+        - neither ``path`` nor ``repo``: every root;
+        - ``repo``: one root, by its name (folder name, see `names`) or its path;
+        - an absolute ``path``: the root it lies in (the deepest, when roots nest);
+        - a relative ``path``: inside the ``repo`` when one is given; with one root
+          served, inside it (or, when no such path exists there, a path that starts
+          with the root's name); with several, a path that starts with a root's name
+          (``"fd"``, ``"./fd/src"``) is in that root, else in the one root that has it.
+
+        A sub-path is a folder or a file, relative and posix. Symlinks are resolved first,
+        so a link that leads outside a root is outside.
 
         Raises
         ------
         PathError
-            A path outside every served root.
+            A path outside every served root (HTTP 403).
+        UnknownPathError
+            A ``repo`` that is not served, or a ``path`` that does not exist (HTTP 404).
+        AmbiguousPathError
+            A relative path found in several roots (HTTP 400).
         """
-        if path is None or path == "":
+        chosen = self._by_repo(repo) if repo else None
+        text = (path or "").strip()
+        if text in ("", "."):
+            return [(chosen, None)] if chosen else [(r, None) for r in self.repos]
+        candidate = Path(text).expanduser()
+        if candidate.is_absolute():
+            found = self._containing(candidate)
+            if found is None or (chosen is not None and found[0] is not chosen):
+                where = f"repository {chosen.name} ({chosen.root})" if chosen else f"the served roots ({self.served()})"
+                raise PathError(f"path {path!r} is outside {where}; pass one of them or a path inside")
+            return [self._existing(found, path)]
+        if chosen is not None:
+            return [self._existing(self._inside(chosen, candidate, path), path)]
+        posix = PurePosixPath(candidate.as_posix()).as_posix()  # "./fd/" -> "fd"
+        if len(self.repos) == 1:
+            # A folder of the root wins over the root's own name: "uvicorn" in uvicorn's
+            # clone is its package folder.
+            only = self.repos[0]
+            found = self._inside(only, candidate, path)
+            if found[1] is None or (only.root / found[1]).exists():
+                return [found]
+        for r in sorted(self.repos, key=lambda r: len(r.name), reverse=True):
+            if posix == r.name:
+                return [(r, None)]
+            if posix.startswith(r.name + "/"):
+                return [self._existing(self._inside(r, Path(posix[len(r.name) + 1 :]), path), path)]
+        if len(self.repos) == 1:
+            return [self._existing(self._inside(self.repos[0], candidate, path), path)]
+        having = [found for r in self.repos if (found := self._inside(r, candidate, path))[1] is None
+                  or (r.root / found[1]).exists()]
+        if len(having) == 1:
+            return having
+        if having:
+            names = ", ".join(f"{r.name}/{candidate.as_posix()}" for r, _ in having)
+            raise AmbiguousPathError(f"path {path!r} is in several served repositories (pass one of: {names})")
+        raise UnknownPathError(
+            f"path {path!r} is in none of the served repositories ({self.served()}); "
+            "start it with a repository name, or pass an absolute path"
+        )
+
+    def resolve(self, path: str | None) -> tuple[ServedRepo, str | None]:
+        """The one root of ``path`` (None: the first root) and the sub-path; for ``/index``
+        and ``/status`` with a path. Same rules and errors as `select`."""
+        if not path:
             return self.repos[0], None
-        try:
-            candidate = Path(path).expanduser()
-            if not candidate.is_absolute():
-                candidate = self.repos[0].root / candidate
-            resolved = candidate.resolve()
-        except (OSError, ValueError, RuntimeError):
-            resolved = None
-        if resolved is not None:
-            # The deepest root wins when served roots nest.
-            for repo in sorted(self.repos, key=lambda r: len(r.root.parts), reverse=True):
-                if resolved == repo.root:
-                    return repo, None
-                if repo.root in resolved.parents:
-                    return repo, resolved.relative_to(repo.root).as_posix()
-        roots = ", ".join(self.roots)
-        raise PathError(f"path {path!r} is outside the served roots ({roots}); pass one of them or a folder inside")
+        selected = self.select(path)
+        if len(selected) != 1:  # "." with several roots
+            raise AmbiguousPathError(f"path {path!r} names every served repository (pass one of: {', '.join(self.names)})")
+        return selected[0]
 
     def by_root(self) -> dict[str, ServedRepo]:
         return {str(r.root): r for r in self.repos}
+
+    def _by_repo(self, repo: str) -> ServedRepo:
+        for r in self.repos:
+            if repo in (r.name, str(r.root)):
+                return r
+        found = self._containing(Path(repo).expanduser()) if Path(repo).expanduser().is_absolute() else None
+        if found is not None and found[1] is None:
+            return found[0]
+        raise UnknownPathError(f"repo {repo!r} is not served (pass one of: {self.served()})")
+
+    def _containing(self, candidate: Path) -> tuple[ServedRepo, str | None] | None:
+        try:
+            resolved = candidate.resolve()
+        except (OSError, ValueError, RuntimeError):
+            return None
+        # The deepest root wins when served roots nest.
+        for repo in sorted(self.repos, key=lambda r: len(r.root.parts), reverse=True):
+            if resolved == repo.root:
+                return repo, None
+            if repo.root in resolved.parents:
+                return repo, resolved.relative_to(repo.root).as_posix()
+        return None
+
+    def _inside(self, repo: ServedRepo, relative: Path, path: str) -> tuple[ServedRepo, str | None]:
+        found = self._containing(repo.root / relative)
+        if found is None or found[0] is not repo:
+            # "..": outside this root, whether or not another root lies there.
+            raise PathError(f"path {path!r} is outside the served roots ({self.served()}); pass a path inside one")
+        return found
+
+    def _existing(self, found: tuple[ServedRepo, str | None], path: str) -> tuple[ServedRepo, str | None]:
+        repo, sub = found
+        if sub is not None and not (repo.root / sub).exists():
+            raise UnknownPathError(
+                f"path {path!r} does not exist in {repo.name} ({repo.root}); served: {self.served()}"
+            )
+        return found
+
+
+def _labels(roots: list[Path]) -> list[str]:
+    """Unique short names: the folder name, with parent folders added where two clash."""
+    depth = {root: 1 for root in roots}
+    while True:
+        names = {root: "/".join(root.parts[-depth[root]:]) for root in roots}
+        clashes = [r for r in roots if list(names.values()).count(names[r]) > 1 and depth[r] < len(r.parts)]
+        if not clashes:
+            return [names[r] or str(r) for r in roots]
+        for root in clashes:
+            depth[root] += 1
 
 
 def scoped_glob(subdir: str | None, glob: str | None) -> str | None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from codesearch import __version__
-from codesearch.errors import QueryError, ServerError
+from codesearch.errors import NotIndexedError, QueryError, ServerError
 from codesearch.server.batching import batching_stats
 from codesearch.server.repos import RepoSet, scoped_glob
 
@@ -88,25 +88,49 @@ class Service:
         glob: str | None = None,
         files_only: bool = False,
         path: str | None = None,
+        repo: str | None = None,
     ) -> dict[str, Any]:
         """Run one search in the calling thread; returns the CLI's ``--json`` document.
+
+        Without ``path``/``repo`` every served root is searched and the hits are merged by
+        score; with several roots served, each hit also carries ``repo`` (the root's name)
+        and its ``path`` stays relative to that root. `RepoSet.select` says how ``path``
+        and ``repo`` pick roots.
 
         Raises
         ------
         PathError
-            ``path`` outside the served roots.
+            ``path`` outside the served roots, or naming nothing served.
         QueryError, NotIndexedError
-            From the repository.
+            From the repository (NotIndexedError only when no selected root is ready).
         """
         from codesearch.types import result_document
 
         if k > MAX_K:
             raise QueryError(f"k={k} is more than this server returns (pass k <= {MAX_K})")
-        repo, subdir = self.repos.resolve(path)
-        result = repo.query(
-            query, k, mode=mode, language=lang, glob=scoped_glob(subdir, glob), files_only=files_only
-        )
-        return result_document(result)
+        selected = self.repos.select(path, repo)
+        several = len(self.repos.repos) > 1
+        docs: list[tuple[str, dict[str, Any]]] = []
+        not_ready: list[NotIndexedError] = []
+        for served, sub in selected:
+            scoped = scoped_glob(sub, glob)
+            if sub is not None and (served.root / sub).is_file():
+                if glob:
+                    raise QueryError(f"path {path!r} is a file; a glob applies to folders (drop one of them)")
+                scoped = sub
+            try:
+                result = served.query(query, k, mode=mode, language=lang, glob=scoped, files_only=files_only)
+            except NotIndexedError as exc:
+                if len(selected) == 1:
+                    raise
+                not_ready.append(exc)  # search the roots that are ready, and say so
+                continue
+            docs.append((served.name, result_document(result)))
+        if not docs:
+            raise not_ready[0]
+        if not several:
+            return docs[0][1]
+        return _merge(query, k, docs, [str(exc) for exc in not_ready])
 
     async def search(self, **request: Any) -> dict[str, Any]:
         """`search_sync` on the pool, bounded and timed out.
@@ -148,14 +172,16 @@ class Service:
     # -- index, status, health -------------------------------------------------------------
 
     def index(self, path: str | None = None, *, rebuild: bool = False) -> dict[str, Any]:
-        """Queue an index run for the root of ``path``; returns at once."""
-        repo, _ = self.repos.resolve(path)
-        state = repo.request_index(rebuild=rebuild)
-        return {"root": str(repo.root), "accepted": True, "rebuild": rebuild, "indexing": state.to_dict()}
+        """Queue an index run for the root of ``path`` (every root without one); returns at
+        once. ``root`` and ``indexing`` describe the first root queued, ``roots`` lists all."""
+        repos = [repo for repo, _ in self.repos.select(path)]
+        states = [repo.request_index(rebuild=rebuild) for repo in repos]
+        return {"root": str(repos[0].root), "roots": [str(r.root) for r in repos], "accepted": True,
+                "rebuild": rebuild, "indexing": states[0].to_dict()}
 
     def status(self, path: str | None = None) -> dict[str, Any]:
-        """Every root's index, indexer and watcher (or only the root of ``path``)."""
-        repos = [self.repos.resolve(path)[0]] if path else self.repos.repos
+        """Every root's index, indexer and watcher (or only the roots ``path`` selects)."""
+        repos = [repo for repo, _ in self.repos.select(path)]
         return {
             "schema_version": SCHEMA_VERSION,
             "version": __version__,
@@ -173,4 +199,18 @@ class Service:
 
     def health(self) -> dict[str, Any]:
         """Cheap liveness answer: no disk access, no lock."""
-        return {"status": "ok", "version": __version__, "pid": os.getpid(), "roots": self.repos.roots}
+        return {"status": "ok", "version": __version__, "pid": os.getpid(), "roots": self.repos.roots,
+                "repos": self.repos.names}
+
+
+def _merge(query: str, k: int, docs: list[tuple[str, dict[str, Any]]], not_ready: list[str]) -> dict[str, Any]:
+    """One document from several roots' documents: hits merged by score, each naming its
+    ``repo``; indexes used and notices from every root (a notice says which root)."""
+    hits = [{**hit, "repo": name} for name, doc in docs for hit in doc["results"]]
+    # Stable: equal scores keep the served order of the roots.
+    hits.sort(key=lambda hit: -hit["score"])
+    indexes = list(dict.fromkeys(index for _, doc in docs for index in doc["indexes_used"]))
+    notices = [f"{name}: {notice}" for name, doc in docs for notice in doc["notices"]]
+    first = docs[0][1]
+    return {**first, "query": query, "indexes_used": indexes, "notices": [*not_ready, *notices],
+            "results": hits[:k]}

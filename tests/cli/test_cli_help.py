@@ -22,7 +22,7 @@ COMMANDS = _walk(typer.main.get_command(app))
 
 def test_every_documented_command_is_there():
     names = {" ".join(p) for p in COMMANDS}
-    assert {"", "index", "query", "status", "serve", "models", "models list", "models pull", "models info"} <= names
+    assert {"", "index", "query", "status", "serve", "agents", "models", "models list", "models pull", "models info"} <= names
 
 
 @pytest.mark.parametrize("path", COMMANDS, ids=lambda p: " ".join(p) or "codesearch")
@@ -59,3 +59,18 @@ def test_version():
 
     result = CliRunner().invoke(app, ["--version"])
     assert result.exit_code == 0 and result.stdout.strip() == f"codesearch {__version__}"
+
+
+@pytest.mark.parametrize("path", COMMANDS, ids=lambda p: " ".join(p) or "codesearch")
+def test_help_fits_80_columns_without_cutting_words_or_typing_flags(path):
+    result = CliRunner().invoke(app, [*path, "--help"], terminal_width=80, env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.output and "<bool>" not in result.output, result.output
+    assert max(len(line) for line in result.output.splitlines()) <= 80, result.output
+
+
+def test_serve_help_shows_the_token_variable_and_every_flag_whole():
+    result = CliRunner().invoke(app, ["serve", "--help"], terminal_width=80, env={"COLUMNS": "80"})
+    for text in ("CODESEARCH_TOKEN]", "--index-on-start / --no-index-on-start", "--watch / --no-watch",
+                 "--query-batching / --no-query-batching"):
+        assert text in result.output, text

@@ -3,6 +3,7 @@ Streamable HTTP (the /mcp endpoint of the HTTP server)."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 import anyio
@@ -22,7 +23,8 @@ def library(root, query, k, **kwargs):
 async def _exercise(client: Client, root) -> None:
     tools = {tool.name: tool for tool in (await client.list_tools()).tools}
     assert {"search_code", "index_status"} <= set(tools)
-    assert {"query", "k", "mode", "language", "glob", "files_only", "path"} <= set(
+    # The HTTP API's names (lang, not language; language stays accepted as an alias).
+    assert {"query", "k", "mode", "lang", "glob", "files_only", "path", "repo"} <= set(
         tools["search_code"].input_schema["properties"]
     )
 
@@ -30,11 +32,17 @@ async def _exercise(client: Client, root) -> None:
     assert not result.is_error, result.content
     assert result.structured_content == library(root, "openDatabaseConnection", 3, mode="lexical")
     assert result.structured_content["results"][0]["path"] == "server/main.go"
+    # The text an agent reads is the same document as compact JSON: no indentation.
+    (text,) = result.content
+    assert text.text == json.dumps(result.structured_content, separators=(",", ":"), ensure_ascii=False)
 
-    filtered = await client.call_tool(
-        "search_code", {"query": "config database", "k": 5, "mode": "lexical", "language": "javascript"}
-    )
-    assert {r["language"] for r in filtered.structured_content["results"]} == {"javascript"}
+    for name in ("lang", "language"):
+        filtered = await client.call_tool(
+            "search_code", {"query": "config database", "k": 5, "mode": "lexical", name: "javascript"}
+        )
+        assert {r["language"] for r in filtered.structured_content["results"]} == {"javascript"}
+    missing = await client.call_tool("search_code", {"query": "x", "path": "no_such_folder"})
+    assert missing.is_error and str(root) in missing.content[0].text
 
     outside = await client.call_tool("search_code", {"query": "x", "path": "/etc"})
     assert outside.is_error

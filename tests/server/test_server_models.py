@@ -68,15 +68,14 @@ def test_encoders_are_loaded_once_per_root_across_swaps(tmp_path, single_vector_
         repos.start(index_now=True, watch=False)
         (repo,) = repos.repos
         assert repo.wait_idle(120)
-        loaded = {key: id(value[0]) for key, value in repo._encoders.items()}
-        assert loaded  # the first run loaded them
-        first_reader = repo._reader.cs
+        loaded = [id(encoder) for encoder in repos.encoder_pool.loaded()]
+        assert len(loaded) == 2  # the first run loaded the dense and the ColBERT model
+        generation = repo.run_state.generation
         (root / "src" / "extra.py").write_text("def extra_helper():\n    return 1\n")
         repo.request_index()
         assert repo.wait_idle(120)
-        assert repo._reader.cs is not first_reader  # swapped to the new generation
-        assert {key: id(value[0]) for key, value in repo._reader.cs._encoders.items()} == loaded
-        assert {key: id(value[0]) for key, value in repo._writer._encoders.items()} == loaded
+        assert repo.run_state.generation > generation  # swapped to the new generation
+        assert [id(encoder) for encoder in repos.encoder_pool.loaded()] == loaded
         hits = repo.query("extra_helper", 3, mode="hybrid").hits
         assert hits[0].path == "src/extra.py"
     finally:
@@ -91,8 +90,7 @@ def test_two_roots_share_explicitly_named_models(tmp_path, single_vector_dir):
     try:
         repos.start(index_now=True, watch=False)
         assert all(repo.wait_idle(120) for repo in repos.repos)
-        loaded = [{key: id(value[0].dense) for key, value in repo._reader.cs._encoders.items()} for repo in repos.repos]
-        assert loaded[0] and loaded[0] == loaded[1]
+        assert len(repos.encoder_pool.loaded()) == 1
         for repo in repos.repos:
             assert repo.query("parseConfigFile", 1, mode="dense").hits
     finally:
@@ -137,8 +135,7 @@ def test_a_dense_only_index_loads_its_model_once(tmp_path, single_vector_dir, mo
         (repo,) = repos.repos
         assert repo.wait_idle(120)
         assert repo.run_state.last_error is None
-        dense = {id(value[0].dense) for value in repo._encoders.values() if value[0].dense is not None}
-        assert len(repo._encoders) >= 2 and len(dense) == 1
+        assert len(repos.encoder_pool.loaded()) == 1
         assert repo.query("parseConfigFile", 1, mode="dense").hits
     finally:
         repos.close()
@@ -156,13 +153,7 @@ def test_roots_whose_indexes_record_the_same_model_share_it(tmp_path, single_vec
     try:
         repos.start(index_now=True, watch=False)
         assert all(repo.wait_idle(120) for repo in repos.repos)
-        dense = {
-            id(value[0].dense)
-            for repo in repos.repos
-            for value in [*repo._encoders.values(), *repo._reader.cs._encoders.values()]
-            if value[0].dense is not None
-        }
-        assert len(dense) == 1
+        assert len(repos.encoder_pool.loaded()) == 1
         for repo in repos.repos:
             assert repo.run_state.last_error is None
             assert repo.query("parseConfigFile", 1, mode="dense").hits
