@@ -35,7 +35,7 @@ from codesearch.errors import (
     PathError,
     QueryError,
 )
-from codesearch.store import IndexLock, ReadWriteLock
+from codesearch.store import IndexLock, ReadWriteLock, read_text
 from codesearch.types import (
     MODES,
     SCHEMA_VERSION,
@@ -743,10 +743,10 @@ class Snapshot:
 
 
 def _widen(hit: SearchHit, root: Path, lines: int) -> SearchHit:
-    try:
-        source = (root / hit.path).read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
-    except OSError:
+    text = read_text(root / hit.path)
+    if text is None:
         return hit
+    source = text.splitlines(keepends=True)
     if hit.end_line > len(source) or lines <= 0:
         return hit
     start = max(1, hit.start_line - lines)

@@ -47,6 +47,7 @@ from codesearch.errors import (
 )
 from codesearch.indexes.registry import DERIVED, Delta, sync_derived
 from codesearch.store import IndexLock, Store
+from codesearch.store.files import decode_source
 from codesearch.types import (
     CENTRALITY_FILE,
     LOCK_FILE,
@@ -393,7 +394,7 @@ def _walk_and_read(run: _Run) -> None:
             run.touched.append((old.id, st.st_size, st.st_mtime_ns))
             run.unchanged += 1
             continue
-        text = data.decode("utf-8", errors="replace")
+        text = decode_source(data)
         run.work.append(
             _Work(sf.path, sf.abs_path, sf.language, st.st_size, st.st_mtime_ns, digest, text,
                   old_id=old.id if old else None)
@@ -607,7 +608,7 @@ def _current_text(root: Path, path: str, expected_hash: str, texts: dict[str, tu
         data = (root / path).read_bytes()
     except OSError:
         return None
-    return data.decode("utf-8", errors="replace") if hash_bytes(data) == expected_hash else None
+    return decode_source(data) if hash_bytes(data) == expected_hash else None
 
 
 def _batches(items: list[tuple[str, str, str]]) -> Iterable[list[tuple[str, str, str]]]:

@@ -31,6 +31,7 @@ import pathspec
 
 from codesearch.build.languages import CPP_HINTS, detect_language
 from codesearch.errors import PathError
+from codesearch.store.files import read_source
 
 __all__ = ["SKIP_REASONS", "SourceFile", "WalkResult", "detect_language", "read_source", "walk"]
 
@@ -181,22 +182,6 @@ class WalkResult:
             "skipped": {k: list(v) for k, v in self.skipped.items()},
             "git": self.git,
         }
-
-
-def read_source(abs_path: str | os.PathLike) -> str:
-    """Read a file as text: UTF-8, invalid bytes replaced by U+FFFD, newlines untouched.
-
-    Line numbers in this text are those of the file (``\\r\\n`` stays ``\\r\\n``); byte
-    offsets into ``text.encode("utf-8")`` equal the file's own offsets whenever the file is
-    valid UTF-8 (each replaced byte becomes three bytes otherwise).
-
-    Raises
-    ------
-    OSError
-        When the file cannot be read.
-    """
-    with open(abs_path, "rb") as fh:
-        return fh.read().decode("utf-8", errors="replace")
 
 
 def _looks_binary(head: bytes) -> bool:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write", "read_text"]
+__all__ = ["atomic_write", "decode_source", "read_source", "read_text"]
 
 
 @contextlib.contextmanager
@@ -31,10 +31,31 @@ def atomic_write(path: str | os.PathLike) -> Iterator[Any]:
         tmp.unlink(missing_ok=True)
 
 
+def decode_source(data: bytes) -> str:
+    """A source file's bytes as text: UTF-8, each invalid byte replaced by U+FFFD, newlines
+    untouched. The one decoding every stage uses, so line numbers always agree."""
+    return data.decode("utf-8", errors="replace")
+
+
+def read_source(abs_path: str | os.PathLike) -> str:
+    """Read a file as text: UTF-8, invalid bytes replaced by U+FFFD, newlines untouched.
+
+    Line numbers in this text are those of the file (``\\r\\n`` stays ``\\r\\n``); byte
+    offsets into ``text.encode("utf-8")`` equal the file's own offsets whenever the file is
+    valid UTF-8 (each replaced byte becomes three bytes otherwise).
+
+    Raises
+    ------
+    OSError
+        When the file cannot be read.
+    """
+    with open(abs_path, "rb") as fh:
+        return decode_source(fh.read())
+
+
 def read_text(path: str | os.PathLike) -> str | None:
-    """The file decoded as UTF-8 (each invalid byte replaced by U+FFFD), or None when it
-    cannot be read (gone, or no permission): line numbers stay exact either way."""
+    """`read_source`, or None when the file cannot be read (gone, or no permission)."""
     try:
-        return Path(path).read_bytes().decode("utf-8", errors="replace")
+        return read_source(path)
     except OSError:
         return None
