@@ -64,7 +64,9 @@ class Chunk:
     symbol : str or None
         Name of the definition the chunk holds, as written (``"HttpClient"``, ``"Start"``;
         the enclosing names are in `scope`); for a merged group of several definitions
-        their names joined by ``", "``; None when the chunk defines nothing.
+        their names joined by ``", "``; for a piece cut from a long definition that defines
+        nothing itself, the innermost enclosing definition's name (its signature is the
+        last part of `scope`); None for file-level code that defines nothing.
     kind : str
         ``"function"``, ``"method"``, ``"class"``, ``"struct"``, ``"enum"``, ``"interface"``,
         ``"trait"``, ``"impl"``, ``"module"``, ``"type"``, ... for a definition; ``"block"`` for
@@ -409,6 +411,10 @@ class _Piece:
     defs: list  # [(kind, name)] of the definitions inside
     base: str = "block"  # kind when it defines nothing
     primary: tuple | None = None  # the definition whose header this piece holds
+    # Name of the innermost definition this piece was cut from: the label of a piece that
+    # defines nothing itself (the middle of a long function), so a hit says what it is
+    # part of instead of `symbol: null`.
+    owner: str | None = None
 
     def label(self) -> tuple[str, str | None]:
         if self.primary is not None and len(self.defs) <= 1:
@@ -417,8 +423,8 @@ class _Piece:
             return self.defs[0]
         if self.defs:
             names = dict.fromkeys(name for _, name in self.defs if name)
-            return "block", ", ".join(names) or None
-        return self.base, None
+            return "block", ", ".join(names) or self.owner
+        return self.base, self.owner
 
 
 def _merge(
@@ -447,6 +453,7 @@ def _merge(
             prev.defs = prev.defs + p.defs
             prev.base = prev.base if prev.base == p.base else "block"
             prev.primary = primary
+            prev.owner = prev.owner or p.owner
         else:
             out.append(p)
     return out
@@ -711,6 +718,9 @@ class _Splitter:
             head.primary = (found[0], found[1])
             head.defs = [(found[0], found[1])] + head.defs
             head.scope = scope
+            for p in pieces:  # nested definitions' pieces already name their own owner
+                if p.owner is None and p is not head:
+                    p.owner = found[1]
         return pieces
 
 
@@ -907,6 +917,8 @@ def _enforce_budget(
         finally:
             doc.counting = False
         parts[0].defs, parts[0].primary = p.defs, p.primary  # the head keeps the label
+        for part in parts[1:]:  # the rest are pieces of what the head defines
+            part.owner = p.label()[1] or p.owner
         out.extend(parts)
     return out
 

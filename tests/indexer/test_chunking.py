@@ -48,6 +48,36 @@ def test_huge_function_splits_at_statement_boundaries():
         assert estimate_tokens(c.encoder_text) <= 256
 
 
+def _class_with_big_method(n_statements: int) -> str:
+    body = "".join(f"        v{i} = step(v{i - 1}, {i})\n" for i in range(1, n_statements))
+    return f"class Store:\n    def load(self, v0):\n{body}        return v0\n"
+
+
+@pytest.mark.parametrize("counter", [None, lambda s: len(s.split())], ids=["estimate", "real-count"])
+def test_pieces_of_a_split_definition_name_the_definition(counter):
+    # A hit cut from the middle of a long function says which function it belongs to
+    # (it defines nothing itself, so it used to have no symbol at all), and its header,
+    # which the lexical and dense indexes read with the code, names it too.
+    src = big_function(300)
+    chunks = chunk_source("pkg/big.py", src, "python", max_tokens=120, count_tokens=counter)
+    assert_invariants(src, chunks)
+    assert chunks[0].symbol == "big" and len(chunks) > 3
+    assert all(c.symbol == "big" and c.kind == "block" and "big" in c.header for c in chunks[1:])
+
+    # Nested: pieces of a method are labelled with the method, not the class.
+    src = _class_with_big_method(200)
+    chunks = chunk_source("store.py", src, "python", max_tokens=120, count_tokens=counter)
+    assert_invariants(src, chunks)
+    assert chunks[0].symbol == "Store, load"  # both headers
+    assert all(c.symbol == "load" and c.scope == "class Store: > def load(self, v0):" for c in chunks[1:])
+
+
+def test_file_level_code_that_defines_nothing_has_no_symbol():
+    src = "".join(f"print({i} * {i})\n" for i in range(200))
+    chunks = chunk_source("script.py", src, "python", max_tokens=64)
+    assert len(chunks) > 1 and all(c.symbol is None for c in chunks)
+
+
 def test_budget_counts_the_header():
     src = big_function(200)
     for max_tokens in (64, 128, 512):
