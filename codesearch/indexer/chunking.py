@@ -71,7 +71,10 @@ class Chunk:
         ``"function"``, ``"method"``, ``"class"``, ``"struct"``, ``"enum"``, ``"interface"``,
         ``"trait"``, ``"impl"``, ``"module"``, ``"type"``, ... for a definition; ``"block"`` for
         merged groups and pieces of a split definition; ``"section"`` for a Markdown section;
-        ``"text"`` for line/paragraph fallback chunks.
+        ``"text"`` for line/paragraph fallback chunks; ``"test"`` for test code inside a
+        source file (a Zig ``test`` block, a Rust item marked ``#[test]`` or
+        ``#[cfg(test)]``, and every chunk cut from inside one), which search demotes as it
+        demotes test files.
     scope : str or None
         Signatures of the enclosing definitions, outermost first, joined by ``" > "``
         (``"class HttpClient(BaseClient):"``); None at file level.
@@ -321,6 +324,12 @@ _ELIXIR_DEFS = {
     "defguard": "function", "defguardp": "function", "defdelegate": "function",
     "defn": "function", "defnp": "function",
 }
+# A Rust attribute that makes the item after it test code: `#[test]`, `#[tokio::test]`,
+# `#[cfg(test)]`, `#[cfg(all(test, unix))]`; not `#[cfg(not(test))]` nor a feature named
+# "test-utils".
+_RUST_TEST_ATTR = re.compile(
+    r"#\[\s*(?:(?:\w+::)*test\s*\]|cfg\s*\((?!\s*not\b).*(?<![\w\"-])test(?![\w\"-]))"
+)
 _ZIG_CONTAINER = re.compile(rb"=\s*(?:extern\s+|packed\s+)?(struct|enum|union|opaque)\b")
 
 _local = threading.local()
@@ -534,7 +543,18 @@ class _Splitter:
             name = self._name(inner)
         if kind == "function" and scope and scope[-1][0] in _CLASSLIKE:
             kind = "method"
+        if "attribute_item" in self.spec.trivia and self._test_attribute(node):
+            kind = "test"
         return kind, name, self._signature(inner), inner
+
+    def _test_attribute(self, node) -> bool:
+        """Whether a Rust attribute above `node` marks it as test code."""
+        prev = node.prev_named_sibling
+        while prev is not None and (prev.type == "attribute_item" or "comment" in prev.type):
+            if prev.type == "attribute_item" and _RUST_TEST_ATTR.match(self.doc.node_text(prev)):
+                return True
+            prev = prev.prev_named_sibling
+        return False
 
     def _name(self, node) -> str | None:
         named = node.child_by_field_name("name")
@@ -923,6 +943,13 @@ def _enforce_budget(
     return out
 
 
+def _is_test_code(p: _Piece) -> bool:
+    """Inside a test definition, or made of test definitions only."""
+    if any(kind == "test" for kind, _ in p.scope):
+        return True
+    return bool(p.defs) and all(kind == "test" for kind, _ in p.defs)
+
+
 def _to_chunks(doc: _Doc, pieces: Sequence[_Piece], path: str, language: str) -> list[Chunk]:
     chunks: list[Chunk] = []
     lines, offsets = doc.lines, doc.line_bytes
@@ -931,6 +958,8 @@ def _to_chunks(doc: _Doc, pieces: Sequence[_Piece], path: str, language: str) ->
         if start > end:
             continue
         kind, symbol = p.label()
+        if _is_test_code(p):
+            kind = "test"
         scope = " > ".join(sig for _, sig in p.scope) or None
         chunks.append(Chunk(
             path=path,

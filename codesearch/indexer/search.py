@@ -270,12 +270,13 @@ class _Corpus:
     files: list[str]  # file paths
     file_ids: np.ndarray  # (n_files,) int64 store file ids
     file_kind: np.ndarray  # (n_files,) int8: 0 code, 1 test, 2 doc/example, 3 bench
+    test_code: np.ndarray  # (n,) bool: test code inside a source file (chunk kind "test")
     path_tokens: list[frozenset[str]]
     stems: list[str]  # file name before its first dot, lower-cased, without _ and -
 
     @classmethod
-    def build(cls, rows: list[tuple[int, int, str, int, int, str, str | None]]) -> _Corpus:
-        """From ``(chunk_id, file_id, path, start, end, language, symbol)`` tuples."""
+    def build(cls, rows: list[tuple]) -> _Corpus:
+        """From ``(chunk_id, file_id, path, start, end, language, symbol[, kind])`` tuples."""
         file_index: dict[int, int] = {}
         files: list[str] = []
         fids: list[int] = []
@@ -305,6 +306,7 @@ class _Corpus:
             files=files,
             file_ids=np.array(fids, dtype=np.int64),
             file_kind=kinds,
+            test_code=np.array([len(r) > 7 and r[7] == "test" for r in rows], dtype=bool),
             path_tokens=[_path_tokens(p) for p in files],
             stems=[_norm_ident(_stem_and_parent(p)[0]) for p in files],
         )
@@ -713,6 +715,11 @@ class _Ranker:
             factor[2] = 1.0 if q.wants_docs else p.demote
             factor[3] = 1.0 if q.wants_bench else p.demote
             total *= factor[c.file_kind][c.file_idx]
+            if not q.wants_tests:
+                # Test code inside a source file (a Rust `#[cfg(test)] mod tests`, Zig `test`
+                # blocks) repeats the names of the code it tests, as a test file does, and
+                # is demoted the same way (once: a test file's chunks already are).
+                total[c.test_code & (c.file_kind[c.file_idx] == 0)] *= p.demote
         if mask is not None:
             total = np.where(mask, total, 0.0).astype(np.float32)
         return total, sources

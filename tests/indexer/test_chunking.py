@@ -78,6 +78,53 @@ def test_file_level_code_that_defines_nothing_has_no_symbol():
     assert len(chunks) > 1 and all(c.symbol is None for c in chunks)
 
 
+_RUST_WITH_TESTS = """pub fn parse_size(s: &str) -> Option<u64> {
+    s.parse().ok()
+}
+
+#[cfg(not(test))]
+fn only_outside_tests() {}
+
+#[cfg(feature = "test-utils")]
+fn helper_for_users() {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_sizes() {
+        assert_eq!(parse_size("1"), Some(1));
+    }
+}
+
+#[tokio::test]
+async fn parses_later() {}
+"""
+
+
+def test_test_code_inside_a_source_file_is_kind_test():
+    # Rust unit tests live beside the code they test; search demotes them by this kind,
+    # as it demotes test files. Everything inside a test item is test code too.
+    chunks = chunk_source("src/size.rs", _RUST_WITH_TESTS, "rust", max_tokens=40)
+    assert_invariants(_RUST_WITH_TESTS, chunks)
+    code = [c for c in chunks if c.end_line < 11]  # parse_size and the two cfg'd helpers
+    tests = [c for c in chunks if c.start_line >= 11]  # from `#[cfg(test)]` on
+    assert code and all(c.kind != "test" for c in code)
+    assert "only_outside_tests" in "\n".join(c.text for c in code)
+    assert tests and all(c.kind == "test" for c in tests)
+    assert all(name in ", ".join(c.symbol for c in tests) for name in ("tests", "parses_sizes", "parses_later"))
+
+
+def test_everything_inside_a_zig_test_is_test_code():
+    body = "".join(f"    try expect(parse({i}) == {i});\n" for i in range(80))
+    src = f"fn parse(x: u32) u32 {{\n    return x;\n}}\n\ntest \"parse\" {{\n{body}}}\n"
+    chunks = chunk_source("clap.zig", src, "zig", max_tokens=128)
+    assert_invariants(src, chunks)
+    assert chunks[0].kind == "function" and len(chunks) > 3
+    assert all(c.kind == "test" for c in chunks[1:])
+
+
 def test_budget_counts_the_header():
     src = big_function(200)
     for max_tokens in (64, 128, 512):
