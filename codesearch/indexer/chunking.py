@@ -74,7 +74,8 @@ class Chunk:
         ``"text"`` for line/paragraph fallback chunks; ``"test"`` for test code inside a
         source file (a Zig ``test`` block, a Rust item marked ``#[test]`` or
         ``#[cfg(test)]``, and every chunk cut from inside one), which search demotes as it
-        demotes test files.
+        demotes test files; ``"imports"`` for a chunk of nothing but import, use, include
+        or require lines (with package lines and comments), also demoted by search.
     scope : str or None
         Signatures of the enclosing definitions, outermost first, joined by ``" > "``
         (``"class HttpClient(BaseClient):"``); None at file level.
@@ -943,6 +944,50 @@ def _enforce_budget(
     return out
 
 
+# Lines of an import-only chunk. An import chunk only says which names a file uses; that
+# is already in the chunks that use them, so on its own it is rarely what a search is
+# after (two of four RAG context chunks were import blocks in issue 11). Kept narrow:
+# a re-export (`export * from`, `pub use`, Python's `import X as X`) or a module
+# declaration is part of a module's public shape and is not matched.
+_IMPORT_LINE = re.compile(
+    r"(?:from\s+[\w.]+\s+)?import\b(?!\()"  # Python, JS/TS, Java, Kotlin, Scala, Go, Swift, Haskell
+    r"|(?:using|use)\s+(?:static\s+)?[\w.:\\*]+(?:(?:::|\\)\{|\s*=|\s*;|\s*$|\s+as\b|,)"  # C#, Rust, PHP, Elixir
+    r"|extern\s+crate\b"
+    r"|#\s*(?:include|import)\b"  # C, C++, Objective-C
+    r"|(?:alias|require)\s+[A-Z][\w.]*"  # Elixir
+    r"|require(?:_relative)?\s*\(?\s*[\"']"  # Ruby, Lua
+    r"|(?:(?:local|const|let|var)\s+)?[\w{}\s,]+=\s*(?:require\s*\(?\s*[\"']|@import\()"  # Lua, JS, Zig
+    r"|const\s+\w+\s*=\s*std(?:\.\w+)*;"  # Zig: a name from the standard library
+)
+_PY_REEXPORT = re.compile(r"\bimport\s+(\w+)\s+as\s+\1\b")
+# Lines that may surround imports without making the chunk about something else.
+_HEADER_LINE = re.compile(
+    r"package\s+[\w.]+;?$|namespace\s+[\w.\\]+;$|<\?php|declare\s*\(\s*strict_types"
+    r"|#\s*pragma\s+once|[\"']use strict[\"'];?$|@file:|#!"
+    r"|#\s*(?:ifndef|define)\s+\w+$|#\s*endif\b"  # an include guard
+    r"|//|/\*|\*|--|;"  # comments (C-like, Lua/Haskell, Lisp), and Python/Ruby/shell ones:
+    r"|#(?![\[!]|\s*(?:define|undef|if|ifdef|ifndef|elif|else|error|warning|line)\b)"
+)
+
+
+def _imports_only(text: str) -> bool:
+    """Whether every line is an import (or its continuation), a package line, a comment or blank,
+    with at least one import."""
+    imports = depth = 0
+    for raw in text.split("\n"):
+        line = raw.strip()
+        if _PY_REEXPORT.search(line):
+            return False
+        if depth > 0 or _IMPORT_LINE.match(line):
+            # A multi-line import (`from x import (`, `import (`, `use a::{`) runs until its
+            # brackets close.
+            depth = max(0, depth + line.count("(") + line.count("{") - line.count(")") - line.count("}"))
+            imports += 1
+        elif line and not _HEADER_LINE.match(line):
+            return False
+    return imports > 0
+
+
 def _is_test_code(p: _Piece) -> bool:
     """Inside a test definition, or made of test definitions only."""
     if any(kind == "test" for kind, _ in p.scope):
@@ -960,6 +1005,9 @@ def _to_chunks(doc: _Doc, pieces: Sequence[_Piece], path: str, language: str) ->
         kind, symbol = p.label()
         if _is_test_code(p):
             kind = "test"
+        text = "\n".join(lines[start : end + 1])
+        if not p.defs and _imports_only(text):
+            kind = "imports"
         scope = " > ".join(sig for _, sig in p.scope) or None
         chunks.append(Chunk(
             path=path,
@@ -971,7 +1019,7 @@ def _to_chunks(doc: _Doc, pieces: Sequence[_Piece], path: str, language: str) ->
             symbol=symbol,
             kind=kind,
             scope=scope,
-            text="\n".join(lines[start : end + 1]),
+            text=text,
             header=_header(path, p.scope),
         ))
     return chunks

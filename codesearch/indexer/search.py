@@ -127,6 +127,7 @@ class RankingParams:
     file_b: float = 0.3  # BM25 length normalisation of the whole-file score
     w_file_cover: float = 0.0  # idf-weighted share of the query's words the file contains
     demote: float = 0.3  # multiplier for tests/docs/examples/benchmarks not asked for
+    demote_imports: float = 0.3  # multiplier for an import-only chunk (kind "imports") not asked for
     file_decay: float = 0.2  # each further hit from one file is multiplied by this
     max_per_file: int = 3  # hard cap on hits from one file
     dense_candidates: int = 100  # chunks taken from the dense / colbert indexes
@@ -165,6 +166,8 @@ _CODEY_RE = re.compile(r"[a-z][A-Z]|[A-Z][a-z0-9]+[A-Z]|_|::|\.|->")
 _TEST_WORDS = frozenset({"test", "tests", "testing", "spec", "specs", "mock", "mocks", "fixture", "fixtures"})
 _DOC_WORDS = frozenset({"doc", "docs", "documentation", "example", "examples", "readme", "tutorial", "sample"})
 _BENCH_WORDS = frozenset({"bench", "benchmark", "benchmarks", "perf"})
+_IMPORT_WORDS = frozenset({"import", "imports", "imported", "include", "includes", "require", "requires",
+                           "dependency", "dependencies"})
 
 _TEST_PATH_RE = re.compile(
     r"(?:^|/)(?:tests?|__tests__|spec|specs|testing|testdata|test_?utils?)(?:/|$)"
@@ -189,6 +192,7 @@ class _Query:
     wants_tests: bool
     wants_docs: bool
     wants_bench: bool
+    wants_imports: bool
     is_symbol: bool  # the whole query is one identifier ("HTTPAdapter", "Sinatra::Base")
 
 
@@ -211,6 +215,7 @@ def _analyse(query: str) -> _Query:
         wants_tests=any(w in _TEST_WORDS for w in words),
         wants_docs=any(w in _DOC_WORDS for w in words),
         wants_bench=any(w in _BENCH_WORDS for w in words),
+        wants_imports=any(w in _IMPORT_WORDS for w in words),
         is_symbol=single and bool(raw) and raw[0] == query.strip(),
     )
 
@@ -271,6 +276,7 @@ class _Corpus:
     file_ids: np.ndarray  # (n_files,) int64 store file ids
     file_kind: np.ndarray  # (n_files,) int8: 0 code, 1 test, 2 doc/example, 3 bench
     test_code: np.ndarray  # (n,) bool: test code inside a source file (chunk kind "test")
+    imports: np.ndarray  # (n,) bool: nothing but imports (chunk kind "imports")
     path_tokens: list[frozenset[str]]
     stems: list[str]  # file name before its first dot, lower-cased, without _ and -
 
@@ -307,6 +313,7 @@ class _Corpus:
             file_ids=np.array(fids, dtype=np.int64),
             file_kind=kinds,
             test_code=np.array([len(r) > 7 and r[7] == "test" for r in rows], dtype=bool),
+            imports=np.array([len(r) > 7 and r[7] == "imports" for r in rows], dtype=bool),
             path_tokens=[_path_tokens(p) for p in files],
             stems=[_norm_ident(_stem_and_parent(p)[0]) for p in files],
         )
@@ -720,6 +727,10 @@ class _Ranker:
                 # blocks) repeats the names of the code it tests, as a test file does, and
                 # is demoted the same way (once: a test file's chunks already are).
                 total[c.test_code & (c.file_kind[c.file_idx] == 0)] *= p.demote
+        if p.demote_imports < 1.0 and not q.wants_imports:
+            # An import block names what a file uses, not what it does: it matches a query
+            # through the same names as the code that uses them, which is the better answer.
+            total[c.imports] *= p.demote_imports
         if mask is not None:
             total = np.where(mask, total, 0.0).astype(np.float32)
         return total, sources

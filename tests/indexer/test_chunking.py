@@ -125,6 +125,49 @@ def test_everything_inside_a_zig_test_is_test_code():
     assert all(c.kind == "test" for c in chunks[1:])
 
 
+def test_a_chunk_of_imports_only_is_kind_imports():
+    body = "".join(f"\tfmt.Println(os.Args[{i}], {i})\n" for i in range(60))
+    src = ("// Package main runs the tool.\npackage main\n\nimport (\n\t\"fmt\"\n\t\"os\"\n)\n\n"
+           "func main() {\n" + body + "}\n")
+    chunks = chunk_source("main.go", src, "go", max_tokens=64)
+    assert_invariants(src, chunks)
+    assert (chunks[0].start_line, chunks[0].end_line, chunks[0].kind) == (1, 7, "imports")
+    assert all(c.kind != "imports" for c in chunks[1:])
+
+
+@pytest.mark.parametrize("text", [
+    "import os\nimport sys\nfrom pathlib import Path",
+    "from x import (\n    a,\n    b,\n)\n# why these",
+    "use std::fmt;\nuse super::*;\nuse serde::{\n    de,\n    ser,\n};\nextern crate alloc;",
+    "<?php\n\ndeclare(strict_types=1);\n\nnamespace Monolog\\Handler;\n\nuse Monolog\\Logger;",
+    "using System;\nusing X = Y.Z;",
+    "#ifndef FMT_CORE_H_\n#define FMT_CORE_H_\n\n#include <stdio.h>\n#include \"x.h\"",
+    "import {\n  a,\n  b,\n} from './x';\nimport type { T } from 'y';",
+    "const std = @import(\"std\");\nconst mem = std.mem;",
+    "local util = require(\"lazy.util\")",
+    "require 'json'\nrequire_relative 'x'",
+    "  alias Plug.Conn\n  import Plug.Conn\n  require Logger",
+    "/*\n * Licence\n */\npackage com.google.gson;\n\nimport java.util.List;",
+])
+def test_import_only_text(text):
+    assert chunking._imports_only(text)
+
+
+@pytest.mark.parametrize("text", [
+    "import os\n\nDEBUG = True",
+    '"""What this module is for."""\nimport os',  # the docstring says something
+    "export * from './types';",  # re-exports are a module's public shape
+    "pub use self::de::Deserialize;",
+    "from .app import Flask as Flask",
+    "#include <x.h>\n#define MAX 10",
+    "# only a comment",
+    "import os\nif TYPE_CHECKING:\n    import x",
+    "local M = {}",
+])
+def test_not_import_only_text(text):
+    assert not chunking._imports_only(text)
+
+
 def test_budget_counts_the_header():
     src = big_function(200)
     for max_tokens in (64, 128, 512):

@@ -473,6 +473,14 @@ RULES_FILES = {
         "    }\n"
         "}\n"
     ),
+    # An import block over the budget: a chunk of its own, before the class.
+    "src/store/cache.py": (
+        "".join(f"from store.cache_policy_{i} import CacheEvictionPolicy{i}\n" for i in range(30))
+        + "\n\n"
+        "class Cache:\n"
+        '    """Keeps recent values; the policy evicts the least recently used."""\n\n'
+        + "".join(f"    def get_{i}(self, key):\n        return self.backend.read(key, {i})\n\n" for i in range(40))
+    ),
 }
 
 
@@ -496,3 +504,11 @@ def test_test_code_inside_a_source_file_is_demoted_unless_asked_for(rules_index)
     assert any(h.kind == "test" for h in hits)
     asked = rules_index.search("tests for parse size", k=5, mode="lexical").hits
     assert asked[0].kind == "test"
+
+
+def test_import_blocks_are_demoted_unless_asked_for(rules_index):
+    # Thirty imports say "cache eviction policy" more often than the class does.
+    hits = rules_index.search("cache eviction policy", k=5, mode="lexical").hits
+    assert (hits[0].path, hits[0].symbol) == ("src/store/cache.py", "Cache")
+    asked = rules_index.search("which imports does the cache eviction policy need", k=5, mode="lexical").hits
+    assert asked[0].kind == "imports"
