@@ -39,12 +39,19 @@ from dataclasses import dataclass
 __all__ = [
     "Chunk",
     "CHUNKED_LANGUAGES",
+    "CHUNKER_VERSION",
     "chunk_many",
     "chunk_source",
     "estimate_tokens",
 ]
 
 log = logging.getLogger(__name__)
+
+#: Bumped when `chunk_source` cuts or labels the same text differently; an index whose
+#: chunks came from another version is re-chunked on its next run (the pipeline records
+#: it), so an upgrade reaches old indexes without --rebuild. 2: enclosing definition as
+#: the symbol of a piece, kinds "test" and "imports" (issue 11).
+CHUNKER_VERSION = 2
 
 
 @dataclass(frozen=True, slots=True)

@@ -537,7 +537,7 @@ def _build(
     walk: Callable[..., Any],
     rebuild: bool,
 ) -> IndexSummary:
-    from codesearch.indexer.chunking import chunk_many
+    from codesearch.indexer.chunking import CHUNKER_VERSION, chunk_many
 
     # A rebuild starts from nothing - no recorded models, no files - but inside the same
     # store: the old index stays readable until the final transaction replaces it, and
@@ -575,6 +575,8 @@ def _build(
     # approximate count (a model added to a lexical-only index).
     rechunk_all = bool(old_files) and (
         old_budget != str(budget) or (not degraded and counter_id != "approx" and old_counter != counter_id)
+        # chunks from another release's chunker (kept ids and vectors where the text is the same)
+        or (not degraded and store.get_meta("chunker_version") != str(CHUNKER_VERSION))
     )
 
     # 2. classify and chunk ---------------------------------------------------------------
@@ -733,6 +735,8 @@ def _build(
         store.set_meta("root", str(root))
         store.set_meta("chunk_tokens", budget)
         store.set_meta("chunk_counter", counter_id)
+        if rechunk_all or not old_files:  # every chunk now comes from this chunker
+            store.set_meta("chunker_version", CHUNKER_VERSION)
         store.set_meta("max_file_bytes", max_file_bytes)
         # The walk options, so a later staleness check compares with the index as built.
         store.set_meta("walk.include", json.dumps(list(include)))
