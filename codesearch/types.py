@@ -115,12 +115,18 @@ class Chunk:
     symbol : str or None
         Name of the definition the chunk holds, as written (``"HttpClient"``, ``"Start"``;
         the enclosing names are in `scope`); for a merged group of several definitions
-        their names joined by ``", "``; None when the chunk defines nothing.
+        their names joined by ``", "``; for a piece cut from a long definition that defines
+        nothing itself, the innermost enclosing definition's name (its signature is the
+        last part of `scope`); None for file-level code that defines nothing.
     kind : str
         ``"function"``, ``"method"``, ``"class"``, ``"struct"``, ``"enum"``, ``"interface"``,
         ``"trait"``, ``"impl"``, ``"module"``, ``"type"``, ... for a definition; ``"block"`` for
         merged groups and pieces of a split definition; ``"section"`` for a Markdown section;
-        ``"text"`` for line/paragraph fallback chunks.
+        ``"text"`` for line/paragraph fallback chunks; ``"test"`` for test code inside a
+        source file (a Zig ``test`` block, a Rust item marked ``#[test]`` or
+        ``#[cfg(test)]``, and every chunk cut from inside one), which search demotes as it
+        demotes test files; ``"imports"`` for a chunk of nothing but import, use, include
+        or require lines (with package lines and comments), also demoted by search.
     scope : str or None
         Signatures of the enclosing definitions, outermost first, joined by ``" > "``
         (``"class HttpClient(BaseClient):"``); None at file level.

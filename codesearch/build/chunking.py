@@ -41,12 +41,19 @@ from codesearch.types import Chunk
 __all__ = [
     "Chunk",
     "CHUNKED_LANGUAGES",
+    "CHUNKER_VERSION",
     "chunk_many",
     "chunk_source",
     "estimate_tokens",
 ]
 
 log = logging.getLogger(__name__)
+
+#: Bumped when `chunk_source` cuts or labels the same text differently; an index whose
+#: chunks came from another version is re-chunked on its next run (the pipeline records
+#: it), so an upgrade reaches old indexes without --rebuild. 2: enclosing definition as
+#: the symbol of a piece, kinds "test" and "imports" (issue 11).
+CHUNKER_VERSION = 2
 
 
 
@@ -269,6 +276,12 @@ _ELIXIR_DEFS = {
     "defguard": "function", "defguardp": "function", "defdelegate": "function",
     "defn": "function", "defnp": "function",
 }
+# A Rust attribute that makes the item after it test code: `#[test]`, `#[tokio::test]`,
+# `#[cfg(test)]`, `#[cfg(all(test, unix))]`; not `#[cfg(not(test))]` nor a feature named
+# "test-utils".
+_RUST_TEST_ATTR = re.compile(
+    r"#\[\s*(?:(?:\w+::)*test\s*\]|cfg\s*\((?!\s*not\b).*(?<![\w\"-])test(?![\w\"-]))"
+)
 _ZIG_CONTAINER = re.compile(rb"=\s*(?:extern\s+|packed\s+)?(struct|enum|union|opaque)\b")
 
 _local = threading.local()
@@ -359,6 +372,10 @@ class _Piece:
     defs: list  # [(kind, name)] of the definitions inside
     base: str = "block"  # kind when it defines nothing
     primary: tuple | None = None  # the definition whose header this piece holds
+    # Name of the innermost definition this piece was cut from: the label of a piece that
+    # defines nothing itself (the middle of a long function), so a hit says what it is
+    # part of instead of `symbol: null`.
+    owner: str | None = None
 
     def label(self) -> tuple[str, str | None]:
         if self.primary is not None and len(self.defs) <= 1:
@@ -367,8 +384,8 @@ class _Piece:
             return self.defs[0]
         if self.defs:
             names = dict.fromkeys(name for _, name in self.defs if name)
-            return "block", ", ".join(names) or None
-        return self.base, None
+            return "block", ", ".join(names) or self.owner
+        return self.base, self.owner
 
 
 def _merge(
@@ -397,6 +414,7 @@ def _merge(
             prev.defs = prev.defs + p.defs
             prev.base = prev.base if prev.base == p.base else "block"
             prev.primary = primary
+            prev.owner = prev.owner or p.owner
         else:
             out.append(p)
     return out
@@ -477,7 +495,18 @@ class _Splitter:
             name = self._name(inner)
         if kind == "function" and scope and scope[-1][0] in _CLASSLIKE:
             kind = "method"
+        if "attribute_item" in self.spec.trivia and self._test_attribute(node):
+            kind = "test"
         return kind, name, self._signature(inner), inner
+
+    def _test_attribute(self, node) -> bool:
+        """Whether a Rust attribute above `node` marks it as test code."""
+        prev = node.prev_named_sibling
+        while prev is not None and (prev.type == "attribute_item" or "comment" in prev.type):
+            if prev.type == "attribute_item" and _RUST_TEST_ATTR.match(self.doc.node_text(prev)):
+                return True
+            prev = prev.prev_named_sibling
+        return False
 
     def _name(self, node) -> str | None:
         named = node.child_by_field_name("name")
@@ -661,6 +690,9 @@ class _Splitter:
             head.primary = (found[0], found[1])
             head.defs = [(found[0], found[1])] + head.defs
             head.scope = scope
+            for p in pieces:  # nested definitions' pieces already name their own owner
+                if p.owner is None and p is not head:
+                    p.owner = found[1]
         return pieces
 
 
@@ -857,8 +889,61 @@ def _enforce_budget(
         finally:
             doc.counting = False
         parts[0].defs, parts[0].primary = p.defs, p.primary  # the head keeps the label
+        for part in parts[1:]:  # the rest are pieces of what the head defines
+            part.owner = p.label()[1] or p.owner
         out.extend(parts)
     return out
+
+
+# Lines of an import-only chunk. An import chunk only says which names a file uses; that
+# is already in the chunks that use them, so on its own it is rarely what a search is
+# after (two of four RAG context chunks were import blocks in issue 11). Kept narrow:
+# a re-export (`export * from`, `pub use`, Python's `import X as X`) or a module
+# declaration is part of a module's public shape and is not matched.
+_IMPORT_LINE = re.compile(
+    r"(?:from\s+[\w.]+\s+)?import\b(?!\()"  # Python, JS/TS, Java, Kotlin, Scala, Go, Swift, Haskell
+    r"|(?:using|use)\s+(?:static\s+)?[\w.:\\*]+(?:(?:::|\\)\{|\s*=|\s*;|\s*$|\s+as\b|,)"  # C#, Rust, PHP, Elixir
+    r"|extern\s+crate\b"
+    r"|#\s*(?:include|import)\b"  # C, C++, Objective-C
+    r"|(?:alias|require)\s+[A-Z][\w.]*"  # Elixir
+    r"|require(?:_relative)?\s*\(?\s*[\"']"  # Ruby, Lua
+    r"|(?:(?:local|const|let|var)\s+)?[\w{}\s,]+=\s*(?:require\s*\(?\s*[\"']|@import\()"  # Lua, JS, Zig
+    r"|const\s+\w+\s*=\s*std(?:\.\w+)*;"  # Zig: a name from the standard library
+)
+_PY_REEXPORT = re.compile(r"\bimport\s+(\w+)\s+as\s+\1\b")
+# Lines that may surround imports without making the chunk about something else.
+_HEADER_LINE = re.compile(
+    r"package\s+[\w.]+;?$|namespace\s+[\w.\\]+;$|<\?php|declare\s*\(\s*strict_types"
+    r"|#\s*pragma\s+once|[\"']use strict[\"'];?$|@file:|#!"
+    r"|#\s*(?:ifndef|define)\s+\w+$|#\s*endif\b"  # an include guard
+    r"|//|/\*|\*|--|;"  # comments (C-like, Lua/Haskell, Lisp), and Python/Ruby/shell ones:
+    r"|#(?![\[!]|\s*(?:define|undef|if|ifdef|ifndef|elif|else|error|warning|line)\b)"
+)
+
+
+def _imports_only(text: str) -> bool:
+    """Whether every line is an import (or its continuation), a package line, a comment or blank,
+    with at least one import."""
+    imports = depth = 0
+    for raw in text.split("\n"):
+        line = raw.strip()
+        if _PY_REEXPORT.search(line):
+            return False
+        if depth > 0 or _IMPORT_LINE.match(line):
+            # A multi-line import (`from x import (`, `import (`, `use a::{`) runs until its
+            # brackets close.
+            depth = max(0, depth + line.count("(") + line.count("{") - line.count(")") - line.count("}"))
+            imports += 1
+        elif line and not _HEADER_LINE.match(line):
+            return False
+    return imports > 0
+
+
+def _is_test_code(p: _Piece) -> bool:
+    """Inside a test definition, or made of test definitions only."""
+    if any(kind == "test" for kind, _ in p.scope):
+        return True
+    return bool(p.defs) and all(kind == "test" for kind, _ in p.defs)
 
 
 def _to_chunks(doc: _Doc, pieces: Sequence[_Piece], path: str, language: str) -> list[Chunk]:
@@ -869,6 +954,11 @@ def _to_chunks(doc: _Doc, pieces: Sequence[_Piece], path: str, language: str) ->
         if start > end:
             continue
         kind, symbol = p.label()
+        if _is_test_code(p):
+            kind = "test"
+        text = "\n".join(lines[start : end + 1])
+        if not p.defs and _imports_only(text):
+            kind = "imports"
         scope = " > ".join(sig for _, sig in p.scope) or None
         chunks.append(Chunk(
             path=path,
@@ -880,7 +970,7 @@ def _to_chunks(doc: _Doc, pieces: Sequence[_Piece], path: str, language: str) ->
             symbol=symbol,
             kind=kind,
             scope=scope,
-            text="\n".join(lines[start : end + 1]),
+            text=text,
             header=_header(path, p.scope),
         ))
     return chunks

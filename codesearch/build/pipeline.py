@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import xxhash
 
+from codesearch.build.chunking import CHUNKER_VERSION
 from codesearch.build.encoders import DISABLED_KEY, Encoders, check_models, chunk_budget
 from codesearch.errors import (
     IndexCorruptError,
@@ -371,6 +372,8 @@ def _walk_and_read(run: _Run) -> None:
     # approximate count (a model added to a lexical-only index).
     run.rechunk_all = bool(old_files) and (
         old_budget != str(budget) or (not degraded and counter_id != "approx" and old_counter != counter_id)
+        # chunks from another release's chunker (kept ids and vectors where the text is the same)
+        or (not degraded and store.get_meta("chunker_version") != str(CHUNKER_VERSION))
     )
     run.budget, run.counter, run.counter_id = budget, counter, counter_id
 
@@ -477,6 +480,8 @@ def _commit(run: _Run) -> Delta:
         store.set_meta("root", str(run.root))
         store.set_meta("chunk_tokens", run.budget)
         store.set_meta("chunk_counter", run.counter_id)
+        if run.rechunk_all or not (run.all_old and not run.rebuild):  # every chunk now comes from this chunker
+            store.set_meta("chunker_version", CHUNKER_VERSION)
         store.set_meta("max_file_bytes", run.max_file_bytes)
         # The walk options, so a later staleness check compares with the index as built.
         store.set_meta("walk.include", json.dumps(list(run.include)))

@@ -63,12 +63,14 @@ class Corpus:
     files: list[str]  # file paths
     file_ids: np.ndarray  # (n_files,) int64 store file ids
     file_kind: np.ndarray  # (n_files,) int8: 0 code, 1 test, 2 doc/example, 3 bench
+    test_code: np.ndarray  # (n,) bool: test code inside a source file (chunk kind "test")
+    imports: np.ndarray  # (n,) bool: nothing but imports (chunk kind "imports")
     path_tokens: list[frozenset[str]]
     stems: list[str]  # file name before its first dot, lower-cased, without _ and -
 
     @classmethod
-    def build(cls, rows: list[tuple[int, int, str, int, int, str, str | None]]) -> Corpus:
-        """From ``(chunk_id, file_id, path, start, end, language, symbol)`` tuples."""
+    def build(cls, rows: list[tuple]) -> Corpus:
+        """From ``(chunk_id, file_id, path, start, end, language, symbol[, kind])`` tuples."""
         file_index: dict[int, int] = {}
         files: list[str] = []
         fids: list[int] = []
@@ -98,6 +100,8 @@ class Corpus:
             files=files,
             file_ids=np.array(fids, dtype=np.int64),
             file_kind=kinds,
+            test_code=np.array([len(r) > 7 and r[7] == "test" for r in rows], dtype=bool),
+            imports=np.array([len(r) > 7 and r[7] == "imports" for r in rows], dtype=bool),
             path_tokens=[_path_tokens(p) for p in files],
             stems=[norm_ident(_stem_and_parent(p)[0]) for p in files],
         )

@@ -24,6 +24,8 @@ _DOC_WORDS = frozenset({"doc", "docs", "documentation", "example", "examples", "
 
 
 _BENCH_WORDS = frozenset({"bench", "benchmark", "benchmarks", "perf"})
+_IMPORT_WORDS = frozenset({"import", "imports", "imported", "include", "includes", "require", "requires",
+                           "dependency", "dependencies"})
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class Query:
     wants_tests: bool
     wants_docs: bool
     wants_bench: bool
+    wants_imports: bool
     is_symbol: bool  # the whole query is one identifier ("HTTPAdapter", "Sinatra::Base")
 
 
@@ -57,5 +60,6 @@ def analyse(query: str) -> Query:
         wants_tests=any(w in _TEST_WORDS for w in words),
         wants_docs=any(w in _DOC_WORDS for w in words),
         wants_bench=any(w in _BENCH_WORDS for w in words),
+        wants_imports=any(w in _IMPORT_WORDS for w in words),
         is_symbol=single and bool(raw) and raw[0] == query.strip(),
     )

@@ -57,6 +57,7 @@ class RankingParams:
     w_stem: float = 0.5  # the query names the file (stem equals an identifier of the query)
     file_b: float = 0.3  # BM25 length normalisation of the whole-file score
     demote: float = 0.3  # multiplier for tests/docs/examples/benchmarks not asked for
+    demote_imports: float = 0.3  # multiplier for an import-only chunk (kind "imports") not asked for
     file_decay: float = 0.2  # each further hit from one file is multiplied by this
     max_per_file: int = 3  # hard cap on hits from one file
     dense_candidates: int = 100  # chunks taken from the dense / colbert indexes
@@ -320,6 +321,15 @@ class Ranker:
             factor[2] = 1.0 if q.wants_docs else p.demote
             factor[3] = 1.0 if q.wants_bench else p.demote
             total *= factor[c.file_kind][c.file_idx]
+            if not q.wants_tests:
+                # Test code inside a source file (a Rust `#[cfg(test)] mod tests`, Zig `test`
+                # blocks) repeats the names of the code it tests, as a test file does, and
+                # is demoted the same way (once: a test file's chunks already are).
+                total[c.test_code & (c.file_kind[c.file_idx] == 0)] *= p.demote
+        if p.demote_imports < 1.0 and not q.wants_imports:
+            # An import block names what a file uses, not what it does: it matches a query
+            # through the same names as the code that uses them, which is the better answer.
+            total[c.imports] *= p.demote_imports
         if mask is not None:
             total = np.where(mask, total, 0.0).astype(np.float32)
         return total, sources

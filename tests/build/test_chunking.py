@@ -49,6 +49,126 @@ def test_huge_function_splits_at_statement_boundaries():
         assert estimate_tokens(c.encoder_text) <= 256
 
 
+def _class_with_big_method(n_statements: int) -> str:
+    body = "".join(f"        v{i} = step(v{i - 1}, {i})\n" for i in range(1, n_statements))
+    return f"class Store:\n    def load(self, v0):\n{body}        return v0\n"
+
+
+@pytest.mark.parametrize("counter", [None, lambda s: len(s.split())], ids=["estimate", "real-count"])
+def test_pieces_of_a_split_definition_name_the_definition(counter):
+    # A hit cut from the middle of a long function says which function it belongs to
+    # (it defines nothing itself, so it used to have no symbol at all), and its header,
+    # which the lexical and dense indexes read with the code, names it too.
+    src = big_function(300)
+    chunks = chunk_source("pkg/big.py", src, "python", max_tokens=120, count_tokens=counter)
+    assert_invariants(src, chunks)
+    assert chunks[0].symbol == "big" and len(chunks) > 3
+    assert all(c.symbol == "big" and c.kind == "block" and "big" in c.header for c in chunks[1:])
+
+    # Nested: pieces of a method are labelled with the method, not the class.
+    src = _class_with_big_method(200)
+    chunks = chunk_source("store.py", src, "python", max_tokens=120, count_tokens=counter)
+    assert_invariants(src, chunks)
+    assert chunks[0].symbol == "Store, load"  # both headers
+    assert all(c.symbol == "load" and c.scope == "class Store: > def load(self, v0):" for c in chunks[1:])
+
+
+def test_file_level_code_that_defines_nothing_has_no_symbol():
+    src = "".join(f"print({i} * {i})\n" for i in range(200))
+    chunks = chunk_source("script.py", src, "python", max_tokens=64)
+    assert len(chunks) > 1 and all(c.symbol is None for c in chunks)
+
+
+_RUST_WITH_TESTS = """pub fn parse_size(s: &str) -> Option<u64> {
+    s.parse().ok()
+}
+
+#[cfg(not(test))]
+fn only_outside_tests() {}
+
+#[cfg(feature = "test-utils")]
+fn helper_for_users() {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_sizes() {
+        assert_eq!(parse_size("1"), Some(1));
+    }
+}
+
+#[tokio::test]
+async fn parses_later() {}
+"""
+
+
+def test_test_code_inside_a_source_file_is_kind_test():
+    # Rust unit tests live beside the code they test; search demotes them by this kind,
+    # as it demotes test files. Everything inside a test item is test code too.
+    chunks = chunk_source("src/size.rs", _RUST_WITH_TESTS, "rust", max_tokens=40)
+    assert_invariants(_RUST_WITH_TESTS, chunks)
+    code = [c for c in chunks if c.end_line < 11]  # parse_size and the two cfg'd helpers
+    tests = [c for c in chunks if c.start_line >= 11]  # from `#[cfg(test)]` on
+    assert code and all(c.kind != "test" for c in code)
+    assert "only_outside_tests" in "\n".join(c.text for c in code)
+    assert tests and all(c.kind == "test" for c in tests)
+    assert all(name in ", ".join(c.symbol for c in tests) for name in ("tests", "parses_sizes", "parses_later"))
+
+
+def test_everything_inside_a_zig_test_is_test_code():
+    body = "".join(f"    try expect(parse({i}) == {i});\n" for i in range(80))
+    src = f"fn parse(x: u32) u32 {{\n    return x;\n}}\n\ntest \"parse\" {{\n{body}}}\n"
+    chunks = chunk_source("clap.zig", src, "zig", max_tokens=128)
+    assert_invariants(src, chunks)
+    assert chunks[0].kind == "function" and len(chunks) > 3
+    assert all(c.kind == "test" for c in chunks[1:])
+
+
+def test_a_chunk_of_imports_only_is_kind_imports():
+    body = "".join(f"\tfmt.Println(os.Args[{i}], {i})\n" for i in range(60))
+    src = ("// Package main runs the tool.\npackage main\n\nimport (\n\t\"fmt\"\n\t\"os\"\n)\n\n"
+           "func main() {\n" + body + "}\n")
+    chunks = chunk_source("main.go", src, "go", max_tokens=64)
+    assert_invariants(src, chunks)
+    assert (chunks[0].start_line, chunks[0].end_line, chunks[0].kind) == (1, 7, "imports")
+    assert all(c.kind != "imports" for c in chunks[1:])
+
+
+@pytest.mark.parametrize("text", [
+    "import os\nimport sys\nfrom pathlib import Path",
+    "from x import (\n    a,\n    b,\n)\n# why these",
+    "use std::fmt;\nuse super::*;\nuse serde::{\n    de,\n    ser,\n};\nextern crate alloc;",
+    "<?php\n\ndeclare(strict_types=1);\n\nnamespace Monolog\\Handler;\n\nuse Monolog\\Logger;",
+    "using System;\nusing X = Y.Z;",
+    "#ifndef FMT_CORE_H_\n#define FMT_CORE_H_\n\n#include <stdio.h>\n#include \"x.h\"",
+    "import {\n  a,\n  b,\n} from './x';\nimport type { T } from 'y';",
+    "const std = @import(\"std\");\nconst mem = std.mem;",
+    "local util = require(\"lazy.util\")",
+    "require 'json'\nrequire_relative 'x'",
+    "  alias Plug.Conn\n  import Plug.Conn\n  require Logger",
+    "/*\n * Licence\n */\npackage com.google.gson;\n\nimport java.util.List;",
+])
+def test_import_only_text(text):
+    assert chunking._imports_only(text)
+
+
+@pytest.mark.parametrize("text", [
+    "import os\n\nDEBUG = True",
+    '"""What this module is for."""\nimport os',  # the docstring says something
+    "export * from './types';",  # re-exports are a module's public shape
+    "pub use self::de::Deserialize;",
+    "from .app import Flask as Flask",
+    "#include <x.h>\n#define MAX 10",
+    "# only a comment",
+    "import os\nif TYPE_CHECKING:\n    import x",
+    "local M = {}",
+])
+def test_not_import_only_text(text):
+    assert not chunking._imports_only(text)
+
+
 def test_budget_counts_the_header():
     src = big_function(200)
     for max_tokens in (64, 128, 512):

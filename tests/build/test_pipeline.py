@@ -35,6 +35,7 @@ from codesearch.indexes import registry
 from codesearch.indexes.registry import load_derived
 from codesearch.store import IndexLock, Store
 from codesearch.types import STORE_FILE
+from codesearch.build.chunking import CHUNKER_VERSION
 
 
 @pytest.fixture
@@ -160,6 +161,19 @@ def test_new_chunk_budget_rechunks_everything(repo):
     assert summary.files_indexed == 5
     with _store(repo) as s:
         assert s.get_meta("chunk_tokens") == "32"
+    check_consistent(pipeline.default_index_dir(repo))
+
+
+def test_chunks_of_another_chunker_version_are_rechunked(repo):
+    build_index(repo)
+    with _store(repo) as s:
+        assert s.get_meta("chunker_version") == str(CHUNKER_VERSION)
+    assert build_index(repo).files_indexed == 0
+    # An index from before the version was recorded: every file is chunked again, once.
+    with sqlite3.connect(repo / ".codesearch" / STORE_FILE) as db:
+        db.execute("DELETE FROM meta WHERE key = 'chunker_version'")
+    assert build_index(repo).files_indexed == 5
+    assert build_index(repo).files_indexed == 0
     check_consistent(pipeline.default_index_dir(repo))
 
 

@@ -434,3 +434,70 @@ def test_centrality_is_kept_per_generation_for_the_next_process(tmp_path, monkey
     pipeline.build_index(root)  # a new generation
     after = first_query()
     assert computed == [1, 1, 1] and after != values
+
+
+# ---- chunks that are rarely the answer (issue 11) ----------------------------------------
+
+_SIZE_CASES = "".join(f'            ("{i}k", {i}000),\n' for i in range(1, 60))
+RULES_FILES = {
+    "src/size.rs": (
+        "/// Parses a human size such as `10k` into a number of bytes.\n"
+        "pub fn parse_size(s: &str) -> Option<u64> {\n"
+        "    let (digits, unit) = s.split_at(s.len() - 1);\n"
+        "    let n: u64 = digits.parse().ok()?;\n"
+        "    match unit {\n"
+        + "".join(f'        "{u}{i}" => n.checked_mul(1000u64.pow({i})),\n' for i in range(1, 5) for u in "kmgtpe")
+        + "        _ => None,\n"
+        "    }\n"
+        "}\n\n"
+        "#[cfg(test)]\n"
+        "mod tests {\n"
+        "    use super::*;\n\n"
+        "    #[test]\n"
+        "    fn parse_size_of_every_unit() {\n"
+        "        // parse size: each size string and the size it parses to\n"
+        f"        for (text, size) in [\n{_SIZE_CASES}        ] {{\n"
+        "            assert_eq!(parse_size(text), Some(size), \"parse size {}\", text);\n"
+        "        }\n"
+        "    }\n"
+        "}\n"
+    ),
+    # An import block over the budget: a chunk of its own, before the class.
+    "src/store/cache.py": (
+        "".join(f"from store.cache_policy_{i} import CacheEvictionPolicy{i}\n" for i in range(30))
+        + "\n\n"
+        "class Cache:\n"
+        '    """Keeps recent values; the policy evicts the least recently used."""\n\n'
+        + "".join(f"    def get_{i}(self, key):\n        return self.backend.read(key, {i})\n\n" for i in range(40))
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def rules_index(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rules")
+    for rel, text in RULES_FILES.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    pipeline.build_index(root)
+    searcher = Searcher(root / ".codesearch")
+    yield searcher
+    searcher.close()
+
+
+def test_test_code_inside_a_source_file_is_demoted_unless_asked_for(rules_index):
+    # fd's `parse size`: the test table below `parse_size` says "parse size" more often
+    # than the function does, yet the function is the answer.
+    hits = rules_index.search("parse size", k=5, mode="lexical").hits
+    assert (hits[0].kind, hits[0].symbol) == ("function", "parse_size")
+    assert any(h.kind == "test" for h in hits)
+    asked = rules_index.search("tests for parse size", k=5, mode="lexical").hits
+    assert asked[0].kind == "test"
+
+
+def test_import_blocks_are_demoted_unless_asked_for(rules_index):
+    # Thirty imports say "cache eviction policy" more often than the class does.
+    hits = rules_index.search("cache eviction policy", k=5, mode="lexical").hits
+    assert (hits[0].path, hits[0].symbol) == ("src/store/cache.py", "Cache")
+    asked = rules_index.search("which imports does the cache eviction policy need", k=5, mode="lexical").hits
+    assert asked[0].kind == "imports"
