@@ -126,6 +126,9 @@ class IndexStatus:
         Files ``added``, ``changed`` and ``removed`` since the last index run.
     disk_bytes : dict[str, int]
         Size on disk of each index file or folder, and ``total``.
+    embedded : dict[str, str]
+        Per role (``dense``, ``colbert``), how its vectors were last embedded:
+        ``local cpu (bfloat16)`` or ``ray <address>: 4 cuda workers (bfloat16)``.
     """
 
     root: str
@@ -137,6 +140,7 @@ class IndexStatus:
     models: dict[str, str | None] = field(default_factory=dict)
     stale: dict[str, int] = field(default_factory=dict)
     disk_bytes: dict[str, int] = field(default_factory=dict)
+    embedded: dict[str, str] = field(default_factory=dict)
 
     @property
     def is_stale(self) -> bool:
@@ -198,6 +202,10 @@ class CodeSearch:
         the files with the options of the last `index` run, not with these.
     max_file_bytes : int
         Files larger than this are skipped (by `index`; remembered likewise).
+    ray : str, WorkerPool or None
+        Embed `index` runs on a Ray cluster: ``"auto"`` (``RAY_ADDRESS``, else a local
+        cluster), an address, or a `codesearch.distributed.WorkerPool` to share with other
+        objects. Searches encode locally.
 
     Notes
     -----
@@ -224,6 +232,7 @@ class CodeSearch:
         include: Sequence[str] = (),
         exclude: Sequence[str] = (),
         max_file_bytes: int = 1_000_000,
+        ray: str | Any | None = None,
     ) -> None:
         root = Path(path).expanduser()
         if not root.exists():
@@ -240,6 +249,12 @@ class CodeSearch:
         self.include = tuple(include)
         self.exclude = tuple(exclude)
         self.max_file_bytes = int(max_file_bytes)
+        self.ray = ray
+        if ray is not None:
+            from codesearch.distributed import require_ray
+
+            require_ray()  # a missing extra fails here, before any work
+        self._ray_encoders: dict[str, Any] = {}  # the Ray pool and encoders, kept between runs
         # (dense, multi) model arguments -> (encoders, notices from resolving them).
         # codesearch.server.repos pre-fills and reads this dict to share loaded encoders
         # between the CodeSearch objects of successive index generations: keep its shape.
@@ -269,6 +284,10 @@ class CodeSearch:
         with self._rw.writing(), self._state_lock:
             self._close_searchers()
             self._encoders.clear()
+            if self._ray_encoders:
+                from codesearch.distributed import close_made
+
+                close_made(self._ray_encoders)
             self._closed = True
 
     def __repr__(self) -> str:
@@ -422,6 +441,7 @@ class CodeSearch:
             models={"dense": info.dense_model, "multi": info.multi_model},
             stale={"added": len(stale.added), "changed": len(stale.changed), "removed": len(stale.removed)},
             disk_bytes=_disk_usage(self.index_dir),
+            embedded=dict(info.embedded),
         )
 
     # -- internals -----------------------------------------------------------------------
@@ -510,6 +530,11 @@ class CodeSearch:
         include, exclude, max_bytes = walk or (self.include, self.exclude, self.max_file_bytes)
         with self._rw.writing():
             encoders, notices = self._get_encoders(models)
+            if self.ray is not None and walk is None:  # a search's small refresh stays local
+                from codesearch.distributed import with_worker_rates, wrap_encoders
+
+                encoders = wrap_encoders(encoders, self.ray, self._ray_encoders)
+                progress = with_worker_rates(progress, self._ray_encoders)
             try:
                 summary = pipeline.build_index(
                     self.root,

@@ -75,6 +75,8 @@ DEFAULT = "default"
 INDEX_DIR_NAME = ".codesearch"
 #: Meta key: the model roles a run switched off with 'none' (JSON list).
 DISABLED_KEY = "models.disabled"
+#: Meta key: how the last run that embedded anything did it, per role (JSON dict).
+EMBEDDED_KEY = "embedded"
 #: Chunks are never longer than this many tokens, whatever the model accepts: retrieval
 #: wants units of about a function or two. Measured on the semble dev split (lexical mode):
 #: 128 tokens 0.815, 256 0.845, 512 0.861, 1024 0.837 NDCG@10 (BENCHMARKS.md).
@@ -196,6 +198,7 @@ class IndexInfo:
     multi_model: str | None
     generation: int
     chunk_tokens: int | None
+    embedded: dict[str, str] = field(default_factory=dict)  # role -> how the last run embedded
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -667,9 +670,13 @@ def _build(
         streams.setdefault(id(enc), (enc, []))[1].extend((kind, h, t) for h, t in todo.items())
     enc_t0 = time.perf_counter()
     for enc, items in streams.values():
-        for batch in _batches(items):
-            texts = [t for _, _, t in batch]
-            out = enc.encode(texts, kind="document")
+        batches = list(_batches(items))
+        texts_of = [[t for _, _, t in batch] for batch in batches]
+        # An encoder with encode_batches (codesearch.distributed.RayEncoder) keeps several
+        # batches in flight; outputs still come back one per batch, in order.
+        many = getattr(enc, "encode_batches", None)
+        outputs = many(texts_of, kind="document") if many else (enc.encode(t, kind="document") for t in texts_of)
+        for batch, texts, out in zip(batches, texts_of, outputs):
             vectors = list(out) if enc.multivector else [np.asarray(out)[i] for i in range(len(texts))]
             by_kind: dict[str, list[tuple[str, np.ndarray]]] = defaultdict(list)
             for (kind, h, _), v in zip(batch, vectors):
@@ -730,6 +737,9 @@ def _build(
             if role not in recorded:
                 store.set_model(role, enc.name, enc.identity, int(enc.dim))
         store.set_meta(DISABLED_KEY, json.dumps(sorted(getattr(encoders, "disabled", ()))))
+        embedded = {role: _embedded_by(enc) for role, enc in roles.items() if id(enc) in streams}
+        if embedded:  # how each role was last embedded, for 'status'
+            store.set_meta(EMBEDDED_KEY, json.dumps(json.loads(store.get_meta(EMBEDDED_KEY) or "{}") | embedded))
         store.set_meta("root", str(root))
         store.set_meta("chunk_tokens", budget)
         store.set_meta("chunk_counter", counter_id)
@@ -784,6 +794,14 @@ def _batches(items: list[tuple[str, str, str]]) -> Iterable[list[tuple[str, str,
         chars += len(item[2])
     if batch:
         yield batch
+
+
+def _embedded_by(enc: Any) -> str:
+    """``local cpu (float32)``, or what a distributed encoder says of itself."""
+    describe = getattr(enc, "describe", None)
+    if describe is not None:
+        return describe()
+    return f"local {getattr(enc, 'device', '?')} ({str(getattr(enc, 'dtype', '?')).removeprefix('torch.')})"
 
 
 def _read_text(path: Path) -> str | None:
@@ -1110,5 +1128,6 @@ def index_info(index_dir: str | os.PathLike[str]) -> IndexInfo:
             multi_model=models["colbert"].name if "colbert" in models else None,
             generation=store.generation,
             chunk_tokens=int(budget) if budget else None,
+            embedded=json.loads(store.get_meta(EMBEDDED_KEY) or "{}"),
         )
 
