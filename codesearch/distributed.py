@@ -155,7 +155,7 @@ def connect(address: str = "auto", *, num_cpus: int | None = None, **init_kwargs
         except (ConnectionError, TimeoutError, ValueError, RuntimeError) as exc:
             raise ClusterError(
                 f"cannot connect to the Ray cluster at {target or 'a new local cluster'!r} "
-                f"({_first_line(exc)}) (check the address and that the cluster is up, or use --ray auto)"
+                f"({_first_line(exc)}) (check the address and that the cluster is up, or use --ray alone for a local cluster)"
             ) from None
         where = target or "local"
     res = ray.cluster_resources()
@@ -277,6 +277,19 @@ class _Worker:
 
     def info(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "node": _node_ip(), "device": self.device}
+
+    def memory(self) -> dict[str, float]:
+        """Resident and peak resident memory of this process, MB (Linux; 0 elsewhere)."""
+        out = {"rss_mb": 0.0, "peak_rss_mb": 0.0}
+        try:
+            with open("/proc/self/status", encoding="ascii") as f:
+                for line in f:
+                    if line.startswith(("VmRSS:", "VmHWM:")):
+                        key = "rss_mb" if line.startswith("VmRSS") else "peak_rss_mb"
+                        out[key] = int(line.split()[1]) / 1024
+        except OSError:
+            pass
+        return out
 
     def load(self, spec: _ModelSpec) -> str:
         """Load ``spec`` (once); returns the dtype it runs in."""
@@ -450,6 +463,12 @@ class WorkerPool:
                     raise self.all_dead(exc) from None
         self.loaded.add(spec.key)
         self.dtypes[spec.identity] = dtypes[0]
+
+    def memory(self) -> list[dict[str, float]]:
+        """Resident and peak memory (MB) of each live actor's process."""
+        ray = require_ray()
+        live = [a for a, ok in zip(self.actors, self.alive) if ok]
+        return _get(ray, [a.memory.remote() for a in live], timeout=START_TIMEOUT_S, where=self.where)
 
     def worker_pids(self) -> list[int]:
         """Process ids of the live actors now (a restarted actor has a new one)."""
