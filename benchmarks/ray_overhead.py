@@ -24,7 +24,6 @@ projection of 100M tokens on 1, 4 and 16 GPU workers.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 import tempfile
@@ -104,11 +103,10 @@ def main() -> None:
     parser.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
     args = parser.parse_args()
 
-    import ray
     import torch
     from fixtures import models
 
-    from codesearch.distributed import RayEncoder, WorkerPool
+    from codesearch.distributed import RayEncoder, WorkerPool, connect
     from codesearch.encoder import load
 
     print(f"load at start: {open('/proc/loadavg').read().split()[:3]}  cores: {args.cores}")
@@ -125,8 +123,7 @@ def main() -> None:
           f"{max(len(b) for b in batches)} texts)")
 
     t = time.perf_counter()
-    ray.init(num_cpus=args.cores, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
-             object_store_memory=256 * 2**20)
+    connect("auto", num_cpus=args.cores, object_store_memory=256 * 2**20)  # a local cluster, as --ray makes
     t_init = time.perf_counter() - t
     pools = {
         f"ray {args.cores} actors x 1 thread": WorkerPool(workers=args.cores, cpus_per_worker=1),
@@ -136,7 +133,7 @@ def main() -> None:
         t = time.perf_counter()
         RayEncoder(local, pool).start()
         starts[name] = time.perf_counter() - t
-    print(f"ray.init {t_init:.1f} s; actors start + load the model: "
+    print(f"local cluster start {t_init:.1f} s; actors start + load the model: "
           + ", ".join(f"{k} {v:.1f} s" for k, v in starts.items()))
 
     reference = [local.encode(b) for b in batches[:2]]  # warm-up, and the outputs to compare

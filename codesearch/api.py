@@ -127,7 +127,7 @@ class IndexStatus:
     disk_bytes : dict[str, int]
         Size on disk of each index file or folder, and ``total``.
     embedded : dict[str, str]
-        Per role (``dense``, ``colbert``), how its vectors were last embedded:
+        Per model (``dense``, ``multi``), how its vectors were last embedded:
         ``local cpu (bfloat16)`` or ``ray <address>: 4 cuda workers (bfloat16)``.
     """
 
@@ -441,7 +441,7 @@ class CodeSearch:
             models={"dense": info.dense_model, "multi": info.multi_model},
             stale={"added": len(stale.added), "changed": len(stale.changed), "removed": len(stale.removed)},
             disk_bytes=_disk_usage(self.index_dir),
-            embedded=dict(info.embedded),
+            embedded={"multi" if role == "colbert" else role: how for role, how in info.embedded.items()},
         )
 
     # -- internals -----------------------------------------------------------------------

@@ -144,12 +144,16 @@ def connect(address: str = "auto", *, num_cpus: int | None = None, **init_kwargs
     else:
         target = os.environ.get("RAY_ADDRESS") if address == "auto" else address
         # Workers' logs stay in the cluster's log folder: the CLI's stderr is for progress.
-        opts: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING}
+        opts: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
         opts.update(init_kwargs)
         try:
             if target:
                 ray.init(address=target, **opts)
             else:
+                # Ray nices its workers (15) to keep a shared node's daemons responsive; on a
+                # cluster of this one machine the actors are the work, and a niced actor loses
+                # its core to every other process, so it runs at the driver's priority.
+                opts.setdefault("_system_config", {"worker_niceness": 0})
                 ray.init(num_cpus=num_cpus, **opts)
                 started = True
         except (ConnectionError, TimeoutError, ValueError, RuntimeError) as exc:

@@ -173,7 +173,7 @@ def local_index(tmp_path_factory, single_vector_dir, colbert_dir):
     root = tmp_path_factory.mktemp("local")
     repo = write_sample_repo(root / "repo")
     summary, status = _index(repo, root / "index", single_vector_dir, colbert_dir)
-    assert status.embedded == {"dense": "local cpu (float32)", "colbert": "local cpu (float32)"}
+    assert status.embedded == {"dense": "local cpu (float32)", "multi": "local cpu (float32)"}
     return repo, _contents(root / "index")
 
 
@@ -194,7 +194,7 @@ def test_index_on_ray_equals_local_run(pool, local_index, tmp_path, single_vecto
                              progress=events.append)
     _assert_same_index(tmp_path / "index", local_index[1])
     assert summary.chunks_encoded > 0
-    assert status.embedded == {role: "ray local: 2 cpu workers (float32)" for role in ("dense", "colbert")}
+    assert status.embedded == {role: "ray local: 2 cpu workers (float32)" for role in ("dense", "multi")}
     encode = [e for e in events if e.stage == "encode"]
     assert encode and encode[-1].message.startswith("ray 2 workers: ")  # per-worker rates
     # an incremental run with nothing to embed keeps how the vectors were made
