@@ -136,6 +136,9 @@ class IndexStatus:
         Share of chunks (``dense``, ``colbert``) and files (``file``) that have a vector of
         each recorded model, 0..1: below 1 while a first index run is still embedding (the
         lexical index is complete from its first seconds) or after an offline run.
+    embedded : dict[str, str]
+        Per model (``dense``, ``multi``), how its vectors were last embedded:
+        ``local cpu (bfloat16)`` or ``ray <address>: 4 cuda workers (bfloat16)``.
     """
 
     root: str
@@ -148,6 +151,7 @@ class IndexStatus:
     stale: dict[str, int] = field(default_factory=dict)
     disk_bytes: dict[str, int] = field(default_factory=dict)
     vectors: dict[str, float] = field(default_factory=dict)
+    embedded: dict[str, str] = field(default_factory=dict)
 
     @property
     def is_stale(self) -> bool:
@@ -185,6 +189,10 @@ class CodeSearch:
     encoder_pool : EncoderPool, optional
         Load models through this pool, shared with other `CodeSearch` objects (a server
         serving several repositories); default: this object loads its own.
+    ray : str, WorkerPool or None
+        Embed `index` runs on a Ray cluster: ``"auto"`` (``RAY_ADDRESS``, else a local
+        cluster), an address, or a `codesearch.build.distributed.WorkerPool` to share with other
+        objects. Searches encode locally.
 
     Notes
     -----
@@ -212,6 +220,7 @@ class CodeSearch:
         exclude: Sequence[str] = (),
         max_file_bytes: int = 1_000_000,
         encoder_pool: EncoderPool | None = None,
+        ray: str | Any | None = None,
     ) -> None:
         root = Path(path).expanduser()
         if not root.exists():
@@ -229,6 +238,12 @@ class CodeSearch:
         self.exclude = tuple(exclude)
         self.max_file_bytes = int(max_file_bytes)
         self.encoder_pool = encoder_pool
+        self.ray = ray
+        if ray is not None:
+            from codesearch.build.distributed import require_ray
+
+            require_ray()  # a missing extra fails here, before any work
+        self._ray_encoders: dict[str, Any] = {}  # the Ray pool and encoders, kept between runs
         # (dense, multi) model arguments -> (encoders, notices from resolving them).
         self._encoders: dict[tuple[Any, Any], tuple[Encoders, list[str]]] = {}
         # One Searcher for every mode: opened without encoders (a lexical search never loads
@@ -255,6 +270,10 @@ class CodeSearch:
         with self._rw.writing(), self._state_lock:
             self._close_searchers()
             self._encoders.clear()
+            if self._ray_encoders:
+                from codesearch.build.distributed import close_made
+
+                close_made(self._ray_encoders)
             self._closed = True
 
     def __repr__(self) -> str:
@@ -465,6 +484,7 @@ class CodeSearch:
                 kind: round(n / max(1, info.files if kind == "file" else info.chunks), 4)
                 for kind, n in info.vectors.items()
             },
+            embedded={"multi" if role == "colbert" else role: how for role, how in info.embedded.items()},
         )
 
     # -- internals -----------------------------------------------------------------------
@@ -551,6 +571,11 @@ class CodeSearch:
         with self._rw.writing():
             IndexLock.check_free(self.index_dir)  # before a model load of seconds, not after
             encoders, notices = self._get_encoders(models)
+            if self.ray is not None and walk is None:  # a search's small refresh stays local
+                from codesearch.build.distributed import with_worker_rates, wrap_encoders
+
+                encoders = wrap_encoders(encoders, self.ray, self._ray_encoders)
+                progress = with_worker_rates(progress, self._ray_encoders)
             try:
                 summary = build_index(
                     self.root,

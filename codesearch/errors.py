@@ -67,3 +67,8 @@ class ServerError(CodeSearchError):
 class IndexWriteError(CodeSearchError):
     """The index folder cannot be created or written: a file in the way, no permission, a
     full disk."""
+
+
+class ClusterError(CodeSearchError):
+    """The Ray cluster of an ``index --ray`` run cannot be reached, was lost, or has no
+    worker left; the vectors committed before are kept and the next run resumes."""

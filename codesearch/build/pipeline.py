@@ -40,7 +40,7 @@ import numpy as np
 import xxhash
 
 from codesearch.build.chunking import CHUNKER_VERSION
-from codesearch.build.encoders import DISABLED_KEY, Encoders, check_models, chunk_budget
+from codesearch.build.encoders import DISABLED_KEY, EMBEDDED_KEY, Encoders, check_models, chunk_budget
 from codesearch.errors import (
     IndexCorruptError,
     NothingToIndexError,
@@ -593,6 +593,18 @@ def _encode(run: _Run) -> None:
                 publish_cost = last_publish - now
     if pending:
         _publish(run, pending)
+    embedded = {role: _embedded_by(enc) for role, enc in roles.items() if any(e is enc for e, _ in streams)}
+    if embedded:  # how each role was last embedded, for 'status'
+        with store.transaction():
+            store.set_meta(EMBEDDED_KEY, json.dumps(json.loads(store.get_meta(EMBEDDED_KEY) or "{}") | embedded))
+
+
+def _embedded_by(enc: Any) -> str:
+    """``local cpu (float32)``, or what a distributed encoder says of itself."""
+    describe = getattr(enc, "describe", None)
+    if describe is not None:
+        return describe()
+    return f"local {getattr(enc, 'device', '?')} ({str(getattr(enc, 'dtype', '?')).removeprefix('torch.')})"
 
 
 def _publish(run: _Run, encoded: dict[str, set[str]]) -> None:

@@ -127,6 +127,8 @@ def index(
     exclude: Annotated[Optional[list[str]], typer.Option("--exclude", help="Skip files matching GLOB (repeatable).", metavar="GLOB")] = None,
     max_file_size: Annotated[str, typer.Option("--max-file-size", help="Skip files larger than this (bytes, or 500k, 2MB, 1MiB).")] = "1MB",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar, no summary (notices still show).")] = False,
+    ray: Annotated[bool, typer.Option("--ray", help="Embed on a Ray cluster: the one at RAY_ADDRESS, else a local one (needs codesearch[ray]).")] = False,
+    ray_address: Annotated[Optional[str], typer.Option("--ray-address", metavar="ADDRESS", help="Embed on the Ray cluster at ADDRESS (implies --ray).")] = None,
 ) -> None:
     """Index a repository (incremental: unchanged files cost a stat)."""
     size = _parse_size(max_file_size)
@@ -135,7 +137,7 @@ def index(
 
     with CodeSearch(path, index_dir=index_dir, model=model_option(model), multi_model=model_option(multi_model),
                     device=device.value, include=tuple(include or ()), exclude=tuple(exclude or ()),
-                    max_file_bytes=size) as cs:
+                    max_file_bytes=size, ray=ray_address or ("auto" if ray else None)) as cs:
         with render.IndexProgress(enabled=not quiet) as progress:
             summary = cs.index(rebuild=rebuild, progress=progress)
     if quiet:

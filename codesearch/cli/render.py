@@ -173,7 +173,9 @@ class IndexProgress:
             total=event.total or None,
             files=event.files,
             chunks=event.chunks,
-            rate=f"{event.tokens_per_s:,.0f} tok/s" if event.tokens_per_s else "",
+            # on Ray the message holds the cluster's and each worker's rate
+            rate=event.message if event.message.startswith("ray ") else
+            f"{event.tokens_per_s:,.0f} tok/s" if event.tokens_per_s else "",
         )
 
 
@@ -240,6 +242,7 @@ def index_status(info: Any, *, as_json: bool) -> None:
         ("dense model", info.models.get("dense") or "none"),
         ("multi-vector model", info.models.get("multi") or "none"),
         ("vectors", ", ".join(f"{k}: {v:.0%}" for k, v in info.vectors.items()) or "none (lexical only)"),
+        ("embedded", _cell(info.embedded)),
         ("stale", _cell(info.stale) if info.is_stale else "up to date"),
         ("size on disk", ", ".join(f"{k}: {_bytes(v)}" for k, v in info.disk_bytes.items())),
     ]

@@ -1,0 +1,205 @@
+"""The encode stage on Ray against the local encoder, on this machine with the same cores.
+
+Model: a random ModernBERT of about LateOn-Code-edge's compute per token (hidden 256, 8
+layers, 4 heads, intermediate 384, local window 128; built with tests/fixtures/models.py, no
+download) with a dense CLS head, bf16 on both paths (the CPU default here). Texts: real code,
+the Python sources of the installed `torch/nn` package cut into 10-line pieces, in batches
+of 8 texts (smaller than the pipeline's 64, so that a short run still has many batches;
+per-batch costs weigh more than in a real run). Measured, in one run:
+
+  local   encoder.encode per batch in this process, torch on all N cores
+  ray     RayEncoder.encode_batches on a local Ray cluster of N CPUs, N actors x 1 thread
+          (--one-actor: also 1 actor x N threads), after the actors loaded the model (start-up
+          timed apart)
+
+local and ray alternate (--rounds), so the machine's load hits both alike. Also printed: the
+largest batch, each actor's memory, the writer's own ceiling (Store.put_vectors, one
+transaction per batch, dense 768-dim and ColBERT 128-dim x 300-token vectors), and a
+projection of 100M tokens on 1, 4 and 16 GPU workers.
+
+    python benchmarks/ray_overhead.py              # a few minutes on 2 busy cores
+    python benchmarks/ray_overhead.py --texts 640 --batch 64 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+# Measured on one H100 in issue #13 (not here: this task had no GPU). Tokens/s of
+# codesearch's encode() on short chunks with today's sdpa backend, and with torch's varlen
+# flash attention plugged in (hidden_states end to end).
+H100_ASSUMED = {"sdpa backend (#13, measured there)": 195_000, "varlen flash (#13 experiment)": 471_000}
+
+
+def code_texts(n: int, lines_per_text: int) -> list[str]:
+    import torch
+
+    files = sorted(Path(torch.__file__).parent.joinpath("nn").rglob("*.py"))
+    texts: list[str] = []
+    for f in files:
+        lines = f.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+        for i in range(0, len(lines), lines_per_text):
+            piece = "".join(lines[i : i + lines_per_text]).strip()
+            if len(piece) > 100:
+                texts.append(piece)
+            if len(texts) >= n:
+                return texts
+    return texts
+
+
+def batches_of(texts: list[str], size: int) -> list[list[str]]:
+    return [texts[i : i + size] for i in range(0, len(texts), size)]
+
+
+def peak_rss_mb() -> float:
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def writer_ceiling(n_batches: int = 40) -> list[tuple[str, float, float]]:
+    """(kind, vectors/s, MB/s of float16 payload) of put_vectors alone, one commit per batch."""
+    from codesearch.store import Store
+
+    rng = np.random.default_rng(0)
+    out = []
+    for kind, shape in (("dense", (768,)), ("colbert", (300, 128))):
+        with tempfile.TemporaryDirectory() as d, Store(Path(d) / "store.sqlite3") as store:
+            batches = [
+                [(f"{b}-{i}", rng.standard_normal(shape).astype(np.float32)) for i in range(64)]
+                for b in range(n_batches)
+            ]
+            t = time.perf_counter()
+            for batch in batches:
+                with store.transaction():
+                    store.put_vectors("bench@0", kind, batch)
+            s = time.perf_counter() - t
+        n = n_batches * 64
+        out.append((kind, n / s, n * int(np.prod(shape)) * 2 / s / 2**20))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--texts", type=int, default=128)
+    parser.add_argument("--lines", type=int, default=10, help="source lines per text")
+    parser.add_argument("--batch", type=int, default=8, help="texts per batch (the pipeline sends 64)")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--one-actor", action="store_true", help="also 1 actor x all cores")
+    parser.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
+    args = parser.parse_args()
+
+    import torch
+    from fixtures import models
+
+    from codesearch.build.distributed import RayEncoder, WorkerPool, connect
+    from codesearch.encoder import load
+
+    print(f"load at start: {open('/proc/loadavg').read().split()[:3]}  cores: {args.cores}")
+    tmp = Path(tempfile.mkdtemp(prefix="ray-bench-"))
+    ckpt = models.make_single_vector(tmp / "model", hidden_size=256, num_layers=8, heads=4, intermediate_size=384)
+    torch.set_num_threads(args.cores)
+    local = load(str(ckpt), device="cpu", dtype=args.dtype)
+    texts = code_texts(args.texts, args.lines)
+    batches = batches_of(texts, args.batch)
+    counts = local.count_tokens(texts)
+    tokens = sum(min(n, local.max_length) for n in counts)
+    per_batch = [sum(min(n, local.max_length) for n in local.count_tokens(b)) for b in batches]
+    print(f"{len(texts)} texts, {tokens:,} tokens, {len(batches)} batches (largest {max(per_batch):,} tokens, "
+          f"{max(len(b) for b in batches)} texts)")
+
+    t = time.perf_counter()
+    connect("auto", num_cpus=args.cores, object_store_memory=256 * 2**20)  # a local cluster, as --ray makes
+    t_init = time.perf_counter() - t
+    pools = {
+        f"ray {args.cores} actors x 1 thread": WorkerPool(workers=args.cores, cpus_per_worker=1),
+    }
+    starts = {}
+    for name, pool in pools.items():
+        t = time.perf_counter()
+        RayEncoder(local, pool).start()
+        starts[name] = time.perf_counter() - t
+    print(f"local cluster start {t_init:.1f} s; actors start + load the model: "
+          + ", ".join(f"{k} {v:.1f} s" for k, v in starts.items()))
+
+    reference = [local.encode(b) for b in batches[:2]]  # warm-up, and the outputs to compare
+    times: dict[str, list[float]] = {"local": []}
+    for r in range(args.rounds):
+        t = time.perf_counter()
+        for b in batches:
+            local.encode(b)
+        times["local"].append(time.perf_counter() - t)
+        for name, pool in pools.items():
+            enc = RayEncoder(local, pool)
+            t = time.perf_counter()
+            outs = list(enc.encode_batches(batches))
+            times.setdefault(name, []).append(time.perf_counter() - t)
+            for a, b in zip(outs[:2], reference):
+                assert np.allclose(a, b, atol=2e-2), "ray and local outputs differ"  # bf16, other threads
+        print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items())
+              + f"  (load {open('/proc/loadavg').read().split()[0]})")
+
+    # 1 actor x N threads: the same cores in one process (a pool made after the first is gone)
+    for pool in pools.values():
+        memory = pool.memory()
+        stats = pool.progress()
+        pool.close()
+    if args.one_actor:
+        one = WorkerPool(workers=1, cpus_per_worker=args.cores)
+        RayEncoder(local, one).start()
+        name1 = f"ray 1 actor x {args.cores} threads"
+        for _ in range(args.rounds):
+            t = time.perf_counter()
+            list(RayEncoder(local, one).encode_batches(batches))
+            times.setdefault(name1, []).append(time.perf_counter() - t)
+        one.close()
+
+    best_local = min(times["local"])
+    print("\n| path | best of rounds, s | tokens/s | vs local |")
+    print("|---|---:|---:|---:|")
+    for name, ts in times.items():
+        print(f"| {name} | {min(ts):.2f} | {tokens / min(ts):,.0f} | {min(ts) / best_local:.2f}x |")
+    print(f"\nlocal process peak RSS {peak_rss_mb():.0f} MB (model, texts and the driver)")
+    for w, m in zip(stats.workers, memory):
+        print(f"actor {w.worker}: {w.batches} batches, {w.tokens_per_s:,.0f} tok/s busy, "
+              f"RSS {m['rss_mb']:.0f} MB, peak {m['peak_rss_mb']:.0f} MB")
+    per_worker = np.mean([w.tokens_per_s for w in stats.workers])
+
+    print("\nwriter ceiling (Store.put_vectors, one transaction per 64 vectors, float16 on disk):")
+    ceiling = writer_ceiling()
+    for kind, vps, mbps in ceiling:
+        print(f"  {kind}: {vps:,.0f} vectors/s ({mbps:,.0f} MB/s)")
+
+    print("\n100M tokens, embedding stage only (workers x tokens/s each; 300 tokens per text):")
+    print("| per-worker rate | 1 worker | 4 workers | 16 workers | texts/s at 16 |")
+    print("|---|---:|---:|---:|---:|")
+    rates = {f"CPU actor here, 1 core (measured) {per_worker:,.0f} tok/s": per_worker}
+    rates.update({f"H100, {k}: {v:,} tok/s (assumed)": v for k, v in H100_ASSUMED.items()})
+    for label, rate in rates.items():
+        cells = [_hours(100e6 / (n * rate)) for n in (1, 4, 16)]
+        print(f"| {label} | {' | '.join(cells)} | {16 * rate / 300:,.0f} |")
+    dense_ceiling = ceiling[0][1]
+    colbert_ceiling = ceiling[1][1]
+    print(f"\nwriter: dense {dense_ceiling:,.0f} texts/s, ColBERT {colbert_ceiling:,.0f} texts/s (300 tokens each)")
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
+
+
+if __name__ == "__main__":
+    main()

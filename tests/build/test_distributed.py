@@ -1,0 +1,244 @@
+"""The encode stage on a real local Ray cluster (two CPU workers) against the local encoder.
+
+One cluster and one pool of actors serve the whole module (starting a Ray worker with torch
+costs seconds); the tests compare vectors and ids with a local run of the same tiny
+checkpoints in float32, kill a worker process mid-run, and check the one-line errors.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import sys
+
+import numpy as np
+import pytest
+from fixtures.sample_repo import write_sample_repo
+
+from codesearch.errors import ClusterError, MissingDependencyError
+from codesearch.build import pipeline
+from codesearch.types import STORE_FILE
+from codesearch.store import Store
+
+needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason='needs codesearch[ray]')
+
+TEXTS = [
+    "def retry_request(session, url, attempts=3):\n    for i in range(attempts):\n        return session.get(url)\n",
+    "class HttpClient:\n    def __init__(self, base_url):\n        self.base_url = base_url\n",
+    "SELECT id, name FROM users WHERE email = ? ORDER BY created_at DESC;",
+    "fn main() { let v: Vec<u32> = (0..10).collect(); }\n" * 12,
+    "x",
+]
+
+
+# -- without Ray ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    """Ray made unimportable for this test (a None entry in sys.modules fails the import)."""
+    monkeypatch.setitem(sys.modules, "ray", None)
+
+
+def test_missing_extra_is_a_one_line_error_naming_it(no_ray, tmp_path):
+    from typer.testing import CliRunner
+
+    from codesearch.api import CodeSearch
+    from codesearch.cli.app import app
+
+    repo = write_sample_repo(tmp_path / "repo")
+    with pytest.raises(MissingDependencyError, match=r'pip install "codesearch\[ray\]"'):
+        CodeSearch(repo, ray="auto")
+    result = CliRunner().invoke(app, ["index", str(repo), "--ray", "--quiet"])
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: ") and result.stderr.count("\n") == 1
+    assert 'pip install "codesearch[ray]"' in result.stderr
+    assert not (repo / ".codesearch").exists()  # failed before any work
+
+
+# -- on a local cluster ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A real local cluster: 3 CPUs, two for the shared pool and one for a throwaway pool."""
+    ray = pytest.importorskip("ray")
+    import logging
+
+    ray.init(
+        num_cpus=3,
+        include_dashboard=False,
+        object_store_memory=96 * 2**20,
+        log_to_driver=False,
+        logging_level=logging.ERROR,
+    )
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def pool(ray_cluster):
+    from codesearch.build.distributed import WorkerPool
+
+    p = WorkerPool(workers=2)
+    p.start()
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def local_encoders(single_vector_dir, colbert_dir):
+    from codesearch import encoder
+
+    return {
+        "dense": encoder.load(str(single_vector_dir), device="cpu", dtype="float32"),
+        "colbert": encoder.load(str(colbert_dir), device="cpu", dtype="float32"),
+    }
+
+
+def _assert_same(out, ref):
+    # Same checkpoint, same dtype; only the thread count differs (1 per actor), which may
+    # reorder a float reduction: equal up to the last bits.
+    if isinstance(ref, list):
+        assert len(out) == len(ref)
+        for a, b in zip(out, ref):
+            assert a.dtype == b.dtype == np.float32 and a.shape == b.shape
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    else:
+        assert out.dtype == ref.dtype == np.float32 and out.shape == ref.shape
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+
+
+@needs_ray
+@pytest.mark.parametrize("role", ["dense", "colbert"])
+def test_encode_batches_equal_local_in_input_order(pool, local_encoders, role):
+    from codesearch.build.distributed import RayEncoder
+
+    local = local_encoders[role]
+    enc = RayEncoder(local, pool)
+    assert (enc.name, enc.identity, enc.dim, enc.max_length, enc.multivector) == (
+        local.name, local.identity, local.dim, local.max_length, local.multivector,
+    )
+    batches = [TEXTS[i % 5: i % 5 + 1 + i % 3] for i in range(12)] + [[]]  # uneven, one empty
+    consumed = []
+
+    def lazily():
+        for b in batches:
+            consumed.append(len(b))
+            yield b
+
+    outs = []
+    for out in enc.encode_batches(lazily()):
+        # bounded: never more than 2 * depth * workers batches ahead of the consumer
+        assert len(consumed) - len(outs) <= 2 * pool.depth * 2 + 1
+        outs.append(out)
+    assert len(outs) == len(batches)
+    for b, out in zip(batches, outs):
+        _assert_same(out, local.encode(b))
+    _assert_same(enc.encode(TEXTS), local.encode(TEXTS))
+    assert enc.count_tokens(TEXTS) == local.count_tokens(TEXTS)
+    stats = pool.progress()
+    assert stats.tokens > 0 and len(stats.workers) == 2
+    assert all(w.batches > 0 and w.tokens_per_s > 0 for w in stats.workers)  # both did work
+    assert stats.describe().startswith("ray 2 workers: ")
+
+
+def _index(repo, index_dir, single_vector_dir, colbert_dir, progress=None, **kw):
+    """An API index run in float32 (the actors take the local encoder's dtype), so that
+    local and Ray vectors differ at most in the last float32 bits, never in a bf16 rounding."""
+    from codesearch.api import CodeSearch
+    from codesearch.encoder import runtime
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(runtime, "cpu_has_fast_bf16", lambda: False)
+        with CodeSearch(repo, index_dir=index_dir, model=str(single_vector_dir), multi_model=str(colbert_dir),
+                        device="cpu", **kw) as cs:
+            summary = cs.index(progress=progress)
+            return summary, cs.status()
+
+
+def _contents(index_dir):
+    with Store(index_dir / STORE_FILE) as s:
+        chunks = [(r.id, r.path, r.start_line, r.end_line, r.text) for r in s.iter_chunk_records()]
+        vectors = {}
+        for kind in ("dense", "file", "colbert"):
+            for ids, arrays in s.iter_vectors(kind):
+                for i, a in zip(ids.tolist(), arrays):
+                    vectors[(kind, i)] = a
+    return chunks, vectors
+
+
+@pytest.fixture(scope="module")
+def local_index(tmp_path_factory, single_vector_dir, colbert_dir):
+    root = tmp_path_factory.mktemp("local")
+    repo = write_sample_repo(root / "repo")
+    summary, status = _index(repo, root / "index", single_vector_dir, colbert_dir)
+    assert status.embedded == {"dense": "local cpu (float32)", "multi": "local cpu (float32)"}
+    return repo, _contents(root / "index")
+
+
+def _assert_same_index(ray_dir, reference):
+    chunks, vectors = _contents(ray_dir)
+    ref_chunks, ref_vectors = reference
+    assert chunks == ref_chunks  # same ids, same order, same text
+    assert vectors.keys() == ref_vectors.keys()
+    for key, v in vectors.items():
+        np.testing.assert_allclose(v, ref_vectors[key], rtol=1e-5, atol=1e-6, err_msg=str(key))
+
+
+@needs_ray
+def test_index_on_ray_equals_local_run(pool, local_index, tmp_path, single_vector_dir, colbert_dir):
+    repo = local_index[0]
+    events = []
+    summary, status = _index(repo, tmp_path / "index", single_vector_dir, colbert_dir, ray=pool,
+                             progress=events.append)
+    _assert_same_index(tmp_path / "index", local_index[1])
+    assert summary.chunks_encoded > 0
+    assert status.embedded == {role: "ray local: 2 cpu workers (float32)" for role in ("dense", "multi")}
+    encode = [e for e in events if e.stage == "encode"]
+    assert encode and encode[-1].message.startswith("ray 2 workers: ")  # per-worker rates
+    # an incremental run with nothing to embed keeps how the vectors were made
+    summary, status = _index(repo, tmp_path / "index", single_vector_dir, colbert_dir, ray=pool)
+    assert summary.chunks_encoded == 0 and status.embedded["dense"].startswith("ray ")
+
+
+@needs_ray
+def test_worker_killed_mid_run_is_retried_and_nothing_is_lost(
+    pool, local_index, tmp_path, monkeypatch, single_vector_dir, colbert_dir
+):
+    monkeypatch.setattr(pipeline, "ENCODE_BATCH", 2)  # many batches, so the kill lands mid-run
+    # The reference is a local run with the same batches: the encoder's last float bits
+    # depend on which texts share a forward pass (up to 1e-4 on a tiny random model).
+    _index(local_index[0], tmp_path / "local", single_vector_dir, colbert_dir)
+    before = pool.worker_pids()
+    killed = []
+
+    def kill_once(event):
+        if event.stage == "encode" and not killed:
+            killed.append(before[0])
+            os.kill(before[0], signal.SIGKILL)
+
+    summary, _ = _index(local_index[0], tmp_path / "index", single_vector_dir, colbert_dir, ray=pool,
+                        progress=kill_once)
+    assert killed and summary.chunks_encoded > 2 * len(before) * pool.depth  # killed with work left
+    after = pool.worker_pids()
+    assert before[0] not in after and len(after) == 2  # the actor came back as a new process
+    _assert_same_index(tmp_path / "index", _contents(tmp_path / "local"))  # nothing lost or duplicated
+
+
+@needs_ray
+def test_every_worker_gone_is_a_one_line_cluster_error(ray_cluster, local_encoders):
+    from codesearch.build.distributed import RayEncoder, WorkerPool
+
+    doomed = WorkerPool(workers=1, max_restarts=0)
+    enc = RayEncoder(local_encoders["dense"], doomed)
+    try:
+        doomed.start()
+        (pid,) = doomed.worker_pids()
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(ClusterError) as err:
+            list(enc.encode_batches([TEXTS[:2], TEXTS[2:]]))
+        assert "\n" not in str(err.value) and "run 'codesearch index' again to resume" in str(err.value)
+    finally:
+        doomed.close()
