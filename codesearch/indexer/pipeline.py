@@ -31,7 +31,7 @@ import os
 import shutil
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -265,6 +265,7 @@ def resolve_encoders(
     device: str = "auto",
     store: Store | None = None,
     index_dir: str | os.PathLike[str] | None = None,
+    loaded: Mapping[str, Any] | None = None,
 ) -> tuple[Encoders, list[str]]:
     """Load the encoders a run asks for; returns them and the notices to show.
 
@@ -280,6 +281,11 @@ def resolve_encoders(
         Passed to :func:`codesearch.encoder.load`.
     store, index_dir
         Where to read the recorded models (either; ``store`` wins).
+    loaded
+        Encoders already loaded for a role (``"dense"`` | ``"multi"``), used as they are
+        for that role's argument. Why: a server composes a run's encoders from ones it
+        holds; resolving only the missing roles (passing None for the others) would record
+        those roles as switched off and word the notices as if they had no vectors.
 
     Raises
     ------
@@ -302,6 +308,9 @@ def resolve_encoders(
     disabled: list[str] = []
 
     def one(arg: str | None, role: str, package_default: str, want_multi: bool) -> Any:
+        held = (loaded or {}).get("multi" if role == "colbert" else role)
+        if held is not None and arg is not None:
+            return held
         if arg is None or (arg == DEFAULT and role in was_disabled and role not in recorded):
             disabled.append(role)
             return None

@@ -332,7 +332,7 @@ class ServedRepo:
     def _compose(self, key: tuple[Any, Any]) -> tuple[Any, list[str]] | None:
         """Encoders for ``key`` from the ones loaded for each role, loading only the
         roles that are missing; None when no role is loaded yet (the caller loads all)."""
-        from codesearch.indexer.pipeline import Encoders, resolve_encoders
+        from codesearch.indexer.pipeline import resolve_encoders
 
         found: dict[str, Any] = {}
         missing: dict[str, Any] = {}
@@ -350,14 +350,14 @@ class ServedRepo:
                     found[role] = self._by_identity[recorded]
                 else:
                     missing[role] = arg
-        if not missing:
-            return Encoders(dense=found["dense"], multi=found["multi"]), []
-        if not any(found.values()):
+        if missing and not any(found.values()):
             return None
-        loaded, notices = resolve_encoders(
-            missing.get("dense"), missing.get("multi"), device=self.options.device, index_dir=self.index_dir
+        # resolve_encoders loads only the missing roles and records the roles switched off
+        # ('none', or off in the index's models.disabled): the run must write them again.
+        return resolve_encoders(
+            key[0], key[1], device=self.options.device, index_dir=self.index_dir,
+            loaded={role: enc for role, enc in found.items() if enc is not None},
         )
-        return Encoders(dense=found.get("dense", loaded.dense), multi=found.get("multi", loaded.multi)), notices
 
     def _recorded_identities(self) -> dict[str, str]:
         """Role (``dense`` | ``multi``) -> identity of the model this root's index records."""
