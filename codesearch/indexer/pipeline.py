@@ -1074,6 +1074,7 @@ def staleness(
     result = walk(
         root_path, include=include, exclude=exclude,
         max_file_bytes=max_file_bytes if max_file_bytes is not None else 1_000_000, index_dir=idir,
+        log_skips=False,  # the index run said it; a query's staleness check stays quiet
     )
     added, changed, touched = [], [], []
     seen = set()

@@ -29,6 +29,7 @@ import os
 import re
 import threading
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -39,10 +40,9 @@ import scipy.sparse as sp
 from codesearch.errors import NotIndexedError, QueryError
 from codesearch.indexer.lexical import BM25Matrix, LexicalIndex, query_tokens, split_identifier, stem_word, tokenize
 from codesearch.indexer.store import CENTRALITY_FILE, atomic_write
+from codesearch.request import MODES
 
 __all__ = ["SearchHit", "SearchResult", "Searcher", "MODES", "RankingParams"]
-
-MODES = ("hybrid", "lexical", "dense", "colbert")
 
 #: The version of _centrality's definition in CENTRALITY_FILE (Searcher._cached_centrality):
 #: bump it when the definition changes, so copies written by an older release are recomputed.
@@ -99,6 +99,8 @@ class SearchResult:
     hits: list[SearchHit]
     indexes_used: tuple[str, ...]
     notices: list[str] = field(default_factory=list)
+    #: Ranked hits an output control (min_score, budget) left out; None when none was asked.
+    left_out: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (hits as dicts)."""
@@ -807,8 +809,8 @@ class Searcher:
         k: int = 10,
         *,
         mode: str = "hybrid",
-        language: str | None = None,
-        glob: str | None = None,
+        language: str | Sequence[str] | None = None,
+        glob: str | Sequence[str] | None = None,
         files_only: bool = False,
     ) -> SearchResult:
         """Rank the index's chunks for ``query``.
@@ -822,9 +824,11 @@ class Searcher:
         mode : {"hybrid", "lexical", "dense", "colbert"}
             ``hybrid`` fuses every index the folder has; the others use one index (plus
             the code-aware signals), and fail when that index was not built.
-        language, glob : str, optional
-            Keep only chunks of this language / whose path matches this glob
-            (gitignore-style: ``*.py`` matches at any depth, ``src/**/io_*.go``).
+        language : str or sequence of str, optional
+            Keep only chunks in (any of) these languages.
+        glob : str or sequence of str, optional
+            Keep only chunks whose path passes these ripgrep-style rules (gitignore
+            globs, ``!`` excludes, ``{a,b}``; see :mod:`codesearch.globs`).
         files_only : bool
             At most one hit per file.
 
@@ -863,12 +867,12 @@ class Searcher:
         use_lex = mode in ("hybrid", "lexical")
         use_dense = has_dense and mode in ("hybrid", "dense")
         use_colbert = has_colbert and mode in ("hybrid", "colbert")
-        if mode == "hybrid" and not (has_dense or has_colbert):
+        # Said only when this query lost vectors the index has: an index built lexical-only
+        # says so once, at index time, and indexes_used shows it on every answer.
+        if mode == "hybrid" and not (has_dense or has_colbert) and (dense_built or colbert_built):
             notices.append(
                 "lexical index only: this index's model is not loaded, so its vectors were not searched "
                 "(make the model available again, or 'codesearch index --rebuild --model PATH_OR_ID')"
-                if dense_built or colbert_built
-                else "lexical index only: no model vectors in this index (index with a model for semantic search)"
             )
         mask = self._mask(language, glob)
         p = self._ranker.params
@@ -979,19 +983,23 @@ class Searcher:
                 self._centroids = cent
         return cent
 
-    def _mask(self, language: str | None, glob: str | None) -> np.ndarray | None:
+    def _mask(self, language: str | Sequence[str] | None, glob: str | Sequence[str] | None) -> np.ndarray | None:
         c = self._ranker.corpus
         mask = None
-        if language:
-            mask = c.language == language.lower()
+        languages = [language] if isinstance(language, str) else list(language or ())
+        languages = [lang.lower() for lang in languages if lang]
+        if languages:
+            mask = np.isin(c.language, languages)
             if not mask.any():
                 known = ", ".join(sorted(set(c.language.tolist()))) or "none"
-                raise QueryError(f"no indexed chunk is in language {language!r} (indexed: {known})")
-        if glob:
-            import pathspec
+                asked = " or ".join(repr(lang) for lang in languages)
+                raise QueryError(f"no indexed chunk is in language {asked} (indexed: {known})")
+        globs = [glob] if isinstance(glob, str) else list(glob or ())
+        if globs:
+            from codesearch.globs import GlobFilter
 
-            spec = pathspec.GitIgnoreSpec.from_lines([glob])
-            fmask = np.fromiter((spec.match_file(f) for f in c.files), dtype=bool, count=len(c.files))
+            spec = GlobFilter.of(globs)
+            fmask = np.fromiter((spec.match(f) for f in c.files), dtype=bool, count=len(c.files))
             gm = fmask[c.file_idx]
             mask = gm if mask is None else mask & gm
         return mask

@@ -401,6 +401,7 @@ class _Walker:
         self.cs_rules = _IgnoreRules()  # .codesearchignore, both modes
         self.files: list[SourceFile] = []
         self.skipped: dict[str, set[str]] = {r: set() for r in SKIP_REASONS}
+        self.log_skips = True
 
     # -- per-directory decisions, shared by both listings
 
@@ -498,7 +499,8 @@ class _Walker:
         self.files.append(SourceFile(rel, abs_path, st.st_size, st.st_mtime_ns, language))
 
     def _unreadable(self, rel: str, why: object) -> None:
-        log.warning("Skipping unreadable file %s: %s", rel, why)
+        if self.log_skips:
+            log.warning("Skipping unreadable file %s: %s", rel, why)
         self.skipped["unreadable"].add(rel)
 
     # -- filesystem listing (no git): nested .gitignore via pathspec
@@ -608,6 +610,7 @@ def walk(
     exclude: Iterable[str] | str = (),
     max_file_bytes: int = 1_000_000,
     index_dir: str | os.PathLike | None = None,
+    log_skips: bool = True,
 ) -> WalkResult:
     """List the files under `root` to index, in sorted order, and what was skipped and why.
 
@@ -630,6 +633,9 @@ def walk(
         Files larger than this are skipped as ``"too_large"``.
     index_dir : path, optional
         The index folder (default ``<root>/.codesearch``), never walked.
+    log_skips : bool
+        Log a warning per unreadable file. An index run does; a staleness check before
+        each query does not (it would repeat the index run's warnings on every query).
 
     Returns
     -------
@@ -653,6 +659,7 @@ def walk(
         if idx.is_relative_to(real_root) and idx != real_root:
             skip_dirs.add(idx.relative_to(real_root).as_posix())
     walker = _Walker(real_root, include, exclude, max_file_bytes, skip_dirs)
+    walker.log_skips = log_skips
     git = walker.walk_dir(real_root, "")
     files = sorted(walker.files, key=lambda f: f.path)
     skipped = {reason: sorted(paths) for reason, paths in walker.skipped.items()}

@@ -9,10 +9,11 @@ document and goes through the same bounded pool and timeout. Served over stdio
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from codesearch import __version__
 from codesearch.errors import CodeSearchError
+from codesearch.request import Mode, SearchRequest
 from codesearch.server.service import Service
 
 INSTRUCTIONS = (
@@ -41,11 +42,16 @@ def build_mcp(service: Service) -> Any:
     async def search_code(
         query: str,
         k: int = 10,
-        mode: Literal["hybrid", "lexical", "dense", "colbert"] = "hybrid",
-        language: str | None = None,
-        glob: str | None = None,
+        mode: Mode = Mode.hybrid,
+        language: str | list[str] | None = None,
+        glob: str | list[str] | None = None,
         files_only: bool = False,
         path: str | None = None,
+        max_lines: int | None = None,
+        no_snippet: bool = False,
+        min_score: float | None = None,
+        budget: int | None = None,
+        context: int = 0,
     ) -> dict[str, Any]:
         """Search the served code for `query` (natural language, an identifier, or code).
 
@@ -53,19 +59,28 @@ def build_mcp(service: Service) -> Any:
             query: What to look for.
             k: How many results (chunks, or files with files_only).
             mode: hybrid (every index), lexical (BM25 only), dense, or colbert.
-            language: Only results in this language, e.g. "python".
-            glob: Only paths matching this gitignore-style glob, e.g. "src/**/*.py".
+            language: Only results in this language, or any of a list, e.g. "python".
+            glob: ripgrep-style glob(s) on the path, e.g. "src/**/*.py", "*.{rs,md}",
+                "!tests/**" (excludes); with several, the last matching one wins.
             files_only: One result per file, best chunk first.
             path: Which served repository (or a folder inside it); default the first one.
+            max_lines: Cut each snippet to this many lines.
+            no_snippet: Locations and scores only, no code.
+            min_score: Leave out results scoring below this.
+            budget: Approximate token budget for all snippets together; results best
+                first, the last one cut to fit; left_out says how many did not fit.
+            context: Extra lines of the file above and below each snippet.
 
         Returns the same JSON document as `codesearch query --json`: schema_version, query,
         mode, indexes_used, notices and results (path, start_line, end_line, score,
         language, symbol, kind, text).
         """
         try:
-            return await service.search(
-                query=query, k=k, mode=mode, lang=language, glob=glob, files_only=files_only, path=path
+            request = SearchRequest.of(
+                query, k, mode=mode, language=language, glob=glob, files_only=files_only, max_lines=max_lines,
+                no_snippet=no_snippet, min_score=min_score, budget=budget, context=context,
             )
+            return await service.search(query=request, path=path)
         except CodeSearchError as exc:
             # ToolError's message reaches the agent; any other exception is hidden by the SDK.
             raise ToolError(str(exc)) from None

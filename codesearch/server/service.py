@@ -18,7 +18,8 @@ from typing import Any
 from codesearch import __version__
 from codesearch.errors import QueryError, ServerError
 from codesearch.server.batching import batching_stats
-from codesearch.server.repos import RepoSet, scoped_glob
+from codesearch.request import SearchRequest
+from codesearch.server.repos import RepoSet
 
 SCHEMA_VERSION = 1
 MAX_K = 1000  # results per search; bounds the work and the response size of one request
@@ -80,16 +81,20 @@ class Service:
 
     def search_sync(
         self,
-        query: str,
+        query: str | SearchRequest,
         k: int = 10,
         *,
         mode: str = "hybrid",
-        lang: str | None = None,
-        glob: str | None = None,
+        lang: str | list[str] | None = None,
+        glob: str | list[str] | None = None,
         files_only: bool = False,
         path: str | None = None,
+        **options: Any,
     ) -> dict[str, Any]:
         """Run one search in the calling thread; returns the CLI's ``--json`` document.
+
+        ``query`` is a `SearchRequest` (the routes build one), or the query text with the
+        request's fields as keywords (``lang``/``glob`` for ``languages``/``globs``).
 
         Raises
         ------
@@ -99,14 +104,20 @@ class Service:
             From the repository.
         """
         from codesearch.api import result_document
+        from codesearch.globs import scope_globs
+        from codesearch.snippets import shape
 
-        if k > MAX_K:
-            raise QueryError(f"k={k} is more than this server returns (pass k <= {MAX_K})")
+        request = query if isinstance(query, SearchRequest) else SearchRequest.of(
+            query, k, mode=mode, language=lang, glob=glob, files_only=files_only, **options
+        )
+        if request.k > MAX_K:
+            raise QueryError(f"k={request.k} is more than this server returns (pass k <= {MAX_K})")
         repo, subdir = self.repos.resolve(path)
         result = repo.query(
-            query, k, mode=mode, language=lang, glob=scoped_glob(subdir, glob), files_only=files_only
+            request.query, request.k, mode=request.mode.value, language=request.languages,
+            glob=scope_globs(subdir, request.globs), files_only=request.files_only,
         )
-        return result_document(result)
+        return result_document(shape(result, request, repo.root))
 
     async def search(self, **request: Any) -> dict[str, Any]:
         """`search_sync` on the pool, bounded and timed out.
