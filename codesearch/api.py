@@ -626,12 +626,16 @@ class CodeSearch:
             return []
         n = len(stale.added) + len(stale.changed) + len(stale.removed)
         include, exclude, max_bytes = self._recorded_walk()
+        from codesearch.indexer.walk import quiet_skips
+
         try:
             # A refresh loads only the models whose vectors the index has (None for the
-            # others), so it keeps the index's record of what the user switched off.
-            summary = self._index(
-                self._search_models(), walk=(include, exclude, max_bytes), disabled=self._recorded_disabled()
-            )
+            # others), so it keeps the index's record of what the user switched off. It is
+            # part of a query: the index run reported unreadable files already.
+            with quiet_skips():
+                summary = self._index(
+                    self._search_models(), walk=(include, exclude, max_bytes), disabled=self._recorded_disabled()
+                )
         except IndexLockedError:
             # Another process is indexing right now: search what is there rather than fail.
             return [f"{n} file(s) changed since the last run, but another process is updating the index; "

@@ -273,9 +273,9 @@ def model_list(rows: list[dict[str, Any]], *, as_json: bool) -> None:
     if console.is_terminal:
         table = Table()
         for column in columns:
-            # Ids and paths are what a user copies: wrapped on a narrow terminal, never
-            # cut with an ellipsis (rich's default).
-            table.add_column(column, overflow="fold")
+            # Ids and paths are what a user copies: never cut with an ellipsis (rich's
+            # default). Ids keep one line, the other columns wrap to make room.
+            table.add_column(column, overflow="fold", no_wrap=column == "name")
         for row in rows:
             table.add_row(*(escape(_model_cell(row, c)) for c in columns))
         console.print(table)

@@ -1060,7 +1060,7 @@ def staleness(
     Cheap: a walk and a ``stat`` per file; a file is read and hashed only when its size
     or mtime differ from the store. ``max_file_bytes`` defaults to the last run's.
     """
-    from codesearch.indexer.walk import walk
+    from codesearch.indexer.walk import quiet_skips, walk
 
     root_path = _check_root(root)
     idir = Path(index_dir).expanduser().resolve() if index_dir is not None else default_index_dir(root_path)
@@ -1071,11 +1071,11 @@ def staleness(
             old = store.files()
             if max_file_bytes is None:
                 max_file_bytes = int(store.get_meta("max_file_bytes", "1000000") or 1_000_000)
-    result = walk(
-        root_path, include=include, exclude=exclude,
-        max_file_bytes=max_file_bytes if max_file_bytes is not None else 1_000_000, index_dir=idir,
-        log_skips=False,  # the index run said it; a query's staleness check stays quiet
-    )
+    with quiet_skips():  # the index run reported them; a check before each query stays quiet
+        result = walk(
+            root_path, include=include, exclude=exclude,
+            max_file_bytes=max_file_bytes if max_file_bytes is not None else 1_000_000, index_dir=idir,
+        )
     added, changed, touched = [], [], []
     seen = set()
     for sf in result.files:

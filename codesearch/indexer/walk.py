@@ -17,13 +17,15 @@ Example
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import os
 import re
 import shutil
 import stat
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -36,11 +38,31 @@ __all__ = [
     "SourceFile",
     "WalkResult",
     "detect_language",
+    "quiet_skips",
     "read_source",
     "walk",
 ]
 
 log = logging.getLogger(__name__)
+
+# Set by quiet_skips(): per thread and task, so a server's query never silences an index
+# run going on beside it.
+_QUIET_SKIPS: contextvars.ContextVar[bool] = contextvars.ContextVar("codesearch_quiet_skips", default=False)
+
+
+@contextlib.contextmanager
+def quiet_skips() -> Iterator[None]:
+    """Walks inside this block do not log unreadable files (they still count them).
+
+    Why: an index run reports each unreadable file; the staleness check and the refresh
+    that a query makes must not repeat those warnings on every query.
+    """
+    token = _QUIET_SKIPS.set(True)
+    try:
+        yield
+    finally:
+        _QUIET_SKIPS.reset(token)
+
 
 #: Every reason `walk` gives for leaving a file out; `WalkResult.skipped` always has these keys.
 SKIP_REASONS = ("binary", "too_large", "generated", "vendored", "symlink_outside", "unreadable")
@@ -401,7 +423,6 @@ class _Walker:
         self.cs_rules = _IgnoreRules()  # .codesearchignore, both modes
         self.files: list[SourceFile] = []
         self.skipped: dict[str, set[str]] = {r: set() for r in SKIP_REASONS}
-        self.log_skips = True
 
     # -- per-directory decisions, shared by both listings
 
@@ -499,7 +520,7 @@ class _Walker:
         self.files.append(SourceFile(rel, abs_path, st.st_size, st.st_mtime_ns, language))
 
     def _unreadable(self, rel: str, why: object) -> None:
-        if self.log_skips:
+        if not _QUIET_SKIPS.get():
             log.warning("Skipping unreadable file %s: %s", rel, why)
         self.skipped["unreadable"].add(rel)
 
@@ -610,7 +631,6 @@ def walk(
     exclude: Iterable[str] | str = (),
     max_file_bytes: int = 1_000_000,
     index_dir: str | os.PathLike | None = None,
-    log_skips: bool = True,
 ) -> WalkResult:
     """List the files under `root` to index, in sorted order, and what was skipped and why.
 
@@ -633,9 +653,6 @@ def walk(
         Files larger than this are skipped as ``"too_large"``.
     index_dir : path, optional
         The index folder (default ``<root>/.codesearch``), never walked.
-    log_skips : bool
-        Log a warning per unreadable file. An index run does; a staleness check before
-        each query does not (it would repeat the index run's warnings on every query).
 
     Returns
     -------
@@ -659,7 +676,6 @@ def walk(
         if idx.is_relative_to(real_root) and idx != real_root:
             skip_dirs.add(idx.relative_to(real_root).as_posix())
     walker = _Walker(real_root, include, exclude, max_file_bytes, skip_dirs)
-    walker.log_skips = log_skips
     git = walker.walk_dir(real_root, "")
     files = sorted(walker.files, key=lambda f: f.path)
     skipped = {reason: sorted(paths) for reason, paths in walker.skipped.items()}
