@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from codesearch import snippets
 from codesearch.errors import (
     CodeSearchError,
     IndexLockedError,
@@ -33,7 +34,6 @@ from codesearch.errors import (
     PathError,
     QueryError,
 )
-from codesearch import snippets
 from codesearch.indexer import pipeline
 from codesearch.indexer.pipeline import DEFAULT, IndexSummary, ProgressEvent
 from codesearch.request import MODES, Mode, SearchRequest
@@ -45,6 +45,7 @@ __all__ = [
     "CodeSearch",
     "DEFAULT",
     "IndexStatus",
+    "MODES",
     "ModelInfo",
     "Mode",
     "SearchRequest",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 from codesearch.errors import QueryError
@@ -78,7 +79,7 @@ def _first_group(pattern: str) -> tuple[int, int, list[str]] | None:
             depth -= 1
             if depth == 0:
                 bounds = [start, *cuts, i]
-                return start, i, [pattern[a + 1 : b] for a, b in zip(bounds, bounds[1:])]
+                return start, i, [pattern[a + 1 : b] for a, b in pairwise(bounds)]
         elif ch == "," and depth == 1:
             cuts.append(i)
         i += 1

@@ -10,11 +10,11 @@ from codesearch.request import MODES, Mode, SearchRequest
 
 
 def test_one_mode_list_for_every_front_end():
-    import codesearch.api as api
-    import codesearch.cli.app as cli
-    import codesearch.indexer.search as search
-    import codesearch.server.app as http
-    import codesearch.server.mcp_tools as mcp
+    from codesearch import api
+    from codesearch.cli import app as cli
+    from codesearch.indexer import search
+    from codesearch.server import app as http
+    from codesearch.server import mcp_tools as mcp
 
     assert MODES == ("hybrid", "lexical", "dense", "colbert")
     assert search.MODES is MODES and api.MODES is MODES

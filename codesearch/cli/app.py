@@ -169,8 +169,9 @@ def query_command(
         if not cs.indexed:
             # As ck, ColGREP and semble do: build it rather than refuse. Lexical only, so
             # the answer comes in seconds; a plain 'codesearch index' adds the vectors.
-            render.notices([f"no index yet: indexing {cs.root} first (lexical only; "
-                            f"'codesearch index {cs.root}' adds semantic vectors)"])
+            render.notices([
+                f"no index yet: indexing {cs.root} first (lexical only; 'codesearch index {cs.root}' adds semantic vectors)"
+            ])
             render.notices(cs.index(lexical_only=True).notices)
         result = None if no_server else server_query(cs, request)
         if result is None:

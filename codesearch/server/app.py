@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from codesearch import __version__
+from codesearch import request as search_request
 from codesearch.errors import (
     CodeSearchError,
     IndexLockedError,
@@ -27,7 +28,6 @@ from codesearch.errors import (
     QueryError,
 )
 from codesearch.request import Mode
-from codesearch.request import SearchRequest as Request
 from codesearch.server.service import MAX_K, SearchTimeoutError, ServerBusyError, Service
 
 # -- request and response models (they make the OpenAPI schema) ---------------------------
@@ -238,7 +238,7 @@ def create_app(service: Service, *, token: str | None = None, mcp: bool = True, 
         # A Response is sent as is: the document is already the schema's (it is the CLI's),
         # and re-validating every hit through the response model cost more than the search.
         fields = body.model_dump(exclude={"path", "lang", "glob"})
-        request = Request.of(language=body.lang, glob=body.glob, **fields)  # QueryError -> 400
+        request = search_request.SearchRequest.of(language=body.lang, glob=body.glob, **fields)  # QueryError -> 400
         return JSONResponse(await service.search(query=request, path=body.path))
 
     @app.post("/index", status_code=202, response_model=IndexAccepted, responses=errors)

@@ -17,8 +17,8 @@ from typing import Any
 
 from codesearch import __version__
 from codesearch.errors import QueryError, ServerError
-from codesearch.server.batching import batching_stats
 from codesearch.request import SearchRequest
+from codesearch.server.batching import batching_stats
 from codesearch.server.repos import RepoSet
 
 SCHEMA_VERSION = 1
