@@ -24,24 +24,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from codesearch.build.encoders import DEFAULT, Encoders, resolve_encoders
+from codesearch.build.encoders import DEFAULT, DISABLED_KEY, Encoders, resolve_encoders
 from codesearch.build.pipeline import build_index
+from codesearch.build.walk import quiet_skips
 from codesearch.build.status import Staleness, index_info, staleness
+from codesearch.search import snippets
+from codesearch.search.globs import scope_globs
+from codesearch.search.snippets import shape as shape_result
 from codesearch.errors import (
     CodeSearchError,
     IndexLockedError,
     IndexWriteError,
     NotIndexedError,
     PathError,
-    QueryError,
 )
-from codesearch.store import IndexLock, ReadWriteLock, read_text
+from codesearch.store import IndexLock, ReadWriteLock
 from codesearch.types import (
     MODES,
+    Mode,
     SCHEMA_VERSION,
     STORE_FILE,
     IndexSummary,
     ProgressEvent,
+    SearchRequest,
     default_index_dir,
     hit_document,
     result_document,
@@ -52,10 +57,15 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "CodeSearch",
+    "scope_globs",
+    "shape_result",
     "DEFAULT",
     "EncoderPool",
     "IndexStatus",
+    "MODES",
     "ModelInfo",
+    "Mode",
+    "SearchRequest",
     "SCHEMA_VERSION",
     "check_query",
     "find_index_root",
@@ -96,19 +106,14 @@ def find_index_root(start: str | Path = ".") -> Path:
 def check_query(query: str, k: int = 10, *, mode: str = "hybrid") -> None:
     """Refuse an empty query, an unknown mode or ``k < 1`` before any index is opened.
 
-    Why a function of its own: the CLI calls it before looking for the index, so an empty
-    query in a folder without one is reported as the empty query it is.
+    The same checks as building a `SearchRequest` (which the CLI does first, so an empty
+    query in a folder without an index is reported as the empty query it is).
 
     Raises
     ------
     QueryError
     """
-    if not query or not query.strip():
-        raise QueryError("the query is empty (pass some words or code to search for)")
-    if mode not in MODES:
-        raise QueryError(f"unknown mode {mode!r} (use one of: {', '.join(MODES)})")
-    if k < 1:
-        raise QueryError(f"k must be at least 1, got {k} (pass -k 10 for example)")
+    SearchRequest(query, k, mode)
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,7 +287,11 @@ class CodeSearch:
     # -- indexing ------------------------------------------------------------------------
 
     def index(
-        self, *, rebuild: bool = False, progress: Callable[[ProgressEvent], None] | None = None
+        self,
+        *,
+        rebuild: bool = False,
+        progress: Callable[[ProgressEvent], None] | None = None,
+        lexical_only: bool = False,
     ) -> IndexSummary:
         """Bring the index up to date with the files (incremental unless `rebuild`).
 
@@ -292,6 +301,11 @@ class CodeSearch:
             Drop the existing index first and embed everything again.
         progress : callable, optional
             Called with each `ProgressEvent` (stage, done/total, files, chunks, tokens/s).
+        lexical_only : bool
+            Load no model and write no vectors in this run (seconds, not minutes), without
+            switching the models off: the next run with the default models adds the
+            vectors. ``codesearch query`` uses it to answer at once in a folder that has
+            no index yet.
 
         Returns
         -------
@@ -309,80 +323,101 @@ class CodeSearch:
             raise IndexWriteError(
                 f"the index folder {str(self.index_dir)!r} is a file (move it away, or pass --index-dir FOLDER)"
             )
-        return self._index((self.model, self.multi_model), rebuild=rebuild, progress=progress)
+        if lexical_only:
+            return self._index((None, None), rebuild=rebuild, progress=progress, disabled=())
+        models = (self.model, self.multi_model)
+        # Both models switched off: no encoder is resolved, so say here what resolving
+        # records for each role given as None, or a later default run would bring them back.
+        disabled = ("colbert", "dense") if models == (None, None) else None
+        return self._index(models, rebuild=rebuild, progress=progress, disabled=disabled)
 
     # -- searching -----------------------------------------------------------------------
 
     def query(
         self,
-        query: str,
+        query: str | SearchRequest,
         k: int = 10,
         *,
         mode: str = "hybrid",
-        language: str | None = None,
-        glob: str | None = None,
+        language: str | Sequence[str] | None = None,
+        glob: str | Sequence[str] | None = None,
         files_only: bool = False,
         refresh: bool = False,
+        **options: Any,
     ) -> SearchResult:
         """Search and return the hits together with how they were found.
 
         Parameters
         ----------
-        query : str
-            Natural language or code.
+        query : str or SearchRequest
+            Natural language or code; or a whole `SearchRequest` (the other search
+            arguments are then not used; `refresh` still is).
         k : int
-            How many hits (or files, with `files_only`).
+            How many hits (or files, with `files_only`) are ranked.
         mode : {"hybrid", "lexical", "dense", "colbert"}
             Which indexes rank the hits. ``hybrid`` fuses every index that exists.
-        language : str, optional
-            Only hits in this language (``"python"``, ``"go"``, ...).
-        glob : str, optional
-            Only hits whose path matches this glob (``"src/**/*.py"``).
+        language : str or sequence of str, optional
+            Only hits in (any of) these languages (``"python"``, ``"go"``, ...).
+        glob : str or sequence of str, optional
+            Only hits whose path passes these ripgrep-style globs (``"src/**/*.py"``,
+            ``"!tests/**"``, ``"*.{rs,md}"``; see `codesearch.search.globs`).
         files_only : bool
             One hit per file, best chunk first.
         refresh : bool
             When files changed since the last index run, index them first; the result's
             notices then say so.
+        **options
+            The other `SearchRequest` fields: ``languages``, ``globs`` (added to
+            `language`/`glob`), ``context``, ``max_lines``, ``no_snippet``, ``min_score``,
+            ``budget``.
 
         Returns
         -------
         SearchResult
-            ``hits``, ``mode``, ``indexes_used`` and ``notices``.
+            ``hits``, ``mode``, ``indexes_used``, ``notices`` and ``left_out`` (hits the
+            output controls left out, or None).
 
         Raises
         ------
         QueryError
-            An empty query, an unknown mode, or k < 1.
+            An empty query, an unknown mode, k < 1, an invalid glob or output control.
         NotIndexedError
             When the folder has no index yet.
         """
         self._check_open()
-        check_query(query, k, mode=mode)
+        request = (
+            query if isinstance(query, SearchRequest)
+            else SearchRequest.of(query, k, mode=mode, language=language, glob=glob, files_only=files_only, **options)
+        )
         self._require_index()
         notices: list[str] = []
         if refresh:
             notices.extend(self._refresh(lexical=mode == "lexical"))
         with self._rw.reading():
-            searcher, encoder_notices = self._get_searcher(lexical=mode == "lexical")
-            result = searcher.search(query, k, mode=mode, language=language, glob=glob, files_only=files_only)
+            searcher, encoder_notices = self._get_searcher(lexical=request.mode is Mode.lexical)
+            result = searcher.search(
+                request.query, request.k, mode=request.mode.value, language=request.languages,
+                glob=request.globs, files_only=request.files_only,
+            )
         notices.extend(encoder_notices)
         if notices:
             # The refresh and the search share one encoder load, and so its notices: say
             # each thing once.
             merged = list(dict.fromkeys([*notices, *result.notices]))
             result = dataclasses.replace(result, notices=merged)
-        return result
+        return snippets.shape(result, request, self.root)
 
     def search(
         self,
-        query: str,
+        query: str | SearchRequest,
         k: int = 10,
         *,
         mode: str = "hybrid",
-        language: str | None = None,
-        glob: str | None = None,
+        language: str | Sequence[str] | None = None,
+        glob: str | Sequence[str] | None = None,
         files_only: bool = False,
         refresh: bool = False,
+        **options: Any,
     ) -> list[SearchHit]:
         """Search and return the hits, best first. Same parameters as `query`.
 
@@ -393,7 +428,7 @@ class CodeSearch:
         """
         return list(
             self.query(
-                query, k, mode=mode, language=language, glob=glob, files_only=files_only, refresh=refresh
+                query, k, mode=mode, language=language, glob=glob, files_only=files_only, refresh=refresh, **options
             ).hits
         )
 
@@ -455,8 +490,12 @@ class CodeSearch:
 
         A hit whose file is gone or shorter than the indexed version is left as it is.
         """
-        hits = [_widen(hit, self.root, lines) for hit in result.hits]
-        return dataclasses.replace(result, hits=hits)
+        return snippets.with_context(result, self.root, lines)
+
+    @property
+    def indexed(self) -> bool:
+        """True when the folder has an index (a search can run; it may be stale)."""
+        return (self.index_dir / STORE_FILE).is_file()
 
     # -- status --------------------------------------------------------------------------
 
@@ -566,7 +605,10 @@ class CodeSearch:
         rebuild: bool = False,
         progress: Callable[[ProgressEvent], None] | None = None,
         walk: tuple[tuple[str, ...], tuple[str, ...], int] | None = None,
+        disabled: tuple[str, ...] | None = None,
     ) -> IndexSummary:
+        """One index run with the encoders of ``models``; ``disabled`` (when given) is the
+        list of switched-off model roles the run records, instead of the resolved one."""
         include, exclude, max_bytes = walk or (self.include, self.exclude, self.max_file_bytes)
         with self._rw.writing():
             IndexLock.check_free(self.index_dir)  # before a model load of seconds, not after
@@ -576,6 +618,8 @@ class CodeSearch:
 
                 encoders = wrap_encoders(encoders, self.ray, self._ray_encoders)
                 progress = with_worker_rates(progress, self._ray_encoders)
+            if disabled is not None:
+                encoders = dataclasses.replace(encoders, disabled=tuple(disabled))
             try:
                 summary = build_index(
                     self.root,
@@ -620,6 +664,12 @@ class CodeSearch:
             max_bytes = int(store.get_meta("max_file_bytes") or self.max_file_bytes)
         return tuple(include), tuple(exclude), max_bytes
 
+    def _recorded_disabled(self) -> tuple[str, ...]:
+        from codesearch.store import Store
+
+        with Store(self.index_dir / STORE_FILE, readonly=True) as store:
+            return tuple(json.loads(store.get_meta(DISABLED_KEY) or "[]"))
+
     def _record_walk(self) -> None:
         # The pipeline records max_file_bytes itself; the globs are recorded here, under the
         # index's write lock, right after the run that used them.
@@ -649,7 +699,10 @@ class CodeSearch:
         # a one-line edit); the changed code gets its vectors from the next run that encodes.
         models = (None, None) if lexical else self._search_models()
         try:
-            summary = self._index(models, walk=(include, exclude, max_bytes))
+            # A refresh keeps the index's record of what the user switched off. It is part
+            # of a query: the index run reported unreadable files already.
+            with quiet_skips():
+                summary = self._index(models, walk=(include, exclude, max_bytes), disabled=self._recorded_disabled())
         except IndexLockedError:
             # Another process is indexing right now: search what is there rather than fail.
             return [f"{n} file(s) changed since the last run, but another process is updating the index; "
@@ -767,21 +820,6 @@ class Snapshot:
 # -- end of the pieces for long-running processes ------------------------------------------
 
 
-def _widen(hit: SearchHit, root: Path, lines: int) -> SearchHit:
-    text = read_text(root / hit.path)
-    if text is None:
-        return hit
-    source = text.splitlines(keepends=True)
-    if hit.end_line > len(source) or lines <= 0:
-        return hit
-    start = max(1, hit.start_line - lines)
-    end = min(len(source), hit.end_line + lines)
-    text = "".join(source[start - 1 : end])
-    if not hit.text.endswith("\n"):  # keep the chunker's convention for the last newline
-        text = text.removesuffix("\n").removesuffix("\r")
-    return dataclasses.replace(hit, start_line=start, end_line=end, text=text)
-
-
 def _disk_usage(index_dir: Path) -> dict[str, int]:
     sizes: dict[str, int] = {}
     for entry in sorted(index_dir.iterdir()):
@@ -851,8 +889,16 @@ def pull_model(name: str) -> Path:
 def model_info(name: str, *, device: str = "cpu") -> ModelInfo:
     """Load `name` (hub id or local folder) and describe it. Imports torch."""
     from codesearch.encoder import load
+    from codesearch.errors import ModelUnavailableError
 
-    enc = load(name, device=device)
+    try:
+        enc = load(name, device=device)
+    except ModelUnavailableError:
+        # The loader's message names `index --model`, which 'models info' does not have.
+        raise ModelUnavailableError(
+            f"Model {name!r} is not in the local cache and the hub cannot be reached "
+            f"(pass a local checkpoint folder, or run 'codesearch models pull {name}' online)"
+        ) from None
     return ModelInfo(
         name=enc.name, identity=enc.identity, multivector=enc.multivector, dim=enc.dim, max_length=enc.max_length
     )

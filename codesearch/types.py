@@ -7,10 +7,15 @@ CLI, the server and every package below them can use it for free.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 import re
+from collections.abc import Iterable, Mapping
+from enum import Enum
 from typing import Any, Literal
+
+from codesearch.errors import QueryError
 
 __all__ = [
     "Chunk",
@@ -24,6 +29,7 @@ __all__ = [
     "Role",
     "SCHEMA_VERSION",
     "SearchHit",
+    "SearchRequest",
     "SearchResult",
     "default_index_dir",
     "path_kind",
@@ -35,15 +41,183 @@ SCHEMA_VERSION = 1
 """Version of the JSON documents `codesearch query --json/--jsonl` prints (and the server
 returns). Bumped only when a field changes meaning or disappears; new fields may be added."""
 
-#: How a search ranks: ``hybrid`` fuses every index the folder has; the others use one.
-Mode = Literal["hybrid", "lexical", "dense", "colbert"]
-MODES: tuple[str, ...] = ("hybrid", "lexical", "dense", "colbert")
 
 #: What a model is for, as the store records it: ``dense`` (one vector per chunk and per
 #: file; ``--model``) or ``colbert`` (multi-vector, searched through the PLAID index;
 #: ``--multi-model``). One name per concept: the CLI's "multi" model has the role ``colbert``.
 Role = Literal["dense", "colbert"]
 ROLES: tuple[str, ...] = ("dense", "colbert")
+
+# -- a search request: the same for the Python API, the CLI, HTTP and MCP -------------------
+
+class Mode(str, Enum):
+    """Which indexes rank the hits.
+
+    ``hybrid`` fuses every index the folder has; ``lexical`` is BM25 only (never loads a
+    model); ``dense`` the single-vector index; ``colbert`` the multi-vector (PLAID) index.
+    """
+
+    hybrid = "hybrid"
+    lexical = "lexical"
+    dense = "dense"
+    colbert = "colbert"
+
+    def __str__(self) -> str:  # f"{mode}" and JSON show the value, not "Mode.hybrid"
+        return self.value
+
+
+#: The mode names, in the order help texts list them.
+MODES: tuple[str, ...] = tuple(m.value for m in Mode)
+
+
+def _strings(value: str | Iterable[str] | None, what: str) -> tuple[str, ...]:
+    """``None`` -> (); ``"x"`` -> ("x",); a list or tuple -> a tuple of its stripped, non-empty items."""
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else list(value)
+    out = []
+    for item in items:
+        if not isinstance(item, str):
+            raise QueryError(f"{what} must be text, got {item!r} (pass a string or a list of strings)")
+        if item.strip():
+            out.append(item.strip())
+    return tuple(dict.fromkeys(out))  # repeated values count once, first position kept
+
+
+@dataclass(frozen=True, slots=True)
+class SearchRequest:
+    """A query with its filters and output controls, checked when it is made.
+
+    Parameters
+    ----------
+    query : str
+        Words, an identifier, or a piece of code.
+    k : int
+        How many hits are ranked (or files, with `files_only`); output controls may return
+        fewer.
+    mode : Mode or str
+        ``"hybrid"``, ``"lexical"``, ``"dense"`` or ``"colbert"``.
+    languages : str or sequence of str
+        Keep hits in any of these languages (``"python"``, ``"go"``); empty: all.
+    globs : str or sequence of str
+        ripgrep ``--glob`` rules on the path relative to the root: gitignore-style
+        (``*.py`` at any depth, ``src/**``), ``!pattern`` excludes, ``{a,b}`` alternatives,
+        the last matching rule wins; with any non-``!`` rule a path must match one.
+    files_only : bool
+        At most one hit per file.
+    context : int
+        Extra lines of the current file above and below each snippet.
+    max_lines : int, optional
+        Cut each snippet to this many lines, with a ``... (N more lines)`` marker.
+    no_snippet : bool
+        Return locations and scores only (empty ``text``).
+    min_score : float, optional
+        Leave out hits scoring below this.
+    budget : int, optional
+        Approximate token budget for the whole answer: hits best first until it is spent,
+        the last one cut to fit; the result says how many were left out.
+
+    Raises
+    ------
+    QueryError
+        An empty query, an unknown mode, ``k < 1``, an invalid glob, or an output control
+        out of range.
+    """
+
+    query: str
+    k: int = 10
+    mode: Mode = Mode.hybrid
+    languages: tuple[str, ...] = ()
+    globs: tuple[str, ...] = ()
+    files_only: bool = False
+    context: int = 0
+    max_lines: int | None = None
+    no_snippet: bool = False
+    min_score: float | None = None
+    budget: int | None = None
+
+    def __post_init__(self) -> None:
+        # Normalised in place (frozen: object.__setattr__) so that every front end may pass
+        # what its users type: a mode name, one language or a list, one glob or a list.
+        put = object.__setattr__
+        if not isinstance(self.query, str) or not self.query.strip():
+            raise QueryError("the query is empty (pass some words or code to search for)")
+        try:
+            put(self, "mode", Mode(self.mode))
+        except ValueError:
+            raise QueryError(f"unknown mode {self.mode!r} (use one of: {', '.join(MODES)})") from None
+        _check_int(self.k, "k", 1, "pass k=10 for example")
+        put(self, "languages", tuple(lang.lower() for lang in _strings(self.languages, "a language")))
+        globs = _strings(self.globs, "a glob")
+        if globs:
+            from codesearch.search.globs import check_globs
+
+            check_globs(globs)
+        put(self, "globs", globs)
+        _check_int(self.context, "context", 0, "pass 0 or more lines")
+        if self.max_lines is not None:
+            _check_int(self.max_lines, "max_lines", 1, "pass 1 or more, or leave it out for whole snippets")
+        if self.budget is not None:
+            _check_int(self.budget, "budget", 1, "pass a number of tokens such as 2000")
+        if self.min_score is not None:
+            if isinstance(self.min_score, bool) or not isinstance(self.min_score, (int, float)) or not math.isfinite(self.min_score):
+                raise QueryError(f"min_score must be a number, got {self.min_score!r} (pass 0.5 for example)")
+            put(self, "min_score", float(self.min_score))
+        put(self, "files_only", bool(self.files_only))
+        put(self, "no_snippet", bool(self.no_snippet))
+
+    @classmethod
+    def of(
+        cls,
+        query: str,
+        k: int = 10,
+        *,
+        language: str | Iterable[str] | None = None,
+        glob: str | Iterable[str] | None = None,
+        **fields: Any,
+    ) -> SearchRequest:
+        """Build one from keyword arguments, taking the single-value names too.
+
+        ``language``/``glob`` (one value or several, as the API, HTTP ``lang`` and MCP
+        have always taken them) are added to ``languages``/``globs``.
+        """
+        languages = (*_strings(fields.pop("languages", None), "a language"), *_strings(language, "a language"))
+        globs = (*_strings(fields.pop("globs", None), "a glob"), *_strings(glob, "a glob"))
+        unknown = set(fields) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise QueryError(f"unknown search option(s): {', '.join(sorted(unknown))} (see SearchRequest)")
+        return cls(query, k, languages=languages, globs=globs, **fields)
+
+    @property
+    def shapes_output(self) -> bool:
+        """True when an output control (context, max_lines, no_snippet, min_score, budget) is set."""
+        return bool(
+            self.context or self.max_lines is not None or self.no_snippet
+            or self.min_score is not None or self.budget is not None
+        )
+
+    def without_output(self) -> SearchRequest:
+        """The same search with no output control (what a ranking needs)."""
+        return SearchRequest(self.query, self.k, self.mode, self.languages, self.globs, self.files_only)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the mode as its name, tuples as lists."""
+        doc = asdict(self)
+        doc.update(mode=self.mode.value, languages=list(self.languages), globs=list(self.globs))
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> SearchRequest:
+        """The inverse of `to_dict` (``language``/``glob`` single values accepted too)."""
+        return cls.of(**dict(doc))
+
+
+def _check_int(value: Any, name: str, least: int, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise QueryError(f"{name} must be a whole number, got {value!r} ({fix})")
+    if value < least:
+        raise QueryError(f"{name} must be at least {least}, got {value} ({fix})")
+
 
 # -- the index folder ------------------------------------------------------------------------
 
@@ -203,6 +377,8 @@ class SearchResult:
     hits: list[SearchHit]
     indexes_used: tuple[str, ...]
     notices: list[str] = field(default_factory=list)
+    #: Ranked hits an output control (min_score, budget) left out; None when none was asked.
+    left_out: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (hits as dicts)."""
@@ -277,11 +453,15 @@ def hit_document(hit: SearchHit) -> dict[str, Any]:
 
 def result_document(result: SearchResult) -> dict[str, Any]:
     """A whole search as the stable JSON schema (``codesearch query --json``)."""
-    return {
+    doc = {
         "schema_version": SCHEMA_VERSION,
         "query": result.query,
-        "mode": result.mode,
+        "mode": str(result.mode),
         "indexes_used": list(result.indexes_used),
         "notices": list(result.notices),
         "results": [hit_document(h) for h in result.hits],
     }
+    if result.left_out is not None:
+        # Only when min_score or budget was asked for: ranked hits that were not returned.
+        doc["left_out"] = result.left_out
+    return doc

@@ -344,3 +344,66 @@ def test_concurrent_hybrid_searches_share_the_encoders(model_search):
     results = in_threads(lambda: [(q, [h.path for h in model_search.search(q, k=3)]) for q in queries], 3)
     assert len(results) == 3 * len(queries)
     assert all(paths == expected[q] for q, paths in results)
+
+
+# -- one request shape, output controls, switched-off models (issues 10 and 11) ------------------
+
+
+def test_query_takes_a_search_request_or_its_fields(lexical_repo):
+    from codesearch.types import SearchRequest
+
+    request = SearchRequest("parseConfigFile database", 5, "lexical", languages=("javascript", "go"),
+                            globs=("!server/**",), max_lines=2)
+    with CodeSearch(lexical_repo) as cs:
+        by_request = cs.query(request)
+        by_fields = cs.query("parseConfigFile database", 5, mode="lexical", language=["javascript", "go"],
+                             glob="!server/**", max_lines=2)
+        single = cs.search("parseConfigFile", 5, mode="lexical", language="javascript", glob="src/*")
+    assert by_request == by_fields and by_request.hits
+    assert {h.language for h in by_request.hits} <= {"javascript", "go"}
+    assert not any(h.path.startswith("server/") for h in by_request.hits)
+    assert all(len(h.text.splitlines()) <= 3 for h in by_request.hits)
+    assert single and all(h.path.startswith("src/") and h.language == "javascript" for h in single)
+
+
+def test_budget_is_reported_in_the_json_document(lexical_repo):
+    with CodeSearch(lexical_repo) as cs:
+        doc = result_document(cs.query("the config database server retry", 5, mode="lexical", budget=60))
+        plain = result_document(cs.query("the config database server retry", 5, mode="lexical"))
+    assert "left_out" not in plain
+    assert doc["left_out"] == len(plain["results"]) - len(doc["results"]) > 0
+
+
+def test_a_refresh_keeps_the_record_of_models_switched_off(tmp_path, single_vector_dir, monkeypatch):
+    # The default ColBERT model is missing (offline), not switched off: a refresh, which
+    # loads only the dense model the index has, must not record ColBERT as switched off,
+    # or a later 'index' online would never add its vectors.
+    from codesearch.store import Store
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))
+    root = write_sample_repo(tmp_path / "repo")
+    with CodeSearch(root, model=str(single_vector_dir), device="cpu") as cs:
+        assert any("not cached" in n for n in cs.index().notices)
+    (root / "src" / "more.py").write_text("def more_code():\n    return 2\n")
+    with CodeSearch(root, device="cpu") as cs:
+        result = cs.query("more_code", 3, mode="lexical", refresh=True)
+    assert any("refreshed" in n for n in result.notices)
+    with Store(root / ".codesearch" / "store.sqlite", readonly=True) as store:
+        assert store.get_meta("models.disabled") == "[]"
+
+
+def test_lexical_only_index_loads_no_model_and_switches_none_off(tmp_path, monkeypatch):
+    from codesearch.store import Store
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))
+    root = write_sample_repo(tmp_path / "repo")
+    with CodeSearch(root) as cs:
+        assert not cs.indexed
+        summary = cs.index(lexical_only=True)
+        assert cs.indexed and summary.notices == [] and summary.models == {}
+    with Store(root / ".codesearch" / "store.sqlite", readonly=True) as store:
+        assert store.get_meta("models.disabled") == "[]"
+    with CodeSearch(root) as cs:  # the default models are tried again (and found missing)
+        assert any("not cached" in n for n in cs.index().notices)

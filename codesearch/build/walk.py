@@ -17,13 +17,15 @@ Example
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import os
 import re
 import shutil
 import stat
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,8 +38,35 @@ from codesearch.store.files import read_source
 __all__ = ["SKIP_REASONS", "SourceFile", "WalkResult", "detect_language", "read_source", "walk"]
 
 
+__all__ = [
+    "SKIP_REASONS",
+    "SourceFile",
+    "WalkResult",
+    "detect_language",
+    "quiet_skips",
+    "read_source",
+    "walk",
+]
 
 log = logging.getLogger(__name__)
+
+# Set by quiet_skips(): per thread and task, so a server's query never silences an index
+# run going on beside it.
+_QUIET_SKIPS: contextvars.ContextVar[bool] = contextvars.ContextVar("codesearch_quiet_skips", default=False)
+
+
+@contextlib.contextmanager
+def quiet_skips() -> Iterator[None]:
+    """Walks inside this block do not log unreadable files (they still count them).
+
+    Why: an index run reports each unreadable file; the staleness check and the refresh
+    that a query makes must not repeat those warnings on every query.
+    """
+    token = _QUIET_SKIPS.set(True)
+    try:
+        yield
+    finally:
+        _QUIET_SKIPS.reset(token)
 
 
 #: Every reason `walk` gives for leaving a file out; `WalkResult.skipped` always has these keys.
@@ -394,7 +423,8 @@ class _Walker:
         self.files.append(SourceFile(rel, abs_path, st.st_size, st.st_mtime_ns, language))
 
     def _unreadable(self, rel: str, why: object) -> None:
-        log.warning("Skipping unreadable file %s: %s", rel, why)
+        if not _QUIET_SKIPS.get():
+            log.warning("Skipping unreadable file %s: %s", rel, why)
         self.skipped["unreadable"].add(rel)
 
     # -- filesystem listing (no git): nested .gitignore via pathspec

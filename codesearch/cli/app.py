@@ -9,7 +9,6 @@ Results go to stdout; progress, notices and errors go to stderr.
 from __future__ import annotations
 
 import sys
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -18,6 +17,7 @@ from typer.core import TyperGroup
 
 from codesearch.cli.options import Device, model_option
 from codesearch.errors import CodeSearchError
+from codesearch.types import Mode
 
 
 class _Group(TyperGroup):
@@ -82,13 +82,6 @@ def _main(
     pass
 
 
-class Mode(str, Enum):
-    hybrid = "hybrid"
-    lexical = "lexical"
-    dense = "dense"
-    colbert = "colbert"
-
-
 # Decimal units, so the default "1MB" is the API's max_file_bytes=1_000_000; KiB/MiB binary.
 _SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
                "kib": 2**10, "mib": 2**20, "gib": 2**30}
@@ -146,15 +139,19 @@ def index(
         render.index_summary(summary)
 
 
-@app.command("query", epilog="Example: codesearch query 'parse the config file' -p ./repo -k 5 --mode lexical --json")
+@app.command("query", epilog="Example: codesearch query 'parse the config file' -p ./repo -k 5 --glob '!tests/**' --budget 2000 --json")
 def query_command(
     query: Annotated[str, typer.Argument(help="What to look for, in words or code.")],
-    path: Annotated[Optional[Path], typer.Option("--path", "-p", help="Indexed repository (default: nearest indexed parent of the current folder).")] = None,
+    path: Annotated[Optional[Path], typer.Option("--path", "-p", help="Repository (default: nearest indexed parent of the current folder, else its git root). Indexed first if it has no index.")] = None,
     top_k: Annotated[int, typer.Option("--top-k", "-k", min=1, help="How many results.")] = 10,
     mode: Annotated[Mode, typer.Option(help="Which indexes rank the results.")] = Mode.hybrid,
-    lang: Annotated[Optional[str], typer.Option("--lang", help="Only this language (python, go, ...).")] = None,
-    glob: Annotated[Optional[str], typer.Option("--glob", help="Only paths matching this glob.")] = None,
+    lang: Annotated[Optional[list[str]], typer.Option("--lang", help="Only this language (python, go, ...); repeat for any of several.")] = None,
+    glob: Annotated[Optional[list[str]], typer.Option("--glob", "-g", help="Only paths matching GLOB, as ripgrep's: '*.{rs,md}', '!tests/**' excludes; repeatable, last match wins.", metavar="GLOB")] = None,
     context: Annotated[int, typer.Option("--context", "-C", min=0, help="Extra lines around each snippet.")] = 0,
+    max_lines: Annotated[Optional[int], typer.Option("--max-lines", min=1, help="Cut each snippet to N lines.", metavar="N")] = None,
+    no_snippet: Annotated[bool, typer.Option("--no-snippet", help="Locations and scores only, no code.")] = False,
+    min_score: Annotated[Optional[float], typer.Option("--min-score", help="Leave out results scoring below X.", metavar="X")] = None,
+    budget: Annotated[Optional[int], typer.Option("--budget", min=1, help="Fit all snippets in about TOKENS tokens, best first (the JSON's left_out counts the rest).", metavar="TOKENS")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
     jsonl_out: Annotated[bool, typer.Option("--jsonl", help="One JSON hit per line on stdout.")] = False,
     files_only: Annotated[bool, typer.Option("--files-only", "-l", help="Only the matching files, best first.")] = False,
@@ -162,25 +159,49 @@ def query_command(
     no_server: Annotated[bool, typer.Option("--no-server", help="Search in this process even when 'codesearch serve' runs for the repository.")] = False,
     index_dir: IndexDirOpt = None,
 ) -> None:
-    """Search an indexed repository."""
+    """Search a repository (indexing it first, lexical only, if it has no index yet)."""
     if json_out and jsonl_out:
         raise typer.BadParameter("use --json or --jsonl, not both", param_hint="--json/--jsonl")
-    from codesearch.api import CodeSearch, check_query, find_index_root
+    from codesearch.api import CodeSearch
     from codesearch.cli import render
-    from codesearch.server.client import try_server_result
+    from codesearch.server.client import request_body, try_server_result
+    from codesearch.types import SearchRequest
 
-    check_query(query, top_k, mode=mode.value)
-    root = path if path is not None or index_dir is not None else find_index_root(Path.cwd())
+    request = SearchRequest(
+        query, top_k, mode, tuple(lang or ()), tuple(glob or ()), files_only, context=context,
+        max_lines=max_lines, no_snippet=no_snippet, min_score=min_score, budget=budget,
+    )
+    root = path if path is not None or index_dir is not None else _query_root(Path.cwd())
     with CodeSearch(root or Path("."), index_dir=index_dir) as cs:
-        request = {"query": query, "k": top_k, "mode": mode.value, "lang": lang, "glob": glob, "files_only": files_only}
-        result = None if no_server else try_server_result(cs.root, request, index_dir=cs.index_dir)
+        if not cs.indexed:
+            # As ck, ColGREP and semble do: build it rather than refuse. Lexical only, so
+            # the answer comes in seconds; a plain 'codesearch index' adds the vectors.
+            render.notices([
+                f"no index yet: indexing {cs.root} first (lexical only; 'codesearch index {cs.root}' adds semantic vectors)"
+            ])
+            render.notices(cs.index(lexical_only=True).notices)
+        result = None if no_server else try_server_result(cs.root, request_body(request), index_dir=cs.index_dir)
         if result is None:
-            result = cs.query(query, top_k, mode=mode.value, language=lang, glob=glob, files_only=files_only,
-                              refresh=not no_refresh)
-        if context:
-            result = cs.with_context(result, context)
+            result = cs.query(request, refresh=not no_refresh)
     render.notices(result.notices)
     render.search_result(result, root=cs.root, as_json=json_out, as_jsonl=jsonl_out, files_only=files_only)
+
+
+def _query_root(cwd: Path) -> Path:
+    """The nearest indexed folder at or above ``cwd``, else the nearest git work tree root
+    (indexed by the query); else the `NotIndexedError` (a query never indexes a folder
+    that is neither, such as a home directory)."""
+    from codesearch.api import find_index_root
+    from codesearch.errors import NotIndexedError
+
+    try:
+        return find_index_root(cwd)
+    except NotIndexedError:
+        here = cwd.resolve()
+        for folder in (here, *here.parents):
+            if (folder / ".git").exists():
+                return folder
+        raise
 
 
 @app.command(epilog="Example: codesearch status ./repo --json")

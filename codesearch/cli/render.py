@@ -85,6 +85,8 @@ def _plain_hits(hits: list[Any]) -> None:
     out = sys.stdout
     for hit in hits:
         out.write(f"{_location(hit)}  {_describe(hit)}\n")
+        if not hit.text:  # --no-snippet: one line per hit, like grep -n without the text
+            continue
         text = hit.text if hit.text.endswith("\n") else hit.text + "\n"
         out.write(text)
         out.write("\n")
@@ -97,6 +99,8 @@ def _rich_hit(console: Console, hit: Any, root: Path) -> None:
     location = escape(_location(hit))
     link = f"[link={(root / hit.path).resolve().as_uri()}]{location}[/link]"
     console.print(f"[bold cyan]{link}[/]  [green]{escape(_describe(hit))}[/]")
+    if not hit.text:
+        return
     lexer = hit.language if hit.language and hit.language != "text" else "text"
     console.print(
         Syntax(
@@ -282,7 +286,11 @@ def model_list(rows: list[dict[str, Any]], *, as_json: bool) -> None:
     console = stdout()
     columns = ["name", "role", "cached", "size_bytes", "path"]
     if console.is_terminal:
-        table = Table(*columns)
+        table = Table()
+        for column in columns:
+            # Ids and paths are what a user copies: never cut with an ellipsis (rich's
+            # default). Ids keep one line, the other columns wrap to make room.
+            table.add_column(column, overflow="fold", no_wrap=column == "name")
         for row in rows:
             table.add_row(*(escape(_model_cell(row, c)) for c in columns))
         console.print(table)

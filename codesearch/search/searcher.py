@@ -14,6 +14,7 @@ import contextlib
 import os
 import threading
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -91,8 +92,8 @@ class Searcher:
         k: int = 10,
         *,
         mode: str = "hybrid",
-        language: str | None = None,
-        glob: str | None = None,
+        language: str | Sequence[str] | None = None,
+        glob: str | Sequence[str] | None = None,
         files_only: bool = False,
     ) -> SearchResult:
         """Rank the index's chunks for ``query``.
@@ -106,9 +107,11 @@ class Searcher:
         mode : {"hybrid", "lexical", "dense", "colbert"}
             ``hybrid`` fuses every index the folder has; the others use one index (plus
             the code-aware signals), and fail when that index was not built.
-        language, glob : str, optional
-            Keep only chunks of this language / whose path matches this glob
-            (gitignore-style: ``*.py`` matches at any depth, ``src/**/io_*.go``).
+        language : str or sequence of str, optional
+            Keep only chunks in (any of) these languages.
+        glob : str or sequence of str, optional
+            Keep only chunks whose path passes these ripgrep-style rules (gitignore
+            globs, ``!`` excludes, ``{a,b}``; see :mod:`codesearch.search.globs`).
         files_only : bool
             At most one hit per file.
 
@@ -149,12 +152,12 @@ class Searcher:
         use_colbert = has_colbert and mode in ("hybrid", "colbert")
         if mode == "hybrid" and not (has_dense or has_colbert) and self._covered and not (dense_built or colbert_built):
             notices.append("semantic vectors for 0% of chunks so far (indexing is still embedding); lexical for all")
-        elif mode == "hybrid" and not (has_dense or has_colbert):
+        elif mode == "hybrid" and not (has_dense or has_colbert) and (dense_built or colbert_built):
+            # Said only when this query lost vectors the index has: an index built lexical-only
+            # says so once, at index time, and indexes_used shows it on every answer.
             notices.append(
                 "lexical index only: this index's model is not loaded, so its vectors were not searched "
                 "(make the model available again, or 'codesearch index --rebuild --model PATH_OR_ID')"
-                if dense_built or colbert_built
-                else "lexical index only: no model vectors in this index (index with a model for semantic search)"
             )
         mask = self._mask(language, glob)
         p = self._ranker.params
@@ -312,19 +315,23 @@ class Searcher:
                 self._centroids = cent
         return cent
 
-    def _mask(self, language: str | None, glob: str | None) -> np.ndarray | None:
+    def _mask(self, language: str | Sequence[str] | None, glob: str | Sequence[str] | None) -> np.ndarray | None:
         c = self._ranker.corpus
         mask = None
-        if language:
-            mask = c.language == language.lower()
+        languages = [language] if isinstance(language, str) else list(language or ())
+        languages = [lang.lower() for lang in languages if lang]
+        if languages:
+            mask = np.isin(c.language, languages)
             if not mask.any():
                 known = ", ".join(sorted(set(c.language.tolist()))) or "none"
-                raise QueryError(f"no indexed chunk is in language {language!r} (indexed: {known})")
-        if glob:
-            import pathspec
+                asked = " or ".join(repr(lang) for lang in languages)
+                raise QueryError(f"no indexed chunk is in language {asked} (indexed: {known})")
+        globs = [glob] if isinstance(glob, str) else list(glob or ())
+        if globs:
+            from codesearch.search.globs import GlobFilter
 
-            spec = pathspec.GitIgnoreSpec.from_lines([glob])
-            fmask = np.fromiter((spec.match_file(f) for f in c.files), dtype=bool, count=len(c.files))
+            spec = GlobFilter.of(globs)
+            fmask = np.fromiter((spec.match(f) for f in c.files), dtype=bool, count=len(c.files))
             gm = fmask[c.file_idx]
             mask = gm if mask is None else mask & gm
         return mask

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from codesearch import __version__
+from codesearch import types as search_request
 from codesearch.errors import (
     CodeSearchError,
     IndexLockedError,
@@ -29,6 +30,7 @@ from codesearch.errors import (
     QueryError,
 )
 from codesearch.server.repos import AmbiguousPathError, UnknownPathError
+from codesearch.types import Mode
 from codesearch.server.service import MAX_K, SearchTimeoutError, ServerBusyError, Service
 
 # -- request and response models (they make the OpenAPI schema) ---------------------------
@@ -41,10 +43,19 @@ class SearchRequest(BaseModel):
 
     query: str = Field(min_length=1, max_length=20_000, description="Natural language, an identifier, or code.")
     k: int = Field(10, ge=1, le=MAX_K, description="How many results.")
-    mode: Literal["hybrid", "lexical", "dense", "colbert"] = Field("hybrid", description="Which indexes rank.")
-    lang: str | None = Field(None, description="Only this language (python, go, ...).")
-    glob: str | None = Field(None, description="Only paths matching this gitignore-style glob.")
+    mode: Mode = Field(Mode.hybrid, description="Which indexes rank.")
+    lang: str | list[str] | None = Field(None, description="Only this language, or any of these (python, go, ...).")
+    glob: str | list[str] | None = Field(
+        None, description="ripgrep-style glob(s) on the path: '*.{rs,md}', '!tests/**'; the last match wins."
+    )
     files_only: bool = Field(False, description="One result per file, best chunk first.")
+    context: int = Field(0, ge=0, description="Extra lines of the file above and below each snippet.")
+    max_lines: int | None = Field(None, ge=1, description="Cut each snippet to this many lines (with a marker).")
+    no_snippet: bool = Field(False, description="Locations and scores only (empty text).")
+    min_score: float | None = Field(None, description="Leave out hits scoring below this.")
+    budget: int | None = Field(
+        None, ge=1, description="Approximate token budget of the answer; 'left_out' says how many hits did not fit."
+    )
     path: str | None = Field(
         None,
         description="A folder or file to search in: absolute, or relative (to `repo`; else starting with a "
@@ -74,6 +85,7 @@ class SearchResponse(BaseModel):
     indexes_used: list[str]
     notices: list[str]
     results: list[Hit]
+    left_out: int | None = Field(None, description="Hits left out by min_score or budget (only when one was set).")
 
 
 class IndexRequest(BaseModel):
@@ -289,7 +301,9 @@ def create_app(service: Service, *, token: str | None = None, mcp: bool = True, 
         """Search one served repository; the result schema is ``codesearch query --json``'s."""
         # A Response is sent as is: the document is already the schema's (it is the CLI's),
         # and re-validating every hit through the response model cost more than the search.
-        return JSONResponse(await service.search(**body.model_dump()))
+        fields = body.model_dump(exclude={"path", "repo", "lang", "glob"})
+        request = search_request.SearchRequest.of(language=body.lang, glob=body.glob, **fields)  # QueryError -> 400
+        return JSONResponse(await service.search(query=request, path=body.path, repo=body.repo))
 
     @app.post("/index", status_code=202, response_model=IndexAccepted, responses=errors)
     async def index(body: IndexRequest | None = None) -> dict[str, Any]:

@@ -143,10 +143,32 @@ def result_from_document(doc: dict[str, Any]) -> Any:
         )
         for h in doc["results"]
     ]
+    left_out = doc.get("left_out")
     return SearchResult(
         query=doc["query"], mode=doc["mode"], hits=hits, indexes_used=tuple(doc.get("indexes_used", ())),
-        notices=list(doc.get("notices", ())),
+        notices=list(doc.get("notices", ())), left_out=None if left_out is None else int(left_out),
     )
+
+
+def request_body(request: Any) -> dict[str, Any]:
+    """``POST /search`` body of a `SearchRequest`. One language or glob goes as a string and
+    output controls only when set, so that a server of an earlier release still understands
+    a plain request (one that does not answers 400, and the query runs locally)."""
+    from codesearch.types import SearchRequest
+
+    def one_or_list(values: tuple[str, ...]) -> str | list[str] | None:
+        return None if not values else values[0] if len(values) == 1 else list(values)
+
+    body: dict[str, Any] = {
+        "query": request.query, "k": request.k, "mode": request.mode.value,
+        "lang": one_or_list(request.languages), "glob": one_or_list(request.globs), "files_only": request.files_only,
+    }
+    defaults = SearchRequest("x")
+    for name in ("context", "max_lines", "no_snippet", "min_score", "budget"):
+        value = getattr(request, name)
+        if value != getattr(defaults, name):
+            body[name] = value
+    return body
 
 
 def try_server_result(

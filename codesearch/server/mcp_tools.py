@@ -10,13 +10,14 @@ document and goes through the same bounded pool and timeout. Served over stdio
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 # Module level, not in build_mcp: the SDK reads the tools' annotations from this module.
 from mcp.types import CallToolResult, TextContent
 
 from codesearch import __version__
 from codesearch.errors import CodeSearchError
+from codesearch.types import Mode, SearchRequest
 from codesearch.server.service import Service
 
 INSTRUCTIONS = (
@@ -56,13 +57,18 @@ def build_mcp(service: Service) -> Any:
     async def search_code(
         query: str,
         k: int = 10,
-        mode: Literal["hybrid", "lexical", "dense", "colbert"] = "hybrid",
-        lang: str | None = None,
-        glob: str | None = None,
+        mode: Mode = Mode.hybrid,
+        lang: str | list[str] | None = None,
+        glob: str | list[str] | None = None,
         files_only: bool = False,
         path: str | None = None,
         repo: str | None = None,
-        language: str | None = None,
+        max_lines: int | None = None,
+        no_snippet: bool = False,
+        min_score: float | None = None,
+        budget: int | None = None,
+        context: int = 0,
+        language: str | list[str] | None = None,
     ) -> Annotated[CallToolResult, dict[str, Any]]:
         """Search the served code for `query` (natural language, an identifier, or code).
 
@@ -70,12 +76,19 @@ def build_mcp(service: Service) -> Any:
             query: What to look for.
             k: How many results (chunks, or files with files_only).
             mode: hybrid (every index), lexical (BM25 only), dense, or colbert.
-            lang: Only results in this language, e.g. "python".
-            glob: Only paths matching this gitignore-style glob, e.g. "src/**/*.py".
+            lang: Only results in this language, or any of a list, e.g. "python".
+            glob: ripgrep-style glob(s) on the path, e.g. "src/**/*.py", "*.{rs,md}",
+                "!tests/**" (excludes); with several, the last matching one wins.
             files_only: One result per file, best chunk first.
             path: Only this folder or file: relative to the repository (with several served,
                 starting with the repository's name, e.g. "fd/src"), or absolute.
             repo: Only this served repository (its folder name or path); default all.
+            max_lines: Cut each snippet to this many lines.
+            no_snippet: Locations and scores only, no code.
+            min_score: Leave out results scoring below this.
+            budget: Approximate token budget for all snippets together; results best
+                first, the last one cut to fit; left_out says how many did not fit.
+            context: Extra lines of the file above and below each snippet.
             language: Same as lang (older name).
 
         Returns the same JSON document as `codesearch query --json`: schema_version, query,
@@ -85,10 +98,11 @@ def build_mcp(service: Service) -> Any:
         if lang and language and lang != language:
             raise ToolError(f"lang={lang!r} and language={language!r} disagree (pass only lang)")
         try:
-            return _compact(await service.search(
-                query=query, k=k, mode=mode, lang=lang or language, glob=glob, files_only=files_only, path=path,
-                repo=repo,
-            ))
+            request = SearchRequest.of(
+                query, k, mode=mode, language=lang or language, glob=glob, files_only=files_only,
+                max_lines=max_lines, no_snippet=no_snippet, min_score=min_score, budget=budget, context=context,
+            )
+            return _compact(await service.search(query=request, path=path, repo=repo))
         except CodeSearchError as exc:
             # ToolError's message reaches the agent; any other exception is hidden by the SDK.
             raise ToolError(str(exc)) from None

@@ -582,18 +582,3 @@ def _labels(roots: list[Path]) -> list[str]:
             return [names[r] or str(r) for r in roots]
         for root in clashes:
             depth[root] += 1
-
-
-def scoped_glob(subdir: str | None, glob: str | None) -> str | None:
-    """Combine a request's sub-folder with its glob (gitignore-style patterns).
-
-    ``src`` + None -> ``src/**``; ``src`` + ``*.py`` -> ``src/**/*.py`` (a slash-free
-    pattern matches at any depth, so it stays so under the folder); ``src`` + ``io/*.go``
-    -> ``src/io/*.go``.
-    """
-    if not subdir:
-        return glob
-    if not glob:
-        return f"{subdir}/**"
-    g = glob.lstrip("/")
-    return f"{subdir}/**/{g}" if "/" not in g.rstrip("/") else f"{subdir}/{g}"

@@ -17,8 +17,9 @@ from typing import Any
 
 from codesearch import __version__
 from codesearch.errors import NotIndexedError, QueryError, ServerError
+from codesearch.types import SearchRequest
 from codesearch.server.batching import batching_stats
-from codesearch.server.repos import RepoSet, scoped_glob
+from codesearch.server.repos import RepoSet
 
 SCHEMA_VERSION = 1
 MAX_K = 1000  # results per search; bounds the work and the response size of one request
@@ -80,22 +81,26 @@ class Service:
 
     def search_sync(
         self,
-        query: str,
+        query: str | SearchRequest,
         k: int = 10,
         *,
         mode: str = "hybrid",
-        lang: str | None = None,
-        glob: str | None = None,
+        lang: str | list[str] | None = None,
+        glob: str | list[str] | None = None,
         files_only: bool = False,
         path: str | None = None,
         repo: str | None = None,
+        **options: Any,
     ) -> dict[str, Any]:
         """Run one search in the calling thread; returns the CLI's ``--json`` document.
 
+        ``query`` is a `SearchRequest` (the routes build one), or the query text with the
+        request's fields as keywords (``lang``/``glob`` for ``languages``/``globs``).
         Without ``path``/``repo`` every served root is searched and the hits are merged by
         score; with several roots served, each hit also carries ``repo`` (the root's name)
         and its ``path`` stays relative to that root. `RepoSet.select` says how ``path``
-        and ``repo`` pick roots.
+        and ``repo`` pick roots. Output controls (max_lines, min_score, budget) apply per
+        root, before the merge.
 
         Raises
         ------
@@ -104,33 +109,40 @@ class Service:
         QueryError, NotIndexedError
             From the repository (NotIndexedError only when no selected root is ready).
         """
+        from codesearch.api import scope_globs, shape_result
         from codesearch.types import result_document
 
-        if k > MAX_K:
-            raise QueryError(f"k={k} is more than this server returns (pass k <= {MAX_K})")
+        request = query if isinstance(query, SearchRequest) else SearchRequest.of(
+            query, k, mode=mode, language=lang, glob=glob, files_only=files_only, **options
+        )
+        if request.k > MAX_K:
+            raise QueryError(f"k={request.k} is more than this server returns (pass k <= {MAX_K})")
         selected = self.repos.select(path, repo)
         several = len(self.repos.repos) > 1
         docs: list[tuple[str, dict[str, Any]]] = []
         not_ready: list[NotIndexedError] = []
         for served, sub in selected:
-            scoped = scoped_glob(sub, glob)
+            scoped = scope_globs(sub, request.globs)
             if sub is not None and (served.root / sub).is_file():
-                if glob:
+                if request.globs:
                     raise QueryError(f"path {path!r} is a file; a glob applies to folders (drop one of them)")
-                scoped = sub
+                scoped = (sub,)
             try:
-                result = served.query(query, k, mode=mode, language=lang, glob=scoped, files_only=files_only)
+                result = served.query(
+                    request.query, request.k, mode=request.mode.value, language=request.languages, glob=scoped,
+                    files_only=request.files_only,
+                )
             except NotIndexedError as exc:
                 if len(selected) == 1:
                     raise
                 not_ready.append(exc)  # search the roots that are ready, and say so
                 continue
-            docs.append((served.name, result_document(result)))
+            docs.append((served.name, result_document(shape_result(result, request, served.root))))
         if not docs:
             raise not_ready[0]
         if not several:
             return docs[0][1]
-        return _merge(query, k, docs, [str(exc) for exc in not_ready])
+        return _merge(request.query, request.k, docs, [str(exc) for exc in not_ready])
 
     async def search(self, **request: Any) -> dict[str, Any]:
         """`search_sync` on the pool, bounded and timed out.

@@ -180,11 +180,105 @@ def test_query_refreshes_a_stale_index_and_says_so(fresh_repo):
     assert "Notice: index refreshed" in fresh.stderr
 
 
-def test_hybrid_query_on_a_lexical_index_notes_it_on_stderr(repo):
+def test_hybrid_query_on_a_lexical_index_says_it_in_indexes_used_not_in_a_notice(repo):
+    # Issue 11: "Notice: lexical index only" came with every query, even when lexical-only
+    # was chosen; the index run says it once (its models row), a query only what is new.
     result = run("query", "parseConfigFile", "-p", repo, "--json")
     doc = json.loads(result.stdout)
-    assert doc["indexes_used"] == ["lexical"] and doc["notices"]
-    assert "lexical" in result.stderr
+    assert doc["indexes_used"] == ["lexical"] and doc["notices"] == []
+    assert result.stderr == ""
+    assert "none (lexical only)" in run("index", repo, *LEXICAL).stderr
+
+
+def test_an_unreadable_file_is_reported_by_the_index_run_only(fresh_repo, caplog):
+    import os
+
+    def skipping() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.getMessage().startswith("Skipping unreadable")]
+
+    os.mkfifo(fresh_repo / "src" / "pipe.py")  # listed, but not a regular file: unreadable
+    run("index", fresh_repo, *LEXICAL, "-q")
+    assert skipping() == ["Skipping unreadable file src/pipe.py: not a regular file"]
+    caplog.clear()
+    (fresh_repo / "src" / "new.py").write_text("def fresh_name_qz():\n    return 1\n")
+    for _ in range(2):  # the first query refreshes the index, the second finds it fresh
+        result = run("query", "fresh_name_qz", "-p", fresh_repo, "--mode", "lexical", "-l")
+        assert result.stdout.splitlines()[0] == "src/new.py"
+    assert skipping() == []
+
+
+# -- filters (ripgrep-style) and output controls ---------------------------------------------
+
+
+def _paths(*argv: str) -> set[str]:
+    doc = json.loads(run("query", *argv, "--mode", "lexical", "-k", "50", "-l", "--json").stdout)
+    return {r["path"] for r in doc["results"]}
+
+
+EVERYTHING = "retry config database server the connection parse"
+
+
+def test_glob_negation_braces_and_repetition(repo):
+    every = _paths(EVERYTHING, "-p", str(repo))
+    assert len(every) > 2
+    assert _paths(EVERYTHING, "-p", str(repo), "--glob", "!src/**") == {p for p in every if not p.startswith("src/")}
+    braces = _paths(EVERYTHING, "-p", str(repo), "--glob", "*.{go,js}")
+    assert braces and braces == {p for p in every if p.endswith((".go", ".js"))}
+    both = _paths(EVERYTHING, "-p", str(repo), "--glob", "*.go", "-g", "*.js")
+    assert both == braces  # repeated --glob: any of them, not only the last
+    assert _paths(EVERYTHING, "-p", str(repo), "-g", "*.{go,js}", "-g", "!server/**") == {
+        p for p in braces if not p.startswith("server/")
+    }
+    assert _paths(EVERYTHING, "-p", str(repo), "--glob", "*.zig") == set()  # valid, matches nothing
+
+
+def test_an_invalid_glob_is_a_user_error(repo):
+    assert_user_error(run("query", "x", "-p", repo, "--glob", "*.{rs,md", ok=False), "invalid glob", "never closed")
+
+
+def test_repeated_lang_means_any_of_them(repo):
+    doc = json.loads(run("query", EVERYTHING, "-p", repo, "--mode", "lexical", "-k", "50", "--lang", "go",
+                         "--lang", "javascript", "--json").stdout)
+    assert {r["language"] for r in doc["results"]} == {"go", "javascript"}
+
+
+def test_max_lines_no_snippet_and_min_score(repo):
+    base = ["query", EVERYTHING, "-p", repo, "--mode", "lexical", "-k", "5", "--json"]
+    full = json.loads(run(*base).stdout)["results"]
+    cut = json.loads(run(*base, "--max-lines", "2").stdout)["results"]
+    assert [r["path"] for r in cut] == [r["path"] for r in full]
+    for whole, short in zip(full, cut):
+        n = len(whole["text"].splitlines())
+        assert short["text"].splitlines() == (whole["text"].splitlines()[:2] + [f"... ({n - 2} more lines)"]
+                                              if n > 2 else whole["text"].splitlines())
+    bare = json.loads(run(*base, "--no-snippet").stdout)["results"]
+    assert [r["text"] for r in bare] == [""] * len(full)
+    plain = run("query", EVERYTHING, "-p", repo, "--mode", "lexical", "-k", "3", "--no-snippet").stdout
+    assert len(plain.splitlines()) == 3  # one location line per hit, nothing else
+    floor = (full[1]["score"] + full[2]["score"]) / 2
+    above = json.loads(run(*base, "--min-score", str(floor)).stdout)
+    assert [r["path"] for r in above["results"]] == [r["path"] for r in full[:2]]
+    assert above["left_out"] == len(full) - 2
+    assert "left_out" not in json.loads(run(*base).stdout)  # only when a limit was asked for
+
+
+def test_budget_fits_the_answer_and_says_what_was_left_out(repo):
+    from codesearch.search.snippets import hit_tokens
+    from codesearch.types import SearchHit
+
+    def cost(r: dict) -> int:
+        return hit_tokens(SearchHit(path=r["path"], start_line=0, end_line=0, score=0, language="", symbol=None,
+                                    kind="", scope=None, text=r["text"], chunk_id=0))
+
+    base = ["query", EVERYTHING, "-p", repo, "--mode", "lexical", "-k", "5", "--json"]
+    full = json.loads(run(*base).stdout)["results"]
+    budget = cost(full[0]) + cost(full[1]) // 2 + 20
+    result = run(*base, "--budget", str(budget))
+    doc = json.loads(result.stdout)
+    assert sum(cost(r) for r in doc["results"]) <= budget
+    assert doc["results"][0] == full[0] and doc["left_out"] == len(full) - len(doc["results"]) > 0
+    assert "token budget" in result.stderr
+    assert run(*base, "--budget", "0", ok=False).exit_code == 2  # a usage error (min 1)
 
 
 # -- status and models ---------------------------------------------------------------------
@@ -247,10 +341,34 @@ def test_path_does_not_exist(tmp_path, argv):
     assert_user_error(run(*[a.format(missing=missing) for a in argv], ok=False), "missing", "does not exist")
 
 
-def test_not_indexed_yet(fresh_repo, monkeypatch):
-    assert_user_error(run("query", "retry", "-p", fresh_repo, ok=False), "codesearch index")
-    monkeypatch.chdir(fresh_repo)
+def test_a_query_in_a_folder_without_index_indexes_it_first(fresh_repo):
+    # Issue 11 (as ck, ColGREP and semble do): build it with a notice instead of an error.
+    first = run("query", "parseConfigFile", "-p", fresh_repo, "-l")
+    assert first.stdout.splitlines()[0] == "src/config.js"
+    assert first.stderr.startswith(f"Notice: no index yet: indexing {fresh_repo.resolve()} first")
+    assert len([line for line in first.stderr.splitlines() if "no index yet" in line]) == 1
+    second = run("query", "parseConfigFile", "-p", fresh_repo, "-l")
+    assert second.stdout == first.stdout and "no index yet" not in second.stderr
+    # Lexical now, without switching the models off: a later plain 'index' adds vectors.
+    from codesearch.store import Store
+
+    with Store(fresh_repo / ".codesearch" / "store.sqlite", readonly=True) as store:
+        assert store.get_meta("models.disabled") == "[]"
+
+
+def test_a_query_without_path_indexes_the_git_work_tree_it_is_in(fresh_repo, monkeypatch):
+    (fresh_repo / ".git").mkdir()  # the walk falls back to the file system; the root is found
+    monkeypatch.chdir(fresh_repo / "server")
+    result = run("query", "openDatabaseConnection", "--mode", "lexical", "-l")
+    assert result.stdout.splitlines()[0] == "server/main.go" and "no index yet" in result.stderr
+    assert (fresh_repo / ".codesearch" / "store.sqlite").is_file()
+
+
+def test_a_query_outside_any_index_or_repository_is_an_error(tmp_path, monkeypatch):
+    (tmp_path / "notes.py").write_text("def f():\n    return 1\n")
+    monkeypatch.chdir(tmp_path)
     assert_user_error(run("query", "retry", ok=False), "codesearch index")
+    assert not (tmp_path / ".codesearch").exists()
 
 
 def test_model_unavailable_offline(fresh_repo, tmp_path, monkeypatch):
@@ -335,3 +453,49 @@ def test_another_model_for_an_existing_index_needs_rebuild(fresh_repo, single_ve
     assert_user_error(result, "--rebuild")
     run("index", fresh_repo, "--model", other, "--multi-model", "none", "-q", "--rebuild")
     assert json.loads(run("status", fresh_repo, "--json").stdout)["models"]["dense"] == str(other)
+
+
+# -- models switched off, model listing ---------------------------------------------------------
+
+
+def test_models_switched_off_stay_off_on_a_later_plain_index(fresh_repo, single_vector_dir, tmp_path, monkeypatch):
+    # Issue 11: after '--multi-model none' a plain 'index' warned that the default ColBERT
+    # model is not cached; the same after '--model none --multi-model none'.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))
+    run("index", fresh_repo, "--model", single_vector_dir, "--multi-model", "none", "--device", "cpu", "-q")
+    (fresh_repo / "src" / "more.py").write_text("def more_code():\n    return 2\n")
+    assert run("index", fresh_repo, "--device", "cpu", "-q").stderr == ""
+    assert json.loads(run("status", fresh_repo, "--json").stdout)["models"]["dense"] == str(single_vector_dir)
+    lexical = write_sample_repo(tmp_path / "lexical")
+    run("index", lexical, *LEXICAL, "-q")
+    assert run("index", lexical, "-q").stderr == ""
+
+
+def test_models_list_on_a_terminal_keeps_ids_whole(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from codesearch.cli import render
+
+    buf = io.StringIO()
+    monkeypatch.setattr(render, "stdout", lambda: Console(file=buf, force_terminal=True, width=80, color_system=None))
+    long_path = "/home/someone/.cache/huggingface/hub/models--Alibaba-NLP--gte-modernbert-base/snapshots/abc"
+    rows = [{"name": "Alibaba-NLP/gte-modernbert-base", "role": "default dense", "cached": True,
+             "size_bytes": 600_000_000, "path": long_path},
+            {"name": "lightonai/LateOn-Code-edge", "role": "default multi-vector", "cached": False,
+             "size_bytes": 0, "path": None}]
+    render.model_list(rows, as_json=False)
+    out = buf.getvalue()
+    assert "Alibaba-NLP/gte-modernbert-base" in out and "lightonai/LateOn-Code-edge" in out
+    assert "…" not in out
+    cells = "".join(line.split("│")[-2].strip() for line in out.splitlines() if line.count("│") == 6)
+    assert long_path in cells  # folded over lines, but all of it
+
+
+def test_models_info_error_names_no_flag_it_lacks(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    line = assert_user_error(run("models", "info", "nobody/no-such-model", ok=False), "nobody/no-such-model")
+    assert "--model" not in line and "codesearch models pull nobody/no-such-model" in line

@@ -123,10 +123,12 @@ def test_tests_and_docs_are_demoted_unless_asked_for(lexical_index):
     assert test_share("tests for HttpClient retries") > 0.7
 
 
-def test_hybrid_without_vectors_says_it_is_lexical_only(lexical_index):
+def test_hybrid_without_vectors_is_lexical_and_says_so_in_indexes_used_only(lexical_index):
+    # Issue 11: an index built without vectors said "lexical index only" on every query;
+    # the index run says it once, and each answer's indexes_used shows it.
     result = lexical_index.search("sqlite connection", k=3)
     assert result.mode == "hybrid" and result.indexes_used == ("lexical",)
-    assert any("lexical" in n for n in result.notices)
+    assert result.notices == []
     assert result.hits[0].path == "src/storage/database.py"
 
 
@@ -138,6 +140,37 @@ def test_language_and_glob_filters(lexical_index):
     assert all(h.path.endswith(".py") for h in lexical_index.search("config", k=10, glob="*.py").hits)
     with pytest.raises(QueryError, match="cobol"):
         lexical_index.search("x", language="cobol")
+
+
+@pytest.mark.parametrize(
+    "globs,expected",
+    [
+        (["!tests/**"], {p for p in FILES if not p.startswith("tests/")}),
+        (["*.{go,md}"], {"src/config/parser.go", "docs/guide.md"}),
+        (["src/storage/*", "*.md"], {"src/storage/cleanup.py", "src/storage/database.py", "docs/guide.md"}),
+        (["src/**", "!**/storage/**"], {"src/net/http_client.py", "src/config/parser.go"}),
+        (["!*.py", "!*.md"], {"src/config/parser.go"}),
+        (["*.zig"], set()),  # valid, matches nothing: no hits, no error
+    ],
+)
+def test_ripgrep_style_globs_negate_expand_and_repeat(lexical_index, globs, expected):
+    # A query every file answers, so the hits' files are exactly what the globs let through.
+    words = "config parse connection client requests guide path unlink rows sqlite retries"
+    found = {h.path for h in lexical_index.search(words, k=50, glob=globs, files_only=True).hits}
+    assert found == expected
+
+
+def test_repeated_languages_mean_any_of_them(lexical_index):
+    words = "config parse connection client requests guide"
+    found = {h.language for h in lexical_index.search(words, k=50, language=["go", "markdown"]).hits}
+    assert found == {"go", "markdown"}
+    with pytest.raises(QueryError, match="'cobol' or 'zig'"):
+        lexical_index.search("x", language=["cobol", "zig"])
+
+
+def test_an_invalid_glob_is_a_one_line_query_error(lexical_index):
+    with pytest.raises(QueryError, match=r"invalid glob '\*\.\{rs,md'.*never closed"):
+        lexical_index.search("config", glob=["*.py", "*.{rs,md"])
 
 
 def test_no_overlap_cap_per_file_and_files_only(lexical_index):

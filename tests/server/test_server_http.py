@@ -36,6 +36,12 @@ def test_search_equals_the_library(lexical_server, sample_repo, query):
         ({"glob": "src/**"}, {"glob": "src/**"}),
         ({"files_only": True, "k": 3}, {"files_only": True}),
         ({"mode": "hybrid"}, {"mode": "hybrid"}),
+        # issue 11: several languages or globs, ripgrep-style globs, output controls
+        ({"lang": ["go", "javascript"]}, {"language": ["go", "javascript"]}),
+        ({"glob": ["*.{go,js}", "!server/**"]}, {"glob": ["*.{go,js}", "!server/**"]}),
+        ({"glob": "!src/**", "max_lines": 2}, {"glob": "!src/**", "max_lines": 2}),
+        ({"no_snippet": True, "context": 2}, {"no_snippet": True, "context": 2}),
+        ({"budget": 80, "min_score": 0.1}, {"budget": 80, "min_score": 0.1}),
     ],
 )
 def test_filters_and_modes_equal_the_library(lexical_server, sample_repo, body, kwargs):
@@ -46,7 +52,8 @@ def test_filters_and_modes_equal_the_library(lexical_server, sample_repo, body, 
                        **{"mode": request["mode"], **{k: v for k, v in kwargs.items() if k != "mode"}})
     assert doc == expected
     if "language" in kwargs:
-        assert doc["results"] and {r["language"] for r in doc["results"]} == {"go"}
+        wanted = {kwargs["language"]} if isinstance(kwargs["language"], str) else set(kwargs["language"])
+        assert doc["results"] and {r["language"] for r in doc["results"]} == wanted
 
 
 def test_default_path_is_the_root_and_a_subfolder_scopes_the_search(lexical_server, sample_repo):
@@ -97,6 +104,9 @@ def test_a_symlink_that_leads_outside_is_outside(lexical_server, sample_repo, tm
         ({"query": "x", "colour": "red"}, "colour"),
         ({"k": 3}, "query"),
         ({"query": "x", "lang": "cobol"}, "cobol"),
+        ({"query": "x", "glob": ["*.py", "*.{rs,md"]}, "invalid glob '*.{rs,md'"),
+        ({"query": "x", "budget": 0}, "budget"),
+        ({"query": "x", "max_lines": 0}, "max_lines"),
     ],
 )
 def test_bad_requests_get_400_with_one_line(lexical_server, body, needle):
@@ -158,3 +168,21 @@ def test_a_file_path_searches_that_file(lexical_server, path):
         doc = http.post("/search", json={"query": "config database", "mode": "lexical", "path": path}).json()
     assert doc["results"] and {r["path"] for r in doc["results"]} == {"src/config.js"}
     assert "repo" not in doc["results"][0]  # one root served: the CLI's --json document, unchanged
+
+
+def test_the_budget_says_how_many_hits_were_left_out(lexical_server):
+    body = {"query": "open database connection config server retry", "k": 5, "mode": "lexical"}
+    with lexical_server.client() as http:
+        full = http.post("/search", json=body).json()
+        fitted = http.post("/search", json={**body, "budget": 60}).json()
+    assert "left_out" not in full
+    assert fitted["left_out"] == len(full["results"]) - len(fitted["results"]) > 0
+    assert any("token budget" in notice for notice in fitted["notices"])
+
+
+def test_a_subfolder_scopes_negated_globs_too(lexical_server, sample_repo):
+    with lexical_server.client() as http:
+        doc = http.post("/search", json={"query": "server http database config retry", "mode": "lexical", "k": 20,
+                                         "path": "src", "glob": "!*.js"}).json()
+    paths = {r["path"] for r in doc["results"]}
+    assert paths and all(p.startswith("src/") and not p.endswith(".js") for p in paths)

@@ -24,9 +24,8 @@ async def _exercise(client: Client, root) -> None:
     tools = {tool.name: tool for tool in (await client.list_tools()).tools}
     assert {"search_code", "index_status"} <= set(tools)
     # The HTTP API's names (lang, not language; language stays accepted as an alias).
-    assert {"query", "k", "mode", "lang", "glob", "files_only", "path", "repo"} <= set(
-        tools["search_code"].input_schema["properties"]
-    )
+    assert {"query", "k", "mode", "lang", "language", "glob", "files_only", "path", "repo", "max_lines", "no_snippet",
+            "min_score", "budget", "context"} <= set(tools["search_code"].input_schema["properties"])
 
     result = await client.call_tool("search_code", {"query": "openDatabaseConnection", "k": 3, "mode": "lexical"})
     assert not result.is_error, result.content
@@ -43,6 +42,17 @@ async def _exercise(client: Client, root) -> None:
         assert {r["language"] for r in filtered.structured_content["results"]} == {"javascript"}
     missing = await client.call_tool("search_code", {"query": "x", "path": "no_such_folder"})
     assert missing.is_error and str(root) in missing.content[0].text
+
+    args = {"query": "config database server", "k": 5, "mode": "lexical", "language": ["javascript", "go"],
+            "glob": ["*.{js,go}", "!server/**"], "budget": 60}
+    shaped = await client.call_tool("search_code", args)
+    assert not shaped.is_error, shaped.content
+    assert shaped.structured_content == library(
+        root, "config database server", 5, mode="lexical", language=["javascript", "go"],
+        glob=["*.{js,go}", "!server/**"], budget=60,
+    )
+    bad = await client.call_tool("search_code", {"query": "x", "glob": "*.{rs,md"})
+    assert bad.is_error and "invalid glob" in bad.content[0].text
 
     outside = await client.call_tool("search_code", {"query": "x", "path": "/etc"})
     assert outside.is_error

@@ -141,6 +141,34 @@ def test_a_dense_only_index_loads_its_model_once(tmp_path, single_vector_dir, mo
         repos.close()
 
 
+def test_a_model_switched_off_stays_off_through_server_runs(tmp_path, single_vector_dir, monkeypatch):
+    # Issue 11: the server composed the writer's encoders from the reader's and dropped the
+    # roles switched off with 'none'; its run then recorded none, and the next plain
+    # 'index' (or server start) warned that the default ColBERT model is not cached.
+    from codesearch.store import Store
+    from codesearch.server.repos import RepoOptions, RepoSet
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))
+    root = write_sample_repo(tmp_path / "repo")
+    with CodeSearch(root, model=str(single_vector_dir), multi_model=None) as cs:
+        cs.index()
+    repos = RepoSet([root], RepoOptions(device="cpu"))
+    try:
+        repos.start(index_now=True, watch=False)
+        (repo,) = repos.repos
+        (root / "src" / "extra.py").write_text("def extra_thing():\n    return 1\n")
+        repo.request_index()
+        assert repo.wait_idle(120)
+        assert repo.run_state.last_summary["notices"] == [] and repo.run_state.last_error is None
+    finally:
+        repos.close()
+    with Store(root / ".codesearch" / "store.sqlite", readonly=True) as store:
+        assert store.get_meta("models.disabled") == '["colbert"]'
+    with CodeSearch(root, device="cpu") as cs:
+        assert cs.index().notices == []
+
+
 def test_roots_whose_indexes_record_the_same_model_share_it(tmp_path, single_vector_dir, monkeypatch):
     from codesearch.server.repos import RepoOptions, RepoSet
 

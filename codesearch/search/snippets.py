@@ -1,0 +1,137 @@
+"""What a search returns of each hit: context lines, cut snippets, a score floor and a
+token budget for the whole answer (``SearchRequest``'s output controls).
+
+Why a step of its own, after ranking: an agent or a RAG app pays for every token it
+reads, and a terminal shows a screen at a time; the ranking is the same whatever is shown.
+Pure Python on `SearchResult`s: used by `CodeSearch.query` and by the server alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CHARS_PER_TOKEN", "HIT_TOKENS", "approx_tokens", "fit", "hit_tokens", "shape", "with_context"]
+
+#: Characters per token of the estimate. LLM tokenizers split source code finer than prose
+#: (symbols, indentation), so 3.5 errs toward fitting rather than overflowing a budget.
+CHARS_PER_TOKEN = 3.5
+#: Tokens charged per hit besides its snippet: path, lines, score, language, symbol, kind.
+HIT_TOKENS = 12
+#: A hit that does not fit is cut to the budget left, if at least this many tokens of its
+#: snippet fit (a line or two of code); else it is left out.
+MIN_CUT_TOKENS = 16
+
+
+def approx_tokens(text: str) -> int:
+    """An estimate of the tokens `text` costs an LLM (characters / `CHARS_PER_TOKEN`)."""
+    return math.ceil(len(text) / CHARS_PER_TOKEN)
+
+
+def hit_tokens(hit: Any) -> int:
+    """Estimated tokens of one hit in an answer: its snippet, its path and `HIT_TOKENS`."""
+    return approx_tokens(hit.text) + approx_tokens(hit.path) + HIT_TOKENS
+
+
+def with_context(result: Any, root: Path, lines: int) -> Any:
+    """Widen each hit by `lines` lines above and below, read from the current files.
+
+    A hit whose file is gone or shorter than the indexed version is left as it is.
+    """
+    if lines <= 0:
+        return result
+    return dataclasses.replace(result, hits=[_widen(hit, Path(root), lines) for hit in result.hits])
+
+
+def _widen(hit: Any, root: Path, lines: int) -> Any:
+    try:
+        source = (root / hit.path).read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    except OSError:
+        return hit
+    if hit.end_line > len(source) or lines <= 0:
+        return hit
+    start = max(1, hit.start_line - lines)
+    end = min(len(source), hit.end_line + lines)
+    text = "".join(source[start - 1 : end])
+    if not hit.text.endswith("\n"):  # keep the chunker's convention for the last newline
+        text = text.removesuffix("\n").removesuffix("\r")
+    return dataclasses.replace(hit, start_line=start, end_line=end, text=text)
+
+
+def _cut(text: str, n_lines: int) -> str:
+    """The first `n_lines` lines of `text` and a marker saying how many were cut."""
+    lines = text.splitlines(keepends=True)
+    if len(lines) <= n_lines:
+        return text
+    kept = "".join(lines[:n_lines])
+    if not kept.endswith("\n"):
+        kept += "\n"
+    return f"{kept}... ({len(lines) - n_lines} more lines)"
+
+
+def _cut_to_tokens(hit: Any, tokens: int) -> Any | None:
+    """The hit with as many whole lines of its snippet as fit in `tokens`; None if none do."""
+    lines = hit.text.splitlines(keepends=True)
+    fixed = approx_tokens(hit.path) + HIT_TOKENS + approx_tokens("... (0000 more lines)")
+    room, used, n = tokens - fixed, 0, 0
+    for line in lines:
+        used += len(line)
+        if math.ceil(used / CHARS_PER_TOKEN) > room:
+            break
+        n += 1
+    if n == 0:
+        return None
+    return dataclasses.replace(hit, text=_cut(hit.text, n))
+
+
+def fit(result: Any, request: Any) -> Any:
+    """Apply ``request``'s output controls to a ranked `SearchResult`.
+
+    In order: hits under ``min_score`` go; snippets are cut to ``max_lines`` (or emptied
+    by ``no_snippet``); then hits are taken best first while the estimated tokens of the
+    answer fit ``budget``, the first one that does not fit cut to the budget left when a
+    useful part of it fits. The result's ``left_out`` counts the ranked hits not returned
+    (None when no ``min_score`` or ``budget`` was asked for), and a notice says when the
+    budget left hits out. Context lines (``request.context``) are added before this, by
+    the caller that can read the files (`with_context`).
+    """
+    hits = list(result.hits)
+    ranked = len(hits)
+    if request.min_score is not None:
+        hits = [h for h in hits if h.score >= request.min_score]
+    if request.no_snippet:
+        hits = [dataclasses.replace(h, text="") for h in hits]
+    elif request.max_lines is not None:
+        hits = [dataclasses.replace(h, text=_cut(h.text, request.max_lines)) for h in hits]
+    notices = list(result.notices)
+    if request.budget is not None:
+        kept, spent = [], 0
+        for hit in hits:
+            cost = hit_tokens(hit)
+            if spent + cost <= request.budget:
+                kept.append(hit)
+                spent += cost
+                continue
+            left = request.budget - spent
+            if hit.text and left - approx_tokens(hit.path) - HIT_TOKENS >= MIN_CUT_TOKENS:
+                cut = _cut_to_tokens(hit, left)
+                if cut is not None:
+                    kept.append(cut)
+            break
+        if len(kept) < len(hits):
+            notices.append(
+                f"{len(hits) - len(kept)} of {len(hits)} hit(s) left out to fit the {request.budget}-token budget "
+                "(raise the budget, or ask for fewer lines per hit)"
+            )
+        hits = kept
+    left_out = ranked - len(hits) if request.min_score is not None or request.budget is not None else None
+    return dataclasses.replace(result, hits=hits, notices=notices, left_out=left_out)
+
+
+def shape(result: Any, request: Any, root: Path) -> Any:
+    """`with_context` (``request.context`` lines from the files under ``root``), then `fit`."""
+    if not request.shapes_output:
+        return result
+    return fit(with_context(result, root, request.context), request)
