@@ -318,7 +318,7 @@ class Encoder:
 
     @property
     def backend(self) -> str:
-        """Attention backend in use: "flash", "sdpa" or "transformers"."""
+        """Attention backend in use: "varlen", "sdpa" or "transformers"."""
         return self.backbone.backend_name
 
     def __repr__(self) -> str:
