@@ -338,8 +338,8 @@ class PackedBackbone:
 
     def _first_compiled(self, batch: PackedBatch) -> torch.Tensor:
         with self._compile_lock:  # one compile, even when several threads encode
-            if self.model.fused is None or self.compiled:
-                return self.model(batch)
+            if self.model.fused is None or self.compiled:  # failed or done meanwhile
+                return self.model(batch, fused=self.compiled)
             # a warning, so that it shows even where the application configured no logging
             log.warning(
                 "compiling the encoder for this GPU (one-time, ~%d s; %s=0 skips it)", COMPILE_ESTIMATE_S, COMPILE_ENV
@@ -349,7 +349,7 @@ class PackedBackbone:
                 out = self.model(batch, fused=True)
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
-            except Exception as e:  # Triton/compiler missing or an inductor bug: eager still works
+            except Exception as e:  # noqa: BLE001 - Triton/compiler missing, an inductor bug: eager still works
                 first = (str(e).strip().splitlines() or [""])[0][:200]
                 log.warning("torch.compile failed (%s: %s); running uncompiled", type(e).__name__, first)
                 self.model.use_fused(None)
@@ -597,7 +597,7 @@ class Encoder:
         """Tokenize wave by wave, batch, pack (pinned on CUDA): the CPU side of a run.
         ``tokenized``: all of ``texts`` already tokenized (used when they form one wave)."""
         pin = self.device.type == "cuda"
-        parts = waves(texts, budget or self.batch_tokens)
+        parts = waves(texts, budget)
         for wave in parts:
             if tokenized is not None and len(parts) == 1:
                 tok = tokenized
@@ -618,6 +618,7 @@ class Encoder:
     ) -> list:
         """Every text through backbone and head, results in input order (see the module notes)."""
         results: list = [None] * len(texts)
+        budget = budget or self.batch_tokens  # here, not in the thread: it may ask CUDA for free memory
         overlap = self.device.type == "cuda" if self.overlap is None else self.overlap
         make = functools.partial(self._prepared, texts, tokenize, head, kind, budget, tokenized)
         source = in_thread(make) if overlap and texts else make()

@@ -84,3 +84,88 @@ def test_varlen_colbert_matches_cpu(colbert_dir):
         for a, b in zip(gpu.encode(TEXTS, kind=kind), cpu.encode(TEXTS, kind=kind)):
             assert a.shape == b.shape
             assert (a * b).sum(axis=1).min() >= 0.99  # unit rows: cosine
+
+
+# ---------------------------------------------------------------- compiled layers, parity
+
+
+LONG = TEXTS * 8  # > COMPILE_MIN_TOKENS tokens in one pass: the compiled layers run
+
+
+def _hf_reference(directory, ids: list[list[int]]) -> list[torch.Tensor]:
+    """transformers' ModernBertModel (sdpa) in fp32 on CUDA, one padded batch, real tokens only."""
+    from transformers import ModernBertModel
+
+    model = ModernBertModel.from_pretrained(str(directory), attn_implementation="sdpa", dtype=torch.float32)
+    model = model.to(CUDA).eval()
+    L = max(map(len, ids))
+    x = torch.full((len(ids), L), model.config.pad_token_id)
+    mask = torch.zeros((len(ids), L), dtype=torch.long)
+    for i, s in enumerate(ids):
+        x[i, : len(s)] = torch.tensor(s)
+        mask[i, : len(s)] = 1
+    with torch.inference_mode():
+        out = model(input_ids=x.to(CUDA), attention_mask=mask.to(CUDA)).last_hidden_state.float().cpu()
+    return [out[i, : len(s)] for i, s in enumerate(ids)]
+
+
+def test_float32_matches_transformers_on_cuda(modernbert_dir):
+    """fp32 on CUDA (sdpa backend, compiled layers) within 1e-4 of transformers."""
+    assert not torch.backends.cuda.matmul.allow_tf32  # TF32 matmuls would not hold 1e-4
+    enc = load(modernbert_dir, device="cuda", dtype="float32")
+    ours = enc.hidden_states(LONG)
+    assert enc.backbone.compiled
+    ref = _hf_reference(modernbert_dir, enc.tokenizer.encode(LONG, enc.max_length))
+    for a, b in zip(ours, ref):
+        assert a.shape == b.shape
+        assert (a - b).abs().max().item() <= 1e-4
+
+
+@needs_varlen
+def test_bfloat16_token_cosine_against_float32(modernbert_dir):
+    enc16 = load(modernbert_dir, device="cuda", dtype="bfloat16")
+    ours = enc16.hidden_states(LONG)
+    assert enc16.backend == "varlen" and enc16.backbone.compiled
+    ref = _hf_reference(modernbert_dir, enc16.tokenizer.encode(LONG, enc16.max_length))
+    for a, b in zip(ours, ref):
+        assert F.cosine_similarity(a, b, dim=1).min().item() >= 0.999
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_compiled_matches_eager_without_recompiling(modernbert_dir, dtype):
+    from torch._dynamo.utils import counters
+
+    from codesearch.encoder.runtime import COMPILE_MIN_TOKENS
+
+    if dtype == "bfloat16" and _varlen_reason():
+        pytest.skip(str(_varlen_reason()))
+    enc = load(modernbert_dir, device="cuda", dtype=dtype)
+    backbone, model = enc.backbone, enc.backbone.model
+    g = torch.Generator().manual_seed(0)
+    graphs = None
+    for sizes in ([COMPILE_MIN_TOKENS, 3], [2000, 1500, 700, 9], [8000], [300] * 20):
+        ids = [torch.randint(5, 500, (n,), generator=g).tolist() for n in sizes]
+        batch = backbone.prepare(ids, None)
+        got = backbone.forward(batch).float().cpu()
+        with torch.inference_mode():
+            want = model(batch.to(CUDA), fused=False).float().cpu()
+        if dtype == "float32":
+            assert (got - want).abs().max().item() <= 1e-4
+        else:
+            assert F.cosine_similarity(got, want, dim=1).min().item() >= 0.999
+        if graphs is None:
+            graphs = counters["stats"]["unique_graphs"]
+    assert backbone.compiled
+    assert counters["stats"]["unique_graphs"] == graphs  # batch sizes never recompile
+
+
+def test_compile_can_be_turned_off(modernbert_dir, monkeypatch):
+    monkeypatch.setenv("CODESEARCH_COMPILE", "0")
+    enc = load(modernbert_dir, device="cuda", dtype="float32")
+    enc.hidden_states(LONG)
+    assert enc.backbone.model.fused is None and not enc.backbone.compiled
+
+
+def test_gpu_budget_is_larger(modernbert_dir):
+    enc = load(modernbert_dir, device="cuda", dtype="bfloat16")
+    assert enc.batch_tokens > 16384
