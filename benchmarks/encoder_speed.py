@@ -18,6 +18,15 @@ fp32 against bf16.
 
     python benchmarks/encoder_speed.py            # full run (~10 min on 2 cores)
     python benchmarks/encoder_speed.py --quick    # a quarter of the tokens
+
+On a GPU (``--device cuda``) the comparison is end to end: ``Encoder.encode()`` (tokenizing,
+batching, the head, the copy back) with a dense head (CLS pooling + normalisation) and with a
+ColBERT head (768 -> 128 projection, skiplist, normalisation), against transformers'
+ModernBertModel (sdpa) with the same tokenizer, the same head on the GPU and length-sorted
+padded batches of 65536 padded tokens; plus the one-time compile and peak GPU memory.
+
+    python benchmarks/encoder_speed.py --device cuda            # bf16, ~1M tokens per workload
+    python benchmarks/encoder_speed.py --device cpu --suite encode --scale 0.02 --workloads short  # on CPU
 """
 
 from __future__ import annotations
@@ -83,7 +92,14 @@ def build_assets() -> Path:
     if (model_dir / "model.safetensors").is_file() and (model_dir / "tokenizer.json").is_file():
         return model_dir
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
     from transformers import ModernBertConfig, ModernBertModel
 
     model_dir.mkdir(parents=True, exist_ok=True)
@@ -167,7 +183,7 @@ def worker(impl: str, workload: str, dtype_name: str, scale: float, variant: str
         while len(stream) < 8190:
             stream += stream
         seqs = [[CLS, *stream[:8190], SEP]]
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype_name]
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype_name]
     batches = token_batches([len(s) for s in seqs], BATCH_TOKENS)
 
     if impl == "ours":
@@ -229,15 +245,245 @@ def spawn(impl: str, workload: str, dtype: str, scale: float, variant: str = "")
     return res
 
 
+# ------------------------------------------------------------------------------ encode() suite (GPU)
+
+HF_BATCH_TOKENS = 65536  # padded tokens per transformers batch (the setting measured in the GPU issue)
+COLBERT_DIM = 128
+
+
+def head_dirs(model_dir: Path) -> dict[str, Path]:
+    """The base weights with a dense head (CLS + Normalize) and with a ColBERT head, as the
+    sentence-transformers / PyLate files lay them out (weights linked, not copied)."""
+    import torch
+    from safetensors.torch import save_file
+
+    out = {}
+    for head in ("dense", "colbert"):
+        d = CACHE / f"modernbert-base-random-{head}"
+        out[head] = d
+        if (d / "modules.json").is_file():
+            continue
+        d.mkdir(parents=True, exist_ok=True)
+        for f in ("config.json", "model.safetensors", "tokenizer.json"):
+            if not (d / f).exists():
+                (d / f).symlink_to(model_dir / f)
+        if head == "dense":
+            modules = [
+                {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+            ]
+            (d / "1_Pooling").mkdir(exist_ok=True)
+            (d / "1_Pooling" / "config.json").write_text(json.dumps(
+                {"word_embedding_dimension": 768, "pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}))
+        else:
+            modules = [
+                {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
+            ]
+            (d / "1_Dense").mkdir(exist_ok=True)
+            (d / "1_Dense" / "config.json").write_text(json.dumps({
+                "in_features": 768, "out_features": COLBERT_DIM, "bias": False,
+                "activation_function": "torch.nn.modules.linear.Identity"}))
+            g = torch.Generator().manual_seed(1)
+            save_file({"linear.weight": torch.randn(COLBERT_DIM, 768, generator=g) / 768 ** 0.5},
+                      str(d / "1_Dense" / "model.safetensors"))
+            # no prefix tokens: the code BPE has no spare ids; documents up to the model's 8192 tokens
+            (d / "config_sentence_transformers.json").write_text(json.dumps({
+                "model_type": "ColBERT", "query_prefix": "", "document_prefix": "", "query_length": 32,
+                "document_length": 8192, "do_query_expansion": True, "attend_to_expansion_tokens": False}))
+        (d / "modules.json").write_text(json.dumps(modules))
+    return out
+
+
+def workload_texts(model_dir: Path, scale: float) -> dict[str, list[str]]:
+    """The token workloads decoded back to source text (encode() takes text)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    return {name: tok.decode_batch([s[1:-1] for s in seqs]) for name, seqs in build_workloads(model_dir, scale).items()}
+
+
+class _Device:
+    """Synchronisation and peak memory, on CUDA or (to run this suite anywhere) the CPU."""
+
+    def __init__(self, name: str):
+        import torch
+
+        self.torch, self.dev = torch, torch.device(name)
+
+    def sync(self) -> None:
+        if self.dev.type == "cuda":
+            self.torch.cuda.synchronize(self.dev)
+
+    def reset_peak(self) -> None:
+        if self.dev.type == "cuda":
+            self.torch.cuda.reset_peak_memory_stats(self.dev)
+        else:
+            try:
+                Path("/proc/self/clear_refs").write_text("5")
+            except OSError:
+                pass
+
+    def peak_mb(self) -> float:
+        if self.dev.type == "cuda":
+            return self.torch.cuda.max_memory_allocated(self.dev) / 2**20
+        return rss_mb("VmHWM")
+
+
+def encode_worker(impl: str, workload: str, head: str, dtype_name: str, scale: float, device: str) -> dict:
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    model_dir = build_assets()
+    head_dir = head_dirs(model_dir)[head]
+    texts = workload_texts(model_dir, scale)[workload]
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype_name]
+    d = _Device(device)
+
+    if impl == "ours":
+        from codesearch.encoder import load
+
+        enc = load(head_dir, device=device, dtype=dtype)
+
+        def run() -> int:
+            out = enc.encode(texts, kind="document")
+            return sum(len(v) for v in out) if head == "colbert" else len(out)
+
+        info = {"backend": enc.backend, "batch_tokens": enc.batch_tokens}
+    else:
+        from safetensors.torch import load_file
+        from tokenizers import Tokenizer
+        from transformers import ModernBertModel
+
+        tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        tok.enable_truncation(8192)
+        model = ModernBertModel.from_pretrained(str(model_dir), attn_implementation="sdpa", dtype=dtype)
+        model = model.to(d.dev).eval()
+        proj = skip = None
+        if head == "colbert":
+            import string
+
+            proj = load_file(str(head_dir / "1_Dense" / "model.safetensors"))["linear.weight"].to(d.dev, dtype)
+            skip = np.array(sorted({tok.token_to_id(c) for c in string.punctuation} - {None}))
+        pad = BASE_CONFIG["pad_token_id"]
+
+        def run() -> int:
+            ids = [e.ids for e in tok.encode_batch(texts)]
+            order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+            batches, cur = [], []
+            for i in order:  # length-sorted, at most HF_BATCH_TOKENS padded tokens a batch
+                if cur and (len(cur) + 1) * len(ids[cur[0]]) > HF_BATCH_TOKENS:
+                    batches.append(cur)
+                    cur = []
+                cur.append(i)
+            if cur:
+                batches.append(cur)
+            rows = 0
+            for b in batches:
+                L = len(ids[b[0]])
+                x = torch.full((len(b), L), pad, dtype=torch.long)
+                mask = torch.zeros((len(b), L), dtype=torch.long)
+                for j, i in enumerate(b):
+                    x[j, : len(ids[i])] = torch.tensor(ids[i])
+                    mask[j, : len(ids[i])] = 1
+                with torch.inference_mode():
+                    h = model(input_ids=x.to(d.dev), attention_mask=mask.to(d.dev)).last_hidden_state
+                    if head == "dense":
+                        rows += len(F.normalize(h[:, 0].float(), dim=-1).cpu().numpy())
+                    else:
+                        v = F.normalize(F.linear(h, proj).float(), dim=-1).cpu().numpy()  # (B, L, 128)
+                        for j, i in enumerate(b):
+                            keep = ~np.isin(np.asarray(ids[i]), skip)
+                            rows += len(v[j, : len(ids[i])][keep])
+            return rows
+
+        info = {"backend": "transformers-sdpa", "batch_tokens": HF_BATCH_TOKENS}
+
+    t0 = time.perf_counter()
+    run()  # warm-up: kernels, allocator, and (ours, CUDA) the one-time compile
+    d.sync()
+    warm = time.perf_counter() - t0
+    d.reset_peak()
+    t0 = time.perf_counter()
+    rows = run()
+    d.sync()
+    seconds = time.perf_counter() - t0
+    from tokenizers import Tokenizer
+
+    counter = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tokens = sum(min(len(e.ids), 8192) for e in counter.encode_batch(texts))
+    return {"impl": impl, "workload": workload, "head": head, "dtype": dtype_name, "texts": len(texts),
+            "tokens": tokens, "rows": rows, "seconds": seconds, "tok_per_s": tokens / seconds,
+            "warmup_s": warm, "peak_mb": d.peak_mb(), **info}
+
+
+def spawn_encode(impl: str, workload: str, head: str, dtype: str, scale: float, device: str) -> dict:
+    cmd = [sys.executable, __file__, "--encode-worker", impl, workload, head, dtype, str(scale), device]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(f"worker {impl}/{workload}/{head} failed:\n{r.stderr[-3000:]}")
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    print(f"  {impl:12s} {workload:6s} {head:7s} {res['tokens']:8d} tok {res['seconds']:7.2f} s "
+          f"{res['tok_per_s']:9.0f} tok/s  peak {res['peak_mb']:7.0f} MB  warm-up {res['warmup_s']:.1f} s "
+          f"({res['backend']}, batches of {res['batch_tokens']})", flush=True)
+    return res
+
+
+def main_encode(args) -> None:
+    import torch
+
+    scale = args.scale if args.scale is not None else (16.0 if args.device == "cuda" else 0.25)
+    model_dir = build_assets()
+    head_dirs(model_dir)
+    texts = workload_texts(model_dir, scale)
+    if args.device.startswith("cuda"):
+        name = torch.cuda.get_device_name(torch.device(args.device))
+        print(f"device: {name}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+    else:
+        print(f"device: CPU ({os.cpu_count()} cores), torch {torch.__version__}; "
+              f"load average at start {os.getloadavg()[0]:.1f}")
+    for name, ts in texts.items():
+        print(f"workload {name}: {len(ts)} texts, {sum(map(len, ts))} characters")
+    print(f"\nencode() end to end, ours vs transformers ModernBertModel (sdpa), {args.dtype}:")
+    rows = []
+    for workload in args.workloads or WORKLOADS:
+        for head in ("dense", "colbert"):
+            ours = spawn_encode("ours", workload, head, args.dtype, scale, args.device)
+            hf = spawn_encode("transformers", workload, head, args.dtype, scale, args.device)
+            rows.append((workload, head, ours, hf))
+    print("\n| workload | head | ours tok/s | transformers tok/s | speed-up | ours peak MB | transformers peak MB "
+          "| ours warm-up s (compile) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for workload, head, o, h in rows:
+        print(f"| {workload} | {head} | {o['tok_per_s']:.0f} | {h['tok_per_s']:.0f} | "
+              f"{o['tok_per_s'] / h['tok_per_s']:.2f}x | {o['peak_mb']:.0f} | {h['peak_mb']:.0f} | {o['warmup_s']:.1f} |")
+
+
 # ------------------------------------------------------------------------------ main
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a quarter of the tokens per workload")
-    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="dtype of the main comparison")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"], help="dtype of the main comparison")
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda: cuda runs the encode() suite")
+    ap.add_argument("--suite", choices=["forward", "encode"], help="forward: the CPU comparison of forward "
+                    "passes (default on cpu); encode: encode() end to end (default on cuda)")
+    ap.add_argument("--scale", type=float, help="tokens per workload relative to the CPU run (encode suite; "
+                    "default 16 on cuda: ~1M tokens short, 1.5M mixed, 0.8M files)")
+    ap.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), help="encode suite: only these workloads")
     ap.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
+    ap.add_argument("--encode-worker", nargs=6, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.encode_worker:
+        impl, workload, head, dtype, scale, device = args.encode_worker
+        print(json.dumps(encode_worker(impl, workload, head, dtype, float(scale), device)))
+        return
+    if (args.suite or ("encode" if args.device.startswith("cuda") else "forward")) == "encode":
+        main_encode(args)
+        return
     if args.worker:
         impl, workload, dtype, scale, variant = args.worker
         print(json.dumps(worker(impl, workload, dtype, float(scale), "" if variant == "-" else variant)))

@@ -2,12 +2,13 @@
 
 A backend is chosen once at load time (``select_backend``) and stored in ``BACKENDS`` by name:
 
-``"flash"``
-    CUDA + the ``flash-attn`` package: ``flash_attn_varlen_qkvpacked_func`` straight on the
-    packed stream, window ``(w, w)`` on local layers and ``(-1, -1)`` on global ones.
+``"varlen"``
+    CUDA in fp16/bf16: torch's own varlen flash attention (``torch.nn.attention.varlen``)
+    straight on the packed stream, window ``(w, w)`` on local layers and ``(-1, -1)`` on
+    global ones; nothing to install beyond a CUDA build of torch.
 ``"sdpa"``
-    Everywhere else (CPU, or CUDA without flash-attn): a packed path of our own on top of
-    ``torch.nn.functional.scaled_dot_product_attention``.
+    Everywhere else (CPU, fp32 on CUDA, torch without varlen): a packed path of our own on top
+    of ``torch.nn.functional.scaled_dot_product_attention``.
 
 Both expose ``plan(batch, window) -> plan`` (index bookkeeping, once per forward, shared by all
 layers) and ``__call__(qkv, plan, is_local) -> (total_tokens, heads, head_dim)`` with ``qkv`` of
@@ -31,6 +32,8 @@ equal-length sequences needs no mask at all.
 
 from __future__ import annotations
 
+import inspect
+import itertools
 import logging
 from dataclasses import dataclass, field
 
@@ -214,8 +217,9 @@ class SdpaBackend:
     def plan(self, batch, window: int) -> SdpaPlan:
         lengths = batch.lengths
         n_keys = batch.n_keys or lengths
-        starts = batch.cu_seqlens[:-1].tolist()
-        total = int(batch.cu_seqlens[-1])
+        # from the Python lengths, not cu_seqlens: reading a CUDA tensor would wait for the GPU
+        starts = [0, *itertools.accumulate(lengths)][:-1]
+        total = sum(lengths)
         order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
         plan = SdpaPlan(total)
         mk = dict(starts=starts, lengths=lengths, n_keys=n_keys, dtype=self.dtype, device=self.device)
@@ -257,60 +261,100 @@ class SdpaBackend:
 
 
 # --------------------------------------------------------------------------------------------
-# flash-attn varlen (CUDA)
+# torch's varlen flash attention (CUDA)
 # --------------------------------------------------------------------------------------------
+
+try:  # torch >= 2.11; older versions have no varlen flash attention with a window
+    from torch.nn.attention.varlen import varlen_attn as _varlen_attn
+except ImportError:  # pragma: no cover - depends on the installed torch
+    _varlen_attn = None
+# keyword arguments the installed varlen_attn takes (window_size: 2.11, seqused_k: 2.13)
+_VARLEN_ARGS = frozenset(inspect.signature(_varlen_attn).parameters) if _varlen_attn is not None else frozenset()
 
 
 @dataclass
-class FlashPlan:
+class VarlenPlan:
     cu_seqlens: torch.Tensor  # (batch + 1,) int32 on the device
     max_seqlen: int
-    window: int
-    fallback: SdpaPlan | None = None  # key-restricted batches (ColBERT query expansion)
+    local_window: tuple[int, int]  # (w, w); (-1, -1) when every sequence fits in one window
+    seqused_k: torch.Tensor | None = None  # (batch,) int32 keys per sequence; None: every token is a key
+    keys: tuple[torch.Tensor, torch.Tensor, int] | None = None  # torch without seqused_k: (key rows, cu, max)
+    fallback: SdpaPlan | None = None  # local layers of key-restricted batches longer than a window
 
 
-class FlashBackend:
-    """``flash_attn_varlen_qkvpacked_func`` on the packed stream (CUDA, fp16/bf16)."""
+class VarlenBackend:
+    """``torch.nn.attention.varlen.varlen_attn`` on the packed stream (CUDA, fp16/bf16).
 
-    name = "flash"
+    The flash-attention kernel shipped inside torch: q, k and v are strided views of the packed
+    ``qkv`` (no copy), the window is ``(w, w)`` on local layers and ``(-1, -1)`` on global ones.
+
+    ColBERT query expansion (only the first ``n_keys[i]`` tokens are keys) goes through
+    ``seqused_k``: the kernel reads only those keys of each sequence. With fewer keys than
+    queries the kernel anchors a window at the bottom-right corner (key ``j`` is compared with
+    query ``i + n_keys - length``), which is not the band ``|i - j| <= w``; so a window is used
+    only when it matters. When every sequence fits in one window (queries are 32 tokens, the
+    window 129) a local layer attends as a global one, which is exact, and only batches with
+    longer key-restricted sequences run their local layers through the SDPA path.
+    """
+
+    name = "varlen"
 
     def __init__(self, dtype: torch.dtype, device: torch.device | str):
-        from flash_attn import flash_attn_varlen_qkvpacked_func  # checked by select_backend
-
-        self._fn = flash_attn_varlen_qkvpacked_func
         self._sdpa = SdpaBackend(dtype, device)
+        self.device = torch.device(device)
 
-    def plan(self, batch, window: int) -> FlashPlan:
-        fallback = None
-        if batch.n_keys is not None:
-            # flash-attn's window is anchored bottom-right when key and query lengths differ,
-            # which is not the band we need; these batches are tiny queries, so the SDPA path
-            # is fine for them.
-            fallback = self._sdpa.plan(batch, window)
-        return FlashPlan(batch.cu_seqlens.to(torch.int32), batch.max_seqlen, window, fallback)
+    def plan(self, batch, window: int) -> VarlenPlan:
+        cu = batch.cu_seqlens if batch.cu_seqlens.dtype == torch.int32 else batch.cu_seqlens.to(torch.int32)
+        longest = batch.max_seqlen
+        fits = longest <= window + 1  # each token already sees every other: no window needed
+        plan = VarlenPlan(cu, longest, (-1, -1) if fits else (window, window))
+        if batch.n_keys is None:
+            return plan
+        if not fits:
+            plan.fallback = self._sdpa.plan(batch, window)
+        if "seqused_k" in _VARLEN_ARGS:
+            keys = batch.key_counts
+            if keys is None:  # built by hand, not by PackedBatch.pack: one small synchronous copy
+                keys = torch.tensor(batch.n_keys, dtype=torch.int32, device=self.device)
+            plan.seqused_k = keys
+        else:  # gather the keys into a stream of their own: same attention, one copy of k and v
+            starts = batch.cu_seqlens[:-1].tolist()
+            rows = torch.cat([torch.arange(s, s + k) for s, k in zip(starts, batch.n_keys)]).to(self.device)
+            cu_k = torch.zeros(len(batch.n_keys) + 1, dtype=torch.int32)
+            cu_k[1:] = torch.cumsum(torch.tensor(batch.n_keys, dtype=torch.int32), 0)
+            plan.keys = (rows, cu_k.to(self.device), max(batch.n_keys))
+        return plan
 
-    def __call__(self, qkv: torch.Tensor, plan: FlashPlan, is_local: bool) -> torch.Tensor:
-        if plan.fallback is not None:
-            return self._sdpa(qkv, plan.fallback, is_local)
-        w = plan.window if is_local else -1
-        return self._fn(
-            qkv.contiguous(), plan.cu_seqlens, plan.max_seqlen, dropout_p=0.0, causal=False, window_size=(w, w)
+    def __call__(self, qkv: torch.Tensor, plan: VarlenPlan, is_local: bool) -> torch.Tensor:
+        if is_local and plan.fallback is not None:
+            return self._sdpa(qkv, plan.fallback, True)
+        q, k, v = qkv.unbind(1)  # each (T, heads, head_dim), views with a row stride of 3 * heads * head_dim
+        window = plan.local_window if is_local else (-1, -1)
+        if plan.keys is not None:
+            rows, cu_k, max_k = plan.keys
+            return _varlen_attn(
+                q, k[rows], v[rows], plan.cu_seqlens, cu_k, plan.max_seqlen, max_k, window_size=window
+            )  # (T, heads, head_dim)
+        extra = {} if plan.seqused_k is None else {"seqused_k": plan.seqused_k}
+        return _varlen_attn(
+            q, k, v, plan.cu_seqlens, plan.cu_seqlens, plan.max_seqlen, plan.max_seqlen, window_size=window, **extra
         )  # (T, heads, head_dim)
 
 
-BACKENDS = {"flash": FlashBackend, "sdpa": SdpaBackend}
+BACKENDS = {"varlen": VarlenBackend, "sdpa": SdpaBackend}
 
 
-def flash_available(device: torch.device, dtype: torch.dtype) -> str | None:
-    """None when the flash backend can run here, else the reason it cannot."""
+def varlen_available(device: torch.device, dtype: torch.dtype) -> str | None:
+    """None when the varlen backend can run here, else the reason it cannot."""
+    if _varlen_attn is None or "window_size" not in _VARLEN_ARGS:
+        return f"torch {torch.__version__} has no varlen flash attention with a window (needs torch >= 2.11)"
     if device.type != "cuda":
-        return f"flash-attn needs a CUDA device, not {device.type!r}"
+        return f"varlen flash attention needs a CUDA device, not {device.type!r}"
     if dtype not in (torch.float16, torch.bfloat16):
-        return f"flash-attn needs float16 or bfloat16, not {dtype}"
-    try:
-        import flash_attn  # noqa: F401
-    except ImportError:
-        return 'flash-attn is not installed (pip install "codesearch[gpu]")'
+        return f"varlen flash attention needs float16 or bfloat16, not {str(dtype).removeprefix('torch.')}"
+    major, minor = torch.cuda.get_device_capability(device)
+    if major < 8:
+        return f"flash attention needs an Ampere or newer GPU (compute capability 8.0), this one is {major}.{minor}"
     return None
 
 
@@ -318,7 +362,9 @@ _logged: set[tuple[str, str]] = set()
 
 
 def select_backend(name: str, device: torch.device, dtype: torch.dtype):
-    """Instantiate the backend ``name`` ("auto", "flash", "sdpa") for this device and dtype.
+    """Instantiate the backend ``name`` ("auto", "varlen", "sdpa") for this device and dtype.
+
+    ``"auto"`` picks ``"varlen"`` on CUDA in fp16/bf16 and ``"sdpa"`` everywhere else.
 
     Raises
     ------
@@ -326,16 +372,25 @@ def select_backend(name: str, device: torch.device, dtype: torch.dtype):
         ``name`` is unknown, or names a backend that cannot run on this device/dtype.
     """
     if name == "auto":
-        chosen = "flash" if flash_available(device, dtype) is None else "sdpa"
+        reason = varlen_available(device, dtype)
+        chosen = "sdpa" if reason else "varlen"
         key = (chosen, str(device))
         if key not in _logged:  # say it once per process, not once per model load
             _logged.add(key)
-            log.info("attention backend: %s on %s (%s)", chosen, device, str(dtype).removeprefix("torch."))
+            why = f"; {reason}" if reason and device.type == "cuda" else ""
+            log.info("attention backend: %s on %s (%s)%s", chosen, device, str(dtype).removeprefix("torch."), why)
         return BACKENDS[chosen](dtype, device)
+    if name == "flash":
+        # The flash-attn package has no binary wheel (a source build takes hours of nvcc), so
+        # for users it never ran; torch ships the same kernels with a window.
+        raise BackendError(
+            "Attention backend 'flash' (the flash-attn package) was removed; torch's own varlen flash "
+            "attention runs the same kernels with nothing to install: use backend='varlen' or 'auto'"
+        )
     if name not in BACKENDS:
         raise BackendError(f"Unknown attention backend {name!r}; use one of 'auto', {', '.join(map(repr, BACKENDS))}")
-    if name == "flash":
-        reason = flash_available(device, dtype)
+    if name == "varlen":
+        reason = varlen_available(device, dtype)
         if reason:
-            raise BackendError(f"Attention backend 'flash' cannot run here: {reason}; use backend='sdpa' or 'auto'")
+            raise BackendError(f"Attention backend 'varlen' cannot run here: {reason}; use backend='sdpa' or 'auto'")
     return BACKENDS[name](dtype, device)

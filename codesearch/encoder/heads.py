@@ -17,6 +17,7 @@ sentence-transformers' ``Pooling``/``Normalize``.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,26 @@ class Tokenized:
 
     ids: list[list[int]]
     n_keys: list[int] | None = None  # None: every token is a key (the usual case)
+
+
+@dataclass
+class HeadInput:
+    """What a head needs besides the hidden states, built on the CPU while the device works.
+
+    ``tensors`` go to the device with the batch (pinned on CUDA, so the copy is asynchronous);
+    ``rows`` says how many output rows belong to each text, to split the one host copy.
+    """
+
+    tensors: dict[str, torch.Tensor]
+    rows: list[int] | None  # None: one row per text
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> HeadInput:
+        return HeadInput({k: v.to(device, non_blocking=non_blocking) for k, v in self.tensors.items()}, self.rows)
+
+
+def _host(arrays: dict[str, np.ndarray], pin: bool) -> dict[str, torch.Tensor]:
+    tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
+    return {k: t.pin_memory() for k, t in tensors.items()} if pin else tensors
 
 
 # --------------------------------------------------------------------------------------------
@@ -140,21 +161,30 @@ class PoolingHead:
     def count_extra(self, kind: str) -> int:
         return 0
 
-    def __call__(self, packed: torch.Tensor, lengths: list[int], tok: Tokenized, kind: str) -> np.ndarray:
-        """``packed`` (total_tokens, hidden) of sequences laid end to end -> (n, dim) float32."""
-        lens = torch.tensor(lengths, device=packed.device)
-        starts = torch.cumsum(lens, 0) - lens
-        seq = torch.repeat_interleave(torch.arange(len(lengths), device=packed.device), lens)  # (T,)
+    def prepare(self, tok: Tokenized, kind: str, pin: bool = False) -> HeadInput:
+        """Per-text offsets and the token -> text index, on the CPU."""
+        lens = np.fromiter(map(len, tok.ids), dtype=np.int64, count=len(tok.ids))
+        arrays = {"lens": lens, "starts": np.cumsum(lens) - lens}
+        if any(m != "cls" for m in self.modes):
+            arrays["seq"] = np.repeat(np.arange(len(lens), dtype=np.int64), lens)  # (T,)
+        return HeadInput(_host(arrays, pin), None)
+
+    def forward(self, packed: torch.Tensor, inp: HeadInput) -> torch.Tensor:
+        """``packed`` (total_tokens, hidden) of sequences laid end to end -> (n, dim) float32,
+        on the device of ``packed`` (``inp`` must be there too)."""
+        lens, starts = inp.tensors["lens"], inp.tensors["starts"]
+        n = lens.shape[0]
         x = packed.float()
         parts = []
         for mode in self.modes:
             if mode == "cls":
                 parts.append(x[starts])
             elif mode == "max":
-                out = torch.full((len(lengths), x.shape[1]), float("-inf"), device=x.device)
+                seq = inp.tensors["seq"]
+                out = torch.full((n, x.shape[1]), float("-inf"), device=x.device)
                 parts.append(out.scatter_reduce(0, seq[:, None].expand_as(x), x, "amax"))
             else:  # mean over every real token, [CLS] and [SEP] included, as sentence-transformers does
-                sums = torch.zeros(len(lengths), x.shape[1], device=x.device).index_add_(0, seq, x)
+                sums = torch.zeros(n, x.shape[1], device=x.device).index_add_(0, inp.tensors["seq"], x)
                 denom = lens[:, None].float() if mode == "mean" else lens[:, None].float().sqrt()
                 parts.append(sums / denom)
         v = torch.cat(parts, dim=1)
@@ -162,7 +192,16 @@ class PoolingHead:
             v = _apply_dense(self.dense, v.to(self.dense[0].weight.dtype)).float()
         if self.normalize:
             v = F.normalize(v, p=2, dim=1)
-        return v.cpu().numpy().astype(np.float32, copy=False)
+        return v  # (n, dim) float32
+
+    def split(self, host: np.ndarray, inp: HeadInput) -> list[np.ndarray]:
+        """The host copy of :meth:`forward`'s output -> one row per text (views)."""
+        return list(host)
+
+    def __call__(self, packed: torch.Tensor, lengths: list[int], tok: Tokenized, kind: str) -> np.ndarray:
+        """``packed`` (total_tokens, hidden) of sequences laid end to end -> (n, dim) float32."""
+        inp = self.prepare(tok, kind).to(packed.device)
+        return self.forward(packed, inp).cpu().numpy().astype(np.float32, copy=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -230,20 +269,35 @@ class ColbertHead:
             n_keys = None
         return Tokenized(ids, n_keys)
 
-    def __call__(self, packed: torch.Tensor, lengths: list[int], tok: Tokenized, kind: str) -> list[np.ndarray]:
+    def prepare(self, tok: Tokenized, kind: str, pin: bool = False) -> HeadInput:
+        """Which token rows survive the skiplist (documents only), decided on the CPU from the ids."""
+        lengths = [len(x) for x in tok.ids]
+        if kind != "document" or not self.skiplist:
+            return HeadInput({}, lengths)
+        ids = np.fromiter(itertools.chain.from_iterable(tok.ids), dtype=np.int64, count=sum(lengths))
+        keep = ~np.isin(ids, np.fromiter(self.skiplist, dtype=np.int64, count=len(self.skiplist)))
+        seq = np.repeat(np.arange(len(lengths)), lengths)
+        rows = np.bincount(seq[keep], minlength=len(lengths)).tolist()
+        return HeadInput(_host({"keep": np.flatnonzero(keep)}, pin), rows)
+
+    def forward(self, packed: torch.Tensor, inp: HeadInput) -> torch.Tensor:
+        """Projected, skiplist-filtered, L2-normalised token vectors ``(kept rows, dim)`` float32."""
         x = _apply_dense(self.dense, packed.to(self.dense[0].weight.dtype)).float()  # (T, dim)
-        if kind == "document" and self.skiplist:
-            ids = torch.tensor([t for seq in tok.ids for t in seq], device=x.device)
-            keep = ~torch.isin(ids, torch.tensor(sorted(self.skiplist), device=x.device))
-        else:
-            keep = None
-        out = []
-        keeps = torch.split(keep, lengths) if keep is not None else [None] * len(lengths)
-        for part, k in zip(torch.split(x, lengths), keeps):
-            if k is not None:
-                part = part[k]
-            out.append(F.normalize(part, p=2, dim=1).cpu().numpy().astype(np.float32, copy=False))
-        return out
+        if "keep" in inp.tensors:
+            x = x[inp.tensors["keep"]]
+        return F.normalize(x, p=2, dim=1)
+
+    def split(self, host: np.ndarray, inp: HeadInput) -> list[np.ndarray]:
+        """The host copy of :meth:`forward`'s output -> one ``(n_tokens_i, dim)`` array per text
+        (copies: the host buffer may be pinned memory, which must not outlive the batch)."""
+        if not inp.rows:
+            return []
+        bounds = np.cumsum(inp.rows)[:-1]
+        return [part.copy() for part in np.split(host, bounds)]
+
+    def __call__(self, packed: torch.Tensor, lengths: list[int], tok: Tokenized, kind: str) -> list[np.ndarray]:
+        inp = self.prepare(tok, kind).to(packed.device)
+        return self.split(self.forward(packed, inp).cpu().numpy(), inp)
 
 
 # --------------------------------------------------------------------------------------------

@@ -226,7 +226,7 @@ def load(
         ``"auto"`` (bf16 on CUDA and on CPUs with AMX/AVX512-bf16, else fp32), ``"float32"``,
         ``"bfloat16"``, ``"float16"`` or a ``torch.dtype``.
     backend
-        Attention backend for ModernBERT checkpoints: ``"auto"``, ``"flash"`` or ``"sdpa"``.
+        Attention backend for ModernBERT checkpoints: ``"auto"``, ``"varlen"`` (CUDA) or ``"sdpa"``.
 
     Returns
     -------

@@ -17,9 +17,11 @@ Weight names are the checkpoint's own (``embeddings.tok_embeddings``, ``layers.N
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -180,29 +182,55 @@ class PackedBatch:
     cu_seqlens: torch.Tensor  # (batch + 1,) int32 offsets, cu_seqlens[-1] == total_tokens
     lengths: tuple[int, ...]  # tokens per sequence
     n_keys: tuple[int, ...] | None = None  # tokens per sequence that may be attended to
+    key_counts: torch.Tensor | None = None  # (batch,) int32 n_keys as a tensor (varlen's seqused_k)
 
     @property
     def max_seqlen(self) -> int:
         return max(self.lengths) if self.lengths else 0
 
     @classmethod
+    def pack(cls, ids: list[list[int]], n_keys: list[int] | None = None, *, pin: bool = False) -> PackedBatch:
+        """Pack token id lists (each non-empty) into one stream on the CPU.
+
+        ``pin=True`` puts the tensors in page-locked memory, so that ``to(cuda, non_blocking=True)``
+        is a true asynchronous copy (from pageable memory CUDA first waits for the GPU to drain).
+        """
+        lengths = tuple(len(x) for x in ids)
+        assert all(n > 0 for n in lengths), "every sequence needs at least one token"
+        lens = np.fromiter(lengths, dtype=np.int64, count=len(lengths))
+        total = int(lens.sum())
+        flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=total)
+        cu = np.zeros(len(lengths) + 1, dtype=np.int32)
+        np.cumsum(lens, out=cu[1:])
+        # positions restart at every sequence: arange(total) - start of the token's sequence
+        positions = np.arange(total, dtype=np.int64) - np.repeat(cu[:-1].astype(np.int64), lens)
+        keys = counts = None
+        if n_keys is not None and any(k != n for k, n in zip(n_keys, lengths)):
+            keys = tuple(int(k) for k in n_keys)
+            counts = torch.tensor(keys, dtype=torch.int32)
+        tensors = [torch.from_numpy(a) for a in (flat, positions, cu)]
+        if pin:
+            tensors = [t.pin_memory() for t in tensors]
+            counts = None if counts is None else counts.pin_memory()
+        return cls(*tensors, lengths, keys, counts)
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> PackedBatch:
+        """The same batch on ``device`` (asynchronous from pinned memory with ``non_blocking``)."""
+
+        def move(t):
+            return None if t is None else t.to(device, non_blocking=non_blocking)
+
+        return PackedBatch(
+            move(self.input_ids), move(self.position_ids), move(self.cu_seqlens), self.lengths, self.n_keys,
+            move(self.key_counts),
+        )
+
+    @classmethod
     def from_ids(
         cls, ids: list[list[int]], device: torch.device | str = "cpu", n_keys: list[int] | None = None
     ) -> PackedBatch:
-        """Pack token id lists (each non-empty) into one stream."""
-        lengths = tuple(len(x) for x in ids)
-        assert all(n > 0 for n in lengths), "every sequence needs at least one token"
-        flat = [t for x in ids for t in x]
-        input_ids = torch.tensor(flat, dtype=torch.long)
-        # positions restart at every sequence: arange(total) - start of the token's sequence
-        cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
-        cu[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int32), 0)
-        starts = torch.repeat_interleave(cu[:-1].long(), torch.tensor(lengths))
-        position_ids = torch.arange(len(flat)) - starts
-        keys = None
-        if n_keys is not None and any(k != n for k, n in zip(n_keys, lengths)):
-            keys = tuple(int(k) for k in n_keys)
-        return cls(input_ids.to(device), position_ids.to(device), cu.to(device), lengths, keys)
+        """Pack token id lists (each non-empty) into one stream on ``device``."""
+        return cls.pack(ids, n_keys).to(device)
 
 
 # --------------------------------------------------------------------------------------------
@@ -310,6 +338,96 @@ class Layer(nn.Module):
 
 
 # --------------------------------------------------------------------------------------------
+# The same layer as two functions of plain tensors, for torch.compile (CUDA)
+# --------------------------------------------------------------------------------------------
+#
+# On a GPU the matmuls are fast and the elementwise work around them (RoPE's cat/neg/mul,
+# GeGLU, residual adds, LayerNorms) costs more than they do when each op is its own kernel.
+# Compiled, each function below becomes the matmuls plus a few fused kernels. Weights are
+# arguments, not module attributes, so every layer shares one compiled graph (two: layer 0
+# has no attn_norm) instead of one graph per layer; only the token dimension varies.
+
+
+def attention_input(
+    x: torch.Tensor,
+    norm_weight: torch.Tensor | None,
+    norm_bias: torch.Tensor | None,
+    wqkv: torch.Tensor,
+    wqkv_bias: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    heads: int,
+) -> torch.Tensor:
+    """attn_norm (skipped when ``norm_weight`` is None), Wqkv, RoPE on q and k: the layer up to
+    its attention backend, out of place. Returns ``(T, 3, heads, head_dim)``."""
+    if norm_weight is not None:
+        x = F.layer_norm(x, x.shape[-1:], norm_weight, norm_bias, eps)
+    qkv = F.linear(x, wqkv, wqkv_bias).view(x.shape[0], 3, heads, -1)  # (T, 3, heads, head_dim)
+    half = qkv.shape[-1] // 2
+    qk = qkv[:, :2]  # (T, 2, heads, head_dim)
+    rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+    return torch.cat((qk * cos + rotated * sin, qkv[:, 2:]), dim=1)  # (T, 3, heads, head_dim)
+
+
+def attention_output_and_mlp(
+    x: torch.Tensor,
+    attn: torch.Tensor,
+    wo: torch.Tensor,
+    wo_bias: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    norm_bias: torch.Tensor | None,
+    wi: torch.Tensor,
+    wi_bias: torch.Tensor | None,
+    mlp_wo: torch.Tensor,
+    mlp_wo_bias: torch.Tensor | None,
+    eps: float,
+    act,
+) -> torch.Tensor:
+    """The layer after its attention backend: Wo, residual, mlp_norm, GeGLU MLP, residual."""
+    x = x + F.linear(attn.flatten(1), wo, wo_bias)  # (T, hidden)
+    h = F.layer_norm(x, x.shape[-1:], norm_weight, norm_bias, eps)
+    inp, gate = F.linear(h, wi, wi_bias).chunk(2, dim=-1)  # 2 x (T, intermediate)
+    return x + F.linear(act(inp) * gate, mlp_wo, mlp_wo_bias)  # (T, hidden)
+
+
+class FusedLayers:
+    """Runs a model's layers through :func:`attention_input` and
+    :func:`attention_output_and_mlp`, or through compiled versions of them.
+
+    ``runtime.py`` builds one with ``torch.compile``d functions on CUDA; with the plain functions
+    it computes what the modules compute (the tests check both).
+    """
+
+    def __init__(self, model: ModernBert, first=attention_input, second=attention_output_and_mlp, dynamic=False):
+        self.model = model
+        self.first, self.second = first, second
+        # compiled functions: the token dimension is dynamic, so a new batch size is no new graph
+        self.dynamic = dynamic
+
+    def __call__(self, x: torch.Tensor, ropes: list, backend, plan) -> torch.Tensor:
+        cfg = self.model.config
+        mark = torch._dynamo.maybe_mark_dynamic if self.dynamic else (lambda t, dim: None)
+        for layer, (cos, sin) in zip(self.model.layers, ropes):
+            for t in (x, cos, sin):
+                mark(t, 0)
+            norm = layer.attn_norm if isinstance(layer.attn_norm, nn.LayerNorm) else None
+            a = layer.attn
+            qkv = self.first(
+                x, norm and norm.weight, norm and norm.bias, a.Wqkv.weight, a.Wqkv.bias, cos, sin, cfg.norm_eps,
+                cfg.num_heads,
+            )  # (T, 3, heads, head_dim)
+            out = backend(qkv, plan, a.is_local)  # (T, heads, head_dim)
+            mark(out, 0)
+            m = layer.mlp
+            x = self.second(
+                x, out, a.Wo.weight, a.Wo.bias, layer.mlp_norm.weight, layer.mlp_norm.bias, m.Wi.weight, m.Wi.bias,
+                m.Wo.weight, m.Wo.bias, cfg.norm_eps, m.act,
+            )  # (T, hidden)
+        return x
+
+
+# --------------------------------------------------------------------------------------------
 # Model
 # --------------------------------------------------------------------------------------------
 
@@ -329,6 +447,7 @@ class ModernBert(nn.Module):
         self.final_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.norm_bias)
         self.init_rope()
         self.backend = None
+        self.fused: FusedLayers | None = None  # set by use_fused (runtime.py, on CUDA)
 
     def init_rope(self, device: torch.device | str | None = None) -> None:
         """(Re)build the rotary tables; needed after building the model on the meta device."""
@@ -343,22 +462,32 @@ class ModernBert(nn.Module):
         """Attach the attention backend (an object from ``attention.BACKENDS``)."""
         self.backend = backend
 
+    def use_fused(self, fused: FusedLayers | None) -> None:
+        """Run the layers through ``fused`` (compiled elementwise work) instead of the modules."""
+        self.fused = fused
+
     def _rope(self, kind: str, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         cos = getattr(self, f"{kind}_cos")[position_ids].to(dtype)  # (T, head_dim)
         sin = getattr(self, f"{kind}_sin")[position_ids].to(dtype)
         return cos[:, None, None, :], sin[:, None, None, :]  # (T, 1, 1, head_dim)
 
-    def forward(self, batch: PackedBatch) -> torch.Tensor:
+    def forward(self, batch: PackedBatch, fused: bool = True) -> torch.Tensor:
+        """Last hidden states ``(total_tokens, hidden)``; ``fused=False`` runs the modules even
+        when :meth:`use_fused` attached compiled layers."""
         assert self.backend is not None, "call use_backend() first"
-        if int(batch.position_ids.max()) >= self.config.max_position_embeddings:
+        # from the Python lengths (positions restart at 0): reading the tensor would wait for a GPU
+        if batch.max_seqlen > self.config.max_position_embeddings:
             raise ValueError(
                 f"a sequence is longer than max_position_embeddings={self.config.max_position_embeddings}"
             )
         plan = self.backend.plan(batch, self.config.window)
         x = self.embeddings(batch.input_ids)  # (T, hidden)
         ropes = {kind: self._rope(kind, batch.position_ids, x.dtype) for kind in (GLOBAL, LOCAL)}
-        for layer, kind in zip(self.layers, self.config.layer_types):
-            x = layer(x, ropes[kind], self.backend, plan)
+        if fused and self.fused is not None:
+            x = self.fused(x, [ropes[kind] for kind in self.config.layer_types], self.backend, plan)
+        else:
+            for layer, kind in zip(self.layers, self.config.layer_types):
+                x = layer(x, ropes[kind], self.backend, plan)
         return self.final_norm(x)  # (T, hidden)
 
 

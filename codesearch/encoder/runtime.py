@@ -1,9 +1,20 @@
-"""Where the model runs: device, dtype, token-budget batching, and the public ``Encoder``.
+"""Where the model runs: device, dtype, compile, token-budget batching, and the public ``Encoder``.
 
 The model file knows nothing about devices or precision; this module decides them once at
-load time (``resolve_device``, ``resolve_dtype``), groups texts into batches of at most
-``batch_tokens`` real tokens over length-sorted inputs (so similar lengths meet and the few
-padded attention groups stay small), runs them, and returns results in input order.
+load time (``resolve_device``, ``resolve_dtype``, ``compile_wanted``), groups texts into
+batches of at most ``batch_tokens`` real tokens over length-sorted inputs (so similar lengths
+meet and the few padded attention groups stay small), runs them, and returns results in input
+order.
+
+Keeping a GPU busy (``Encoder.encode`` on CUDA)
+-----------------------------------------------
+The GPU must never wait for Python. Texts are tokenized and packed on a CPU thread, a few
+batches ahead, into pinned memory, so the copy to the device is asynchronous; the heads
+(pooling, ColBERT projection, normalisation) run on the device; each batch comes back in ONE
+asynchronous copy, which the CPU splits per text while the GPU already runs the next batch.
+Nothing in between reads a CUDA tensor back (that would wait for the GPU to drain). On the CPU
+the same steps run in the caller's thread, one after another: the forward pass already uses
+every core, and tokenizing costs under 1% of it.
 """
 
 from __future__ import annotations
@@ -12,15 +23,18 @@ import contextlib
 import functools
 import logging
 import os
+import queue
 import threading
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from codesearch.encoder.heads import Tokenized
-from codesearch.encoder.modernbert import PackedBatch
+from codesearch.encoder.heads import HeadInput, Tokenized
+from codesearch.encoder.modernbert import FusedLayers, PackedBatch, attention_input, attention_output_and_mlp
 from codesearch.errors import BackendError
 
 log = logging.getLogger(__name__)
@@ -28,6 +42,10 @@ log = logging.getLogger(__name__)
 # Real tokens per forward pass. Large enough that per-call overhead disappears on CPU, small
 # enough that activations stay in the tens of MB for ModernBERT-base; one 8192-token file fits.
 DEFAULT_BATCH_TOKENS = 16384
+# On CUDA, at most this many: a GPU needs large batches to hide per-kernel overhead (ModernBERT-
+# base on an H100: 253k tok/s at 16k tokens, 366k at 262k); less where memory is short
+# (default_batch_tokens).
+CUDA_BATCH_TOKENS = 262144
 # The padded (transformers) path pays for padding, so its budget counts padded tokens.
 DEFAULT_PADDED_BATCH_TOKENS = 8192
 
@@ -143,6 +161,45 @@ def token_batches(lengths: list[int], budget: int, *, padded: bool = False) -> l
     return batches
 
 
+def default_batch_tokens(device: torch.device, hidden_size: int, intermediate_size: int, dtype: torch.dtype) -> int:
+    """Token budget per forward pass for ``device``: 16384 on CPU; on CUDA as many as a quarter
+    of the free GPU memory holds (activations of one layer at a time), a power of two between
+    16384 and 262144."""
+    if device.type != "cuda":
+        return DEFAULT_BATCH_TOKENS
+    # live activations per token in a layer: x, its norm, qkv (3h), attention out, Wo out, GeGLU
+    # in (2i) and out (i); doubled for the allocator's slack and the head's fp32 copies
+    per_token = 2 * torch.finfo(dtype).bits // 8 * (7 * hidden_size + 3 * intermediate_size)
+    free, _ = torch.cuda.mem_get_info(device)
+    fit = int(0.25 * free // per_token)
+    budget = DEFAULT_BATCH_TOKENS
+    while budget * 2 <= min(fit, CUDA_BATCH_TOKENS):
+        budget *= 2
+    return budget
+
+
+# Texts are tokenized in waves of about this many batches (at ~4 characters per token): large
+# enough that length sorting inside a wave groups similar lengths, small enough that the first
+# batch reaches the device soon and the next wave is tokenized while the device works.
+WAVE_BATCHES = 4
+CHARS_PER_TOKEN = 4
+
+
+def waves(texts: list[str], budget: int) -> list[range]:
+    """Consecutive index ranges of ``texts`` holding about ``WAVE_BATCHES`` batches each."""
+    limit = WAVE_BATCHES * budget * CHARS_PER_TOKEN
+    most = max(1, WAVE_BATCHES * budget // 2)  # every text is at least [CLS] [SEP]
+    out, start, chars = [], 0, 0
+    for i, t in enumerate(texts):
+        if i > start and (chars + len(t) > limit or i - start >= most):
+            out.append(range(start, i))
+            start, chars = i, 0
+        chars += len(t)
+    if start < len(texts):
+        out.append(range(start, len(texts)))
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 # Threads for small inputs
 # --------------------------------------------------------------------------------------------
@@ -214,22 +271,95 @@ def single_thread(enabled: bool = True):
 # --------------------------------------------------------------------------------------------
 
 
+COMPILE_ENV = "CODESEARCH_COMPILE"  # "0" turns torch.compile off
+# Passes smaller than this run uncompiled: a search query never waits for a compile, and the
+# first compile happens where it pays (indexing), announced.
+COMPILE_MIN_TOKENS = 4096
+COMPILE_ESTIMATE_S = 20  # two small graphs, dynamic in the token count; less with a warm inductor cache
+
+
+def compile_wanted(device: torch.device, compile: bool | None = None) -> bool:
+    """Compile the elementwise work? ``None``: on CUDA unless ``CODESEARCH_COMPILE=0``.
+
+    Never by default on the CPU: our CPU path is tuned eager (measured, BENCHMARKS.md) and a
+    compile there needs a C++ toolchain.
+    """
+    if compile is not None:
+        return compile
+    off = os.environ.get(COMPILE_ENV, "1").strip().lower() in ("0", "false", "no", "off")
+    return device.type == "cuda" and not off
+
+
 class PackedBackbone:
-    """Our ModernBERT on one packed stream (no padding anywhere outside attention groups)."""
+    """Our ModernBERT on one packed stream (no padding anywhere outside attention groups).
+
+    ``prepare`` (any thread) packs token ids on the host, pinned on CUDA; ``forward`` (the
+    device's thread) moves the batch asynchronously and runs the model.
+
+    On CUDA the layers' elementwise work (RoPE, GeGLU, residual + LayerNorm) is compiled with
+    ``torch.compile``: two graphs shared by every layer, dynamic in the token count, so batch
+    sizes never recompile. The compile happens on the first pass of at least
+    ``COMPILE_MIN_TOKENS`` tokens and is announced (a warning: it takes ~20 s once); should it
+    fail (no Triton, no compiler) the model runs uncompiled, as on the CPU.
+    """
 
     padded = False
 
-    def __init__(self, model, device: torch.device):
+    def __init__(self, model, device: torch.device, compile: bool | None = None, compile_backend: str = "inductor"):
         self.model = model
         self.device = device
         self.hidden_size = model.config.hidden_size
         self.backend_name = model.backend.name
+        self.compiled = False  # True once the compiled layers have run
+        self._compile_lock = threading.Lock()
+        if compile_wanted(device, compile):
+            model.use_fused(
+                FusedLayers(
+                    model,
+                    torch.compile(attention_input, backend=compile_backend),
+                    torch.compile(attention_output_and_mlp, backend=compile_backend),
+                    dynamic=True,
+                )
+            )
+
+    def prepare(self, ids: list[list[int]], n_keys: list[int] | None) -> PackedBatch:
+        return PackedBatch.pack(ids, n_keys, pin=self.device.type == "cuda")
+
+    def forward(self, batch: PackedBatch) -> torch.Tensor:
+        """``(total_tokens, hidden)`` on the device, for a batch from :meth:`prepare`."""
+        batch = batch.to(self.device, non_blocking=True)
+        total = sum(batch.lengths)
+        small = self.device.type == "cpu" and total <= SMALL_FORWARD_TOKENS and machine_busy()
+        fused = self.model.fused is not None and total >= COMPILE_MIN_TOKENS
+        with torch.inference_mode(), single_thread(small):
+            if fused and not self.compiled:
+                return self._first_compiled(batch)
+            return self.model(batch, fused=fused)  # (total_tokens, hidden)
+
+    def _first_compiled(self, batch: PackedBatch) -> torch.Tensor:
+        with self._compile_lock:  # one compile, even when several threads encode
+            if self.model.fused is None or self.compiled:  # failed or done meanwhile
+                return self.model(batch, fused=self.compiled)
+            # a warning, so that it shows even where the application configured no logging
+            log.warning(
+                "compiling the encoder for this GPU (one-time, ~%d s; %s=0 skips it)", COMPILE_ESTIMATE_S, COMPILE_ENV
+            )
+            t0 = time.perf_counter()
+            try:
+                out = self.model(batch, fused=True)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+            except Exception as e:  # noqa: BLE001 - Triton/compiler missing, an inductor bug: eager still works
+                first = (str(e).strip().splitlines() or [""])[0][:200]
+                log.warning("torch.compile failed (%s: %s); running uncompiled", type(e).__name__, first)
+                self.model.use_fused(None)
+                return self.model(batch)
+            self.compiled = True
+            log.info("encoder compiled in %.1f s", time.perf_counter() - t0)
+            return out
 
     def __call__(self, ids: list[list[int]], n_keys: list[int] | None) -> torch.Tensor:
-        batch = PackedBatch.from_ids(ids, self.device, n_keys)
-        small = self.device.type == "cpu" and sum(batch.lengths) <= SMALL_FORWARD_TOKENS and machine_busy()
-        with torch.inference_mode(), single_thread(small):
-            return self.model(batch)  # (total_tokens, hidden)
+        return self.forward(self.prepare(ids, n_keys))  # (total_tokens, hidden)
 
 
 class PaddedBackbone:
@@ -259,6 +389,107 @@ class PaddedBackbone:
         hidden = out.last_hidden_state  # (batch, L, hidden)
         real = torch.arange(L)[None, :] < torch.tensor(lengths)[:, None]  # (batch, L)
         return hidden[real.to(self.device)]  # (total_tokens, hidden), sequences in order
+
+    def prepare(self, ids: list[list[int]], n_keys: list[int] | None) -> tuple:
+        return ids, n_keys
+
+    def forward(self, prepared: tuple) -> torch.Tensor:
+        return self(*prepared)
+
+
+# --------------------------------------------------------------------------------------------
+# The overlapped run: a producer thread, one asynchronous copy back per batch
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Prepared:
+    """One batch made ready on the CPU: input positions, packed ids, the head's inputs."""
+
+    where: list[int]  # input index of each text in the batch
+    batch: object  # what backbone.prepare returned
+    head: HeadInput
+
+
+@dataclass
+class _Failed:
+    error: BaseException
+
+
+_DONE = object()
+
+
+def in_thread(make: Callable[[], Iterator], depth: int = 2) -> Iterator:
+    """Run the generator ``make()`` on a thread, at most ``depth`` items ahead of the consumer.
+
+    An exception in the thread is raised in the consumer, as itself (its traceback is the
+    thread's). Closing the returned generator (or an exception in the consumer) stops the
+    thread at its next item; the thread is joined before this generator finishes.
+    """
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def work() -> None:
+        try:
+            for item in make():
+                if not put(item):
+                    return
+            put(_DONE)
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
+            put(_Failed(e))
+
+    thread = threading.Thread(target=work, name="codesearch-tokenize", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _DONE:
+                return
+            if isinstance(item, _Failed):
+                raise item.error
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _start_copy(t: torch.Tensor) -> tuple[torch.Tensor, object]:
+    """Start copying ``t`` to the host: ``(host tensor, event to wait on or None)``.
+
+    On CUDA one asynchronous copy into pinned memory, ordered after the batch's kernels on the
+    same stream; the caller waits on the event only after queueing the next batch.
+    """
+    if t.device.type == "cpu":
+        return t, None
+    if t.device.type != "cuda":
+        return t.cpu(), None
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    return host, event
+
+
+class _HiddenHead:
+    """``hidden_states()`` as a head: the float32 token states, one array per text."""
+
+    def prepare(self, tok: Tokenized, kind: str, pin: bool = False) -> HeadInput:
+        return HeadInput({}, [len(x) for x in tok.ids])
+
+    def forward(self, packed: torch.Tensor, inp: HeadInput) -> torch.Tensor:
+        return packed.float()
+
+    def split(self, host: np.ndarray, inp: HeadInput) -> list[torch.Tensor]:
+        return [torch.from_numpy(part.copy()) for part in np.split(host, np.cumsum(inp.rows)[:-1])]
 
 
 # --------------------------------------------------------------------------------------------
@@ -300,9 +531,26 @@ class Encoder:
     head: object
     device: torch.device
     dtype: torch.dtype
+    # tokenize on a thread while the device runs (None: on CUDA, where the GPU would otherwise
+    # wait for the tokenizer; on the CPU both compete for the same cores)
+    overlap: bool | None = None
+    _budget: int | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.head.to(self.device, self.dtype)
+
+    @property
+    def batch_tokens(self) -> int:
+        """Default token budget per forward pass on this device (16384 on CPU; on CUDA up to
+        262144, by free memory). Callers feeding ``encode`` in chunks should pass about
+        ``4 * batch_tokens`` tokens per call to keep a GPU busy."""
+        if self._budget is None:
+            if self.backbone.padded:
+                self._budget = DEFAULT_PADDED_BATCH_TOKENS
+            else:
+                cfg = self.backbone.model.config
+                self._budget = default_batch_tokens(self.device, cfg.hidden_size, cfg.intermediate_size, self.dtype)
+        return self._budget
 
     @property
     def multivector(self) -> bool:
@@ -318,7 +566,7 @@ class Encoder:
 
     @property
     def backend(self) -> str:
-        """Attention backend in use: "flash", "sdpa" or "transformers"."""
+        """Attention backend in use: "varlen", "sdpa" or "transformers"."""
         return self.backbone.backend_name
 
     def __repr__(self) -> str:
@@ -341,9 +589,58 @@ class Encoder:
         return TokenCounter(self.tokenizer.path, self.head.count_extra("document"))
 
     def _batches(self, ids: list[list[int]], batch_tokens: int | None) -> list[list[int]]:
-        padded = self.backbone.padded
-        budget = batch_tokens or (DEFAULT_PADDED_BATCH_TOKENS if padded else DEFAULT_BATCH_TOKENS)
-        return token_batches([len(x) for x in ids], budget, padded=padded)
+        return token_batches([len(x) for x in ids], batch_tokens or self.batch_tokens, padded=self.backbone.padded)
+
+    def _prepared(
+        self, texts: list[str], tokenize, head, kind: str, budget: int | None, tokenized: Tokenized | None
+    ) -> Iterator[_Prepared]:
+        """Tokenize wave by wave, batch, pack (pinned on CUDA): the CPU side of a run.
+        ``tokenized``: all of ``texts`` already tokenized (used when they form one wave)."""
+        pin = self.device.type == "cuda"
+        parts = waves(texts, budget)
+        for wave in parts:
+            if tokenized is not None and len(parts) == 1:
+                tok = tokenized
+            else:
+                tok = tokenize([texts[i] for i in wave])
+            for batch in self._batches(tok.ids, budget):
+                sub = Tokenized(
+                    [tok.ids[i] for i in batch], None if tok.n_keys is None else [tok.n_keys[i] for i in batch]
+                )
+                yield _Prepared(
+                    [wave.start + i for i in batch],
+                    self.backbone.prepare(sub.ids, sub.n_keys),
+                    head.prepare(sub, kind, pin),
+                )
+
+    def _run(
+        self, texts: list[str], tokenize, head, kind: str, budget: int | None, tokenized: Tokenized | None = None
+    ) -> list:
+        """Every text through backbone and head, results in input order (see the module notes)."""
+        results: list = [None] * len(texts)
+        budget = budget or self.batch_tokens  # here, not in the thread: it may ask CUDA for free memory
+        overlap = self.device.type == "cuda" if self.overlap is None else self.overlap
+        make = functools.partial(self._prepared, texts, tokenize, head, kind, budget, tokenized)
+        source = in_thread(make) if overlap and texts else make()
+
+        def finish(p: _Prepared, host: torch.Tensor, event) -> None:
+            if event is not None:
+                event.synchronize()  # this batch's copy, while the device runs the next one
+            for i, out in zip(p.where, head.split(host.numpy(), p.head)):
+                results[i] = out
+
+        pending = None
+        with contextlib.closing(source), torch.inference_mode():
+            for p in source:
+                packed = self.backbone.forward(p.batch)
+                out = head.forward(packed, p.head.to(self.device, non_blocking=True))
+                copy = _start_copy(out)
+                if pending is not None:
+                    finish(*pending)
+                pending = (p, *copy)
+            if pending is not None:
+                finish(*pending)
+        return results
 
     def encode(
         self, texts: list[str], kind: str = "document", batch_tokens: int | None = None
@@ -357,7 +654,8 @@ class Encoder:
         kind
             ``"document"`` or ``"query"`` (ColBERT prefixes and query expansion differ).
         batch_tokens
-            Token budget per forward pass (default 16384 packed, 8192 padded).
+            Token budget per forward pass (default :attr:`batch_tokens`: 16384 packed on CPU,
+            up to 262144 on CUDA, 8192 padded).
 
         Returns
         -------
@@ -371,19 +669,18 @@ class Encoder:
         if isinstance(texts, str):
             raise TypeError("encode() takes a list of texts, not one string; wrap it: encode([text])")
         texts = list(texts)
-        tok = self.head.tokenize(self.tokenizer, texts, kind)
-        results: list = [None] * len(texts)
-        # the head's small ops too: a second thread woken for them would spin on a busy machine
-        small = self.device.type == "cpu" and sum(map(len, tok.ids)) <= SMALL_FORWARD_TOKENS and machine_busy()
+
+        def tokenize(some: list[str]) -> Tokenized:
+            return self.head.tokenize(self.tokenizer, some, kind)
+
+        small, tok = False, None
+        if self.device.type == "cpu" and sum(map(len, texts)) <= 8 * SMALL_FORWARD_TOKENS:
+            # a small input (a query): tokenized here, to count its tokens exactly; the head's
+            # small ops too run on one thread, as a second one would spin on a busy machine
+            tok = tokenize(texts)
+            small = sum(map(len, tok.ids)) <= SMALL_FORWARD_TOKENS and machine_busy()
         with single_thread(small):
-            for batch in self._batches(tok.ids, batch_tokens):
-                sub = Tokenized(
-                    [tok.ids[i] for i in batch], None if tok.n_keys is None else [tok.n_keys[i] for i in batch]
-                )
-                packed = self.backbone(sub.ids, sub.n_keys)
-                out = self.head(packed, [len(x) for x in sub.ids], sub, kind)
-                for j, i in enumerate(batch):
-                    results[i] = out[j]
+            results = self._run(texts, tokenize, self.head, kind, batch_tokens, tok)
         if self.multivector:
             return results
         if not results:
@@ -395,10 +692,8 @@ class Encoder:
         tokens only: one float32 CPU tensor ``(n_tokens, hidden)`` per text, in input order."""
         if isinstance(texts, str):
             raise TypeError("hidden_states() takes a list of texts, not one string; wrap it: hidden_states([text])")
-        ids = self.tokenizer.encode(list(texts), self.max_length)
-        results: list = [None] * len(ids)
-        for batch in self._batches(ids, batch_tokens):
-            packed = self.backbone([ids[i] for i in batch], None)
-            for i, part in zip(batch, torch.split(packed, [len(ids[i]) for i in batch])):
-                results[i] = part.float().cpu()
-        return results
+        texts = list(texts)
+        return self._run(
+            texts, lambda t: Tokenized(self.tokenizer.encode(t, self.max_length)), _HiddenHead(), "document",
+            batch_tokens,
+        )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from codesearch.encoder.attention import SdpaBackend, select_backend
+from codesearch.encoder.attention import SdpaBackend, VarlenBackend, select_backend
 from codesearch.encoder.modernbert import PackedBatch
 from codesearch.errors import BackendError
 
@@ -73,7 +73,12 @@ def test_local_layers_use_blocks_for_long_sequences():
 
 @pytest.mark.parametrize(
     "name,device,dtype",
-    [("flash", "cpu", torch.bfloat16), ("flash", "cpu", torch.float32), ("xformers", "cpu", torch.float32)],
+    [
+        ("flash", "cpu", torch.bfloat16),  # removed: the error names its replacement
+        ("varlen", "cpu", torch.bfloat16),
+        ("varlen", "cpu", torch.float32),
+        ("xformers", "cpu", torch.float32),
+    ],
 )
 def test_explicit_unavailable_backend_is_an_error(name, device, dtype):
     with pytest.raises(BackendError, match=name):
@@ -88,3 +93,33 @@ def test_auto_logs_its_choice_once(caplog):
         assert select_backend("auto", torch.device("cpu"), torch.float32).name == "sdpa"
         select_backend("auto", torch.device("cpu"), torch.float32)
     assert len([r for r in caplog.records if "attention backend: sdpa" in r.getMessage()]) == 1
+
+
+def test_flash_error_names_varlen():
+    with pytest.raises(BackendError, match="varlen"):
+        select_backend("flash", torch.device("cpu"), torch.bfloat16)
+
+
+# The varlen kernel needs CUDA (tests/encoder/test_varlen_gpu.py); its plan is plain
+# bookkeeping and is checked here.
+
+
+def test_varlen_plan_windows():
+    backend = VarlenBackend(torch.bfloat16, "cpu")
+    short = backend.plan(PackedBatch.from_ids([[1] * 65, [1] * 3]), 64)
+    assert short.local_window == (-1, -1)  # every sequence fits in one window: exact without one
+    long = backend.plan(PackedBatch.from_ids([[1] * 66, [1] * 3]), 64)
+    assert long.local_window == (64, 64) and long.max_seqlen == 66
+    assert long.cu_seqlens.dtype == torch.int32 and long.cu_seqlens.tolist() == [0, 66, 69]
+    assert long.seqused_k is None and long.fallback is None
+
+
+@pytest.mark.parametrize("lengths,falls_back", [([32, 32], False), ([32, 200], True)])
+def test_varlen_plan_key_restricted(lengths, falls_back):
+    """ColBERT queries: keys limited per sequence; local layers fall back only past a window."""
+    backend = VarlenBackend(torch.bfloat16, "cpu")
+    n_keys = [5, 9]
+    plan = backend.plan(PackedBatch.from_ids([[1] * n for n in lengths], n_keys=n_keys), 64)
+    assert (plan.fallback is not None) == falls_back
+    keys = plan.seqused_k if plan.seqused_k is not None else plan.keys[1].diff()
+    assert keys.tolist() == n_keys

@@ -136,6 +136,7 @@ def test_nonexistent_path(tmp_path):
     "kw,match",
     [
         ({"backend": "flash"}, "flash"),
+        ({"backend": "varlen"}, "varlen"),
         ({"backend": "nonsense"}, "nonsense"),
         ({"dtype": "float8"}, "float8"),
     ],
