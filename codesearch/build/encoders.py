@@ -1,0 +1,199 @@
+"""Which encoders a run uses: the models named, the ones the index records, or the defaults,
+and what to tell the user when a default cannot be had."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from codesearch.errors import (
+    CodeSearchError,
+    IndexCorruptError,
+    ModelError,
+    ModelMismatchError,
+    ModelUnavailableError,
+)
+from codesearch.store import Store
+from codesearch.types import STORE_FILE
+
+if TYPE_CHECKING:  # pragma: no cover
+    from codesearch.encoder import Encoder
+
+
+
+#: Sentinel for "the default model": used when it can be had, else a lexical-only index.
+DEFAULT = "default"
+
+
+#: Meta key: the model roles a run switched off with 'none' (JSON list).
+DISABLED_KEY = "models.disabled"
+#: Meta key: how the last run that embedded anything did it, per role (JSON dict).
+EMBEDDED_KEY = "embedded"
+
+
+#: Chunks are never longer than this many tokens, whatever the model accepts: retrieval
+#: wants units of about a function or two. Measured on the semble dev split (lexical mode):
+#: 128 tokens 0.815, 256 0.845, 512 0.861, 1024 0.837 NDCG@10 (BENCHMARKS.md).
+MAX_CHUNK_TOKENS = 512
+
+
+@dataclass
+class Encoders:
+    """The encoders of one run: a single-vector (``dense``) and a ColBERT (``multi``) one.
+
+    Either may be None; with both None the index is lexical-only.
+    """
+
+    dense: Encoder | None = None
+    multi: Encoder | None = None
+    #: Store roles the user switched off ('none'), recorded so that a later run with the
+    #: default models leaves them off instead of reporting them as unavailable.
+    disabled: tuple[str, ...] = ()
+
+    def by_role(self) -> dict[str, Encoder]:
+        """Store role (``dense`` | ``colbert``) -> encoder, for the encoders present."""
+        out: dict[str, Any] = {}
+        if self.dense is not None:
+            out["dense"] = self.dense
+        if self.multi is not None:
+            out["colbert"] = self.multi
+        return out
+
+
+def resolve_encoders(
+    dense_model: str | None = DEFAULT,
+    multi_model: str | None = DEFAULT,
+    *,
+    device: str = "auto",
+    store: Store | None = None,
+    index_dir: str | os.PathLike[str] | None = None,
+    load: Callable[..., Any] | None = None,
+) -> tuple[Encoders, list[str]]:
+    """Load the encoders a run asks for; returns them and the notices to show.
+
+    Parameters
+    ----------
+    dense_model, multi_model
+        A hub id or a local checkpoint folder; ``None`` for none; :data:`DEFAULT` for the
+        model the index already records (when ``store``/``index_dir`` has one), else the
+        package default. A default that is not cached while the hub is unreachable is
+        left out with a notice (the index is then built without its vectors); a model
+        named explicitly that cannot be loaded raises.
+    device
+        Passed to :func:`codesearch.encoder.load`.
+    store, index_dir
+        Where to read the recorded models (either; ``store`` wins).
+    load
+        ``load(name, device=...)`` that returns an encoder; default
+        :func:`codesearch.encoder.load`. `codesearch.api.EncoderPool.load` passes its
+        memoised one, so processes with several `CodeSearch` objects load a model once.
+
+    Raises
+    ------
+    ModelError
+        An explicitly named model that cannot be loaded, or a model of the wrong kind
+        (a ColBERT checkpoint as the dense model, or the reverse).
+    """
+    from codesearch import encoder as enc_mod
+
+    recorded: dict[str, Any] = {}
+    was_disabled: list[str] = []
+    if store is not None:
+        recorded, was_disabled = store.models(), json.loads(store.get_meta(DISABLED_KEY) or "[]")
+    elif index_dir is not None and (Path(index_dir) / STORE_FILE).is_file():
+        with contextlib.suppress(IndexCorruptError), Store(Path(index_dir) / STORE_FILE) as s:
+            recorded, was_disabled = s.models(), json.loads(s.get_meta(DISABLED_KEY) or "[]")
+
+    notices: list[str] = []
+    missing_defaults: list[str] = []
+    disabled: list[str] = []
+
+    def one(arg: str | None, role: str, package_default: str, want_multi: bool) -> Any:
+        if arg is None or (arg == DEFAULT and role in was_disabled and role not in recorded):
+            disabled.append(role)
+            return None
+        is_default = arg == DEFAULT
+        name = arg
+        if is_default:
+            name = recorded[role].name if role in recorded else package_default
+        try:
+            enc = (load or enc_mod.load)(name, device=device)
+        except ModelUnavailableError:
+            if not is_default:
+                raise
+            missing_defaults.append(name)
+            return None
+        except ModelError as exc:
+            if not (is_default and role in recorded):
+                raise
+            # The model this index was built with is gone (a deleted local folder, say):
+            # search and indexing go on without its vectors rather than refusing to run.
+            flag = "--model" if role == "dense" else "--multi-model"
+            notices.append(
+                f"Model {name} recorded in the index cannot be loaded ({exc}); its vectors are left out "
+                f"of this run (restore the model, or re-embed with 'codesearch index --rebuild {flag} PATH_OR_ID')"
+            )
+            return None
+        if bool(enc.multivector) != want_multi:
+            what = "a ColBERT (multi-vector)" if want_multi else "a single-vector"
+            raise ModelError(
+                f"Model {name!r} is not {what} model (pass --model for single-vector checkpoints "
+                "and --multi-model for ColBERT ones)"
+            )
+        return enc
+
+    dense = one(dense_model, "dense", enc_mod.DEFAULT_DENSE_MODEL, False)
+    multi = one(multi_model, "colbert", enc_mod.DEFAULT_MULTI_MODEL, True)
+    if missing_defaults:
+        names = " and ".join(missing_defaults)
+        plural = "s" if len(missing_defaults) > 1 else ""
+        cached = "are" if plural else "is"
+        how = "indexed lexical-only" if dense is None and multi is None else "indexed without its vectors"
+        notices.append(
+            f"Default model{plural} {names} {cached} not cached and the hub is unreachable; {how}. "
+            "Run 'codesearch index' again online (or pass --model PATH) to add vectors."
+        )
+    return Encoders(dense=dense, multi=multi, disabled=tuple(disabled)), notices
+
+
+def check_models(store: Store, encoders: Encoders, index_dir: Path) -> None:
+    recorded = store.models()
+    for role, enc in encoders.by_role().items():
+        rec = recorded.get(role)
+        if rec is not None and rec.identity != enc.identity:
+            flag = "--model" if role == "dense" else "--multi-model"
+            raise ModelMismatchError(
+                f"Index at {index_dir} was built with {role} model {rec.name} ({rec.identity}); this run "
+                f"asks for {enc.name} ({enc.identity}); run 'codesearch index --rebuild' to re-index with "
+                f"the new model, or pass {flag} {rec.name}"
+            )
+
+
+def chunk_budget(encoders: Encoders, chunk_tokens: int | None) -> tuple[int, Callable[[str], int] | None, str]:
+    """(max tokens per chunk, token counter or None, the counter's identity)."""
+    encs = [e for e in (encoders.dense, encoders.multi) if e is not None]
+    if chunk_tokens is not None:
+        if chunk_tokens < 16:
+            raise CodeSearchError(f"chunk size {chunk_tokens} tokens is too small (use 64 or more)")
+        budget = int(chunk_tokens)
+    else:
+        # A multi-vector model truncates, and a token it drops cannot match: its window caps
+        # the chunk. A single-vector model's window does not (MiniLM reads 256 tokens of a
+        # 512-token chunk): on the benchmark, hybrid NDCG was the same with 256- and
+        # 512-token chunks, lexical better with 512, and 512 halves the texts to encode.
+        # (Reading a long chunk as the mean of its windows' vectors was measured too: hybrid
+        # 0.875 -> 0.868 for 1.5x the encoding, BENCHMARKS.md.)
+        budget = min([MAX_CHUNK_TOKENS, *(int(e.max_length) for e in encs if getattr(e, "multivector", False))])
+    if not encs:
+        return budget, None, "approx"
+    # Count with the model whose window must hold the chunk whole (the multi-vector one).
+    counter = next((e for e in encs if getattr(e, "multivector", False)), encs[0])
+    if hasattr(counter, "token_counter"):
+        # picklable (tokenizer path + extra tokens), so chunking can run in worker processes
+        return budget, counter.token_counter(), counter.identity
+    return budget, (lambda s: counter.count_tokens([s])[0]), counter.identity

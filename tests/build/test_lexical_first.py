@@ -1,0 +1,174 @@
+"""Lexical first: an index run is searchable before its vectors, embeds the most useful
+files first, publishes vectors as they come, and a killed run resumes where it stopped.
+
+Real walk, tree-sitter, SQLite, FAISS and PLAID; the tiny random checkpoints encode.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from codesearch.api import CodeSearch
+from codesearch.build import pipeline
+from codesearch.build.encoders import Encoders
+from codesearch.build.pipeline import build_index
+from codesearch.errors import IndexLockedError
+from codesearch.search.ranking import _impute
+from codesearch.search.searcher import Searcher
+from codesearch.store import IndexLock, Store
+from codesearch.types import STORE_FILE, default_index_dir, path_kind
+from fixtures.pipeline_helpers import CountingEncoder, check_consistent, module_source
+
+
+@pytest.fixture(scope="module")
+def dense_encoder(single_vector_dir):
+    from codesearch.encoder import load
+
+    return load(str(single_vector_dir))
+
+
+def _repo(root: Path) -> Path:
+    """Source, tests and docs, so the embedding order has something to order."""
+    (root / "pkg").mkdir(parents=True)
+    (root / "tests").mkdir()
+    (root / "docs").mkdir()
+    (root / "pkg" / "engine.py").write_text(module_source("engine", 2, 5))
+    (root / "pkg" / "planner.py").write_text(module_source("planner", 2, 5))
+    (root / "tests" / "test_engine.py").write_text(module_source("test_engine", 2, 5))
+    (root / "docs" / "guide.md").write_text("# Guide\n\nHow the engine plans a query.\n")
+    return root
+
+
+class _StopAfter(CountingEncoder):
+    """The real encoder, which raises (like a Ctrl-C) once it has encoded ``n`` batches."""
+
+    def __init__(self, inner, n: int):
+        super().__init__(inner)
+        self.n = n
+        self.calls = 0
+
+    def encode(self, texts, kind="document", batch_tokens=None):
+        self.calls += 1
+        if self.calls > self.n:
+            raise KeyboardInterrupt
+        return super().encode(texts, kind=kind, batch_tokens=batch_tokens)
+
+
+def test_searchable_before_the_vectors(tmp_path, dense_encoder):
+    repo = _repo(tmp_path / "repo")
+    idir = default_index_dir(repo)
+    seen: dict[str, object] = {}
+
+    def progress(event):
+        # At the "searchable" event no vector is encoded yet: a searcher opened now must
+        # answer from the lexical index, and say the vectors are partial.
+        if event.stage == "searchable":
+            with Store(idir / STORE_FILE, readonly=True) as s:
+                seen["vectors"] = s.count_with_vectors("dense")
+            with Searcher(idir, encoders=Encoders(dense=dense_encoder)) as s:
+                seen["lexical"] = s.search("engine plans query", 3, mode="lexical").hits
+                seen["hybrid"] = s.search("engine plans query", 3, mode="hybrid")
+
+    build_index(repo, encoders=Encoders(dense=CountingEncoder(dense_encoder)), progress=progress)
+    assert seen["vectors"] == 0
+    assert seen["lexical"], "the lexical index answers before any vector exists"
+    hybrid = seen["hybrid"]
+    assert hybrid.hits and any("semantic vectors for 0% of chunks" in n for n in hybrid.notices)
+    check_consistent(idir, complete=True)
+
+
+def test_source_is_embedded_before_tests_and_docs(tmp_path, dense_encoder):
+    repo = _repo(tmp_path / "repo")
+    enc = CountingEncoder(dense_encoder)
+    build_index(repo, encoders=Encoders(dense=enc))
+    # Every encoded text starts with its path (chunk header or whole-file text).
+    kinds = [path_kind(t.split("\n", 1)[0].split(" > ")[0]) for t in enc.texts]
+    assert kinds == sorted(kinds), kinds
+    assert kinds[0] == 0 and kinds[-1] > 0
+
+
+def test_a_killed_run_is_searchable_and_the_next_run_completes_it(tmp_path, dense_encoder, monkeypatch):
+    repo = _repo(tmp_path / "repo")
+    idir = default_index_dir(repo)
+    monkeypatch.setattr(pipeline, "ENCODE_BATCH", 2)  # several committed batches
+    with pytest.raises(KeyboardInterrupt):
+        build_index(repo, encoders=Encoders(dense=_StopAfter(dense_encoder, 2)))
+    with Store(idir / STORE_FILE, readonly=True) as s:
+        partial = s.count_with_vectors("dense")
+        assert 0 < partial < s.count("chunks")  # the finished batches were kept
+    with Searcher(idir) as s:  # searchable as it is: files and chunks were committed first
+        assert s.search("planner", 3, mode="lexical").hits
+    again = CountingEncoder(dense_encoder)
+    summary = build_index(repo, encoders=Encoders(dense=again))
+    assert summary.files_indexed == 0  # nothing re-read or re-chunked
+    assert 0 < len(again.texts)
+    check_consistent(idir, complete=True)
+
+
+def test_vectors_are_published_while_encoding(tmp_path, dense_encoder, monkeypatch):
+    repo = _repo(tmp_path / "repo")
+    idir = default_index_dir(repo)
+    monkeypatch.setattr(pipeline, "ENCODE_BATCH", 2)
+    monkeypatch.setattr(pipeline, "PUBLISH_EVERY_S", 0.0)
+    gens: list[int] = []
+
+    def progress(event):
+        if event.stage == "encode":
+            with Store(idir / STORE_FILE, readonly=True) as s:
+                gens.append(s.generation)
+
+    build_index(repo, encoders=Encoders(dense=dense_encoder), progress=progress)
+    assert len(set(gens)) > 1, "each publication is a new generation a searcher can open"
+    check_consistent(idir, complete=True)
+
+
+def test_a_chunk_without_a_vector_keeps_its_lexical_place():
+    # Rows 0-3 are lexical candidates; rows 0 and 1 have vectors and row 0 was a vector hit.
+    norm = np.array([1.0, 0.0, 0.0, 0.0, 0.0], np.float32)
+    covered = np.array([True, True, False, False, True])
+    lexical = np.array([3.0, 2.0, 2.0, 1.0, 0.0], np.float32)
+    out = _impute(norm, covered, lexical)
+    # Covered rows keep their score; uncovered lexical candidates get what covered ones get
+    # on average (0.5), not the 0 that would sink them; no lexical score, no fill.
+    np.testing.assert_allclose(out, [1.0, 0.0, 0.5, 0.5, 0.0])
+    assert _impute(norm, np.ones(5, bool), lexical) is norm  # complete: untouched
+
+
+def test_a_second_index_run_fails_before_loading_a_model(tmp_path, single_vector_dir, monkeypatch):
+    import codesearch.api as api_mod
+
+    repo = _repo(tmp_path / "repo")
+    with CodeSearch(repo, model=None, multi_model=None) as cs:
+        cs.index()
+    loads = []
+    monkeypatch.setattr(api_mod, "resolve_encoders", lambda *a, **k: loads.append(a) or (Encoders(), []))
+    lock = IndexLock(default_index_dir(repo)).acquire()
+    try:
+        with CodeSearch(repo, model=str(single_vector_dir), multi_model=None) as cs, pytest.raises(IndexLockedError):
+            cs.index()
+    finally:
+        lock.release()
+    assert loads == []
+
+
+def test_a_lexical_search_refresh_loads_no_model(tmp_path, single_vector_dir, monkeypatch):
+    import codesearch.api as api_mod
+
+    repo = _repo(tmp_path / "repo")
+    with CodeSearch(repo, model=str(single_vector_dir), multi_model=None) as cs:
+        cs.index()
+    (repo / "pkg" / "engine.py").write_text(module_source("engine", 3, 5))
+    real, loads = api_mod.resolve_encoders, []
+    monkeypatch.setattr(api_mod, "resolve_encoders", lambda *a, **k: loads.append(a) or real(*a, **k))
+    with CodeSearch(repo) as cs:
+        result = cs.query("engine_fn2", 3, mode="lexical", refresh=True)
+        assert result.hits and result.hits[0].path == "pkg/engine.py"
+        assert loads == []
+        assert any("no dense vectors yet" in n for n in result.notices)
+        status = cs.status()
+        assert 0 < status.vectors["dense"] < 1
+        cs.index()  # the next run that encodes fills them in
+        assert cs.status().vectors == {"dense": 1.0, "file": 1.0}
