@@ -428,6 +428,8 @@ class IndexSummary:
     models: dict[str, str]
     notices: list[str]
     files_read: int = 0  # files whose bytes were read (stat changed, new, or re-chunk)
+    #: Seconds per stage (walk, chunk, write, sync, encode): what bounds a run.
+    stage_seconds: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

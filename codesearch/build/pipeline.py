@@ -303,16 +303,30 @@ def _build(run: _Run) -> IndexSummary:
         check_models(run.store, run.encoders, run.idir)
     run.prev_gen = run.store.generation
     run.recorded = {} if run.rebuild else run.store.models()
+    stages: dict[str, float] = {}
+    mark = time.perf_counter()
+
+    def timed(stage: str) -> None:
+        nonlocal mark
+        now = time.perf_counter()
+        stages[stage] = round(stages.get(stage, 0.0) + now - mark, 3)
+        mark = now
+
     _walk_and_read(run)
+    timed("walk")
     _chunk(run)
+    timed("chunk")
     delta = _commit(run)
+    timed("write")
     # Searchable now: lexical (and any vector index whose vectors were all cached).
     sync_derived(run.idir, run.store, run.prev_gen, delta, run.report)
+    timed("sync")
     run.report(
         "searchable", 1, 1, files=len(run.work), chunks=run.chunks_made,
         message=f"searchable: {run.store.count('chunks'):,} chunks in the lexical index",
     )
     _encode(run)
+    timed("encode")  # with the vector indexes' syncs while it ran
     # Old versions of edited code stay cached (cheap branch switches) up to about the size
     # of the live index; past that they go.
     run.store.prune_vectors(keep_unreferenced=max(10_000, run.store.count("chunks")))
@@ -332,6 +346,7 @@ def _build(run: _Run) -> IndexSummary:
         models=models,
         notices=run.notices,
         files_read=run.files_read,
+        stage_seconds=stages,
     )
 
 
@@ -562,7 +577,7 @@ def _encode(run: _Run) -> None:
     last_publish, publish_cost = time.monotonic(), 0.0
     enc_t0 = time.perf_counter()
     for enc, items in streams:
-        batches = list(_batches([(kind, h, t) for _, kind, h, t in items]))
+        batches = list(_batches([(kind, h, t) for _, kind, h, t in items], _batch_size(enc)))
         texts_of = ([t for _, _, t in b] for b in batches)
         if hasattr(enc, "encode_batches"):  # a pool of workers (codesearch[ray]) streams them
             outputs = enc.encode_batches(texts_of, kind="document")
@@ -628,12 +643,30 @@ def _current_text(root: Path, path: str, expected_hash: str, texts: dict[str, tu
     return decode_source(data) if hash_bytes(data) == expected_hash else None
 
 
-def _batches(items: list[tuple[str, str, str]]) -> Iterable[list[tuple[str, str, str]]]:
-    """Consecutive runs of (kind, hash, text) of at most ENCODE_BATCH texts / ..._CHARS chars."""
+def _batch_size(enc: Any) -> tuple[int, int]:
+    """(texts, characters) per encode call and committed batch.
+
+    On a CPU the encoder's own budget is small and a batch of 64 texts keeps each commit
+    (and so what a kill loses) small. A GPU wants far larger passes (up to 262k tokens,
+    `Encoder.batch_tokens`): there the call holds about what the encoder can run at once,
+    at about 4 characters per token, so the device is never fed 20k-token crumbs.
+    """
+    device = str(getattr(enc, "device", "cpu"))
+    budget = int(getattr(enc, "batch_tokens", 0) or 0)
+    if not device.startswith("cuda") or budget <= 0:
+        return ENCODE_BATCH, ENCODE_BATCH_CHARS
+    return max(ENCODE_BATCH, budget // 64), max(ENCODE_BATCH_CHARS, 4 * budget)
+
+
+def _batches(
+    items: list[tuple[str, str, str]], size: tuple[int, int] | None = None
+) -> Iterable[list[tuple[str, str, str]]]:
+    """Consecutive runs of (kind, hash, text) of at most ``size`` = (texts, characters)."""
+    max_texts, max_chars = size or (ENCODE_BATCH, ENCODE_BATCH_CHARS)
     batch: list[tuple[str, str, str]] = []
     chars = 0
     for item in items:
-        if batch and (len(batch) >= ENCODE_BATCH or chars + len(item[2]) > ENCODE_BATCH_CHARS):
+        if batch and (len(batch) >= max_texts or chars + len(item[2]) > max_chars):
             yield batch
             batch, chars = [], 0
         batch.append(item)

@@ -193,6 +193,7 @@ _SUMMARY_ROWS = [
     ("chunks_encoded", "texts encoded"),
     ("tokens_encoded", "tokens encoded"),
     ("seconds", "time (s)"),
+    ("stage_seconds", "time by stage (s)"),
     ("models", "models"),
 ]
 

@@ -534,3 +534,19 @@ def test_a_model_switched_off_stays_off_without_a_notice(offline_hub, repo, sing
 
     with _store(repo) as s, pytest.raises(ModelUnavailableError):
         resolve_encoders(multi_model="some-org/not-cached", store=s)
+
+
+def test_a_gpu_encoder_gets_batches_its_size_and_a_cpu_one_keeps_small_commits():
+    from types import SimpleNamespace
+
+    from codesearch.build.pipeline import ENCODE_BATCH, ENCODE_BATCH_CHARS, _batch_size
+
+    assert _batch_size(SimpleNamespace(device="cpu", batch_tokens=16384)) == (ENCODE_BATCH, ENCODE_BATCH_CHARS)
+    texts, chars = _batch_size(SimpleNamespace(device="cuda:0", batch_tokens=262144))
+    assert texts == 4096 and chars == 4 * 262144
+
+
+def test_the_summary_says_how_long_each_stage_took(repo):
+    summary = build_index(repo)
+    assert set(summary.stage_seconds) == {"walk", "chunk", "write", "sync", "encode"}
+    assert all(v >= 0 for v in summary.stage_seconds.values())
