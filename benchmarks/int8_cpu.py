@@ -10,6 +10,7 @@ machine noise hits them alike; best round per variant:
   bf16          what `dtype="auto"` picks on a CPU with AMX/AVX512-bf16
   int8-dynamic  torch.ao `quantize_dynamic` (qint8 weights per tensor, activations quantized
                 per batch at run time; engine: torch.backends.quantized.engine, x86 = fbgemm)
+  int8-perchannel  the same with one weight scale per output channel
 
 Also printed: one Wqkv-sized matmul per variant, plus `torch._int_mm` (int8 x int8 -> int32,
 the building block of a hand-written int8 Linear), to show where the time goes.
@@ -46,15 +47,19 @@ SITE = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_
 # ------------------------------------------------------------------------------ int8 variants
 
 
-def quantize_ao(module: nn.Module) -> nn.Module:
-    from torch.ao.quantization import quantize_dynamic
+def quantize_ao(module: nn.Module, per_channel: bool = False) -> nn.Module:
+    from torch.ao.quantization import default_dynamic_qconfig, per_channel_dynamic_qconfig, quantize_dynamic
 
+    qconfig = per_channel_dynamic_qconfig if per_channel else default_dynamic_qconfig
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao.quantization announces its deprecation
-        return quantize_dynamic(module, {nn.Linear}, dtype=torch.qint8)
+        return quantize_dynamic(module, {nn.Linear: qconfig}, dtype=torch.qint8)
 
 
-QUANTIZERS = {"int8-dynamic": quantize_ao}
+QUANTIZERS = {
+    "int8-dynamic": quantize_ao,
+    "int8-perchannel": lambda m: quantize_ao(m, per_channel=True),
+}
 
 
 def matmul_micro(tokens: int = 2048, reps: int = 5) -> dict[str, float]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from codesearch.encoder import DEFAULT_DENSE_MODEL, DEFAULT_MULTI_MODEL
 
-__all__ = ["default_models"]
+__all__ = ["default_models", "whole_file_vectors"]
 
 
 def default_models(device: Any) -> tuple[str | None, str | None]:
@@ -36,25 +36,25 @@ def default_models(device: Any) -> tuple[str | None, str | None]:
     Notes
     -----
     Measured with random weights of the exact shapes (speed depends only on shapes;
-    ``benchmarks/default_cost.py``) on a 2-core AMD EPYC (AVX2, no AVX512/AMX, so fp32) and in
-    the issue's run on a busy 2-core machine, indexing ~25-file Python packages
-    (httpx, 24 files; flask, 26 files):
+    ``benchmarks/default_cost.py``), ``codesearch index`` of a ~25-file Python package:
 
-    - lexical only is about 1 s; the 17M ColBERT model adds ~20-40 s; the 149M dense model
-      (chunk vectors plus one whole-file vector per file, about twice the tokens) adds
-      10-25 minutes. Per token the 149M model is ~10-20x the 17M one (BENCHMARKS.md).
-      At that rate a 1,000-file repository takes hours with the dense model and minutes
-      without it, so the CPU default can meet the "minutes, not hours" target only without it.
-    - int8 linear layers do not close the gap (see BENCHMARKS.md, "int8 on a CPU").
-    - Quality, from published numbers only (real weights are not available here, so the
-      real-weight quality of either choice is unmeasured): on semble's code-search benchmark
-      LateOn-Code-edge with full-text fusion scores 0.846 NDCG@10 (ColGREP's README), about
-      what a 137M dense model reaches in a hybrid (CodeRankEmbed 0.862) and far above it
-      alone (0.765). The lexical + 17M ColBERT pair keeps most of the hybrid's quality at a
-      small fraction of its CPU cost.
+    - httpx (24 files), 2-core AMD EPYC (AVX2 only: fp32), load ~2.2: lexical only 1.0 s;
+      the 17M ColBERT model 21.5 s (231 chunks, 74k tokens); the 149M dense model did not
+      finish in over an hour while the shared machine ran at load 10-18.
+    - flask (26 files), the issue's run at load ~4.5: lexical 0.8 s, 17M ColBERT 38.6 s,
+      both 891.9 s. The 149M model does ~28x the matmul work of the 17M one per token
+      (110M vs 3.9M parameters in linear layers) and encodes every file again whole, so it
+      is 95% of the default's CPU time: minutes for 26 files, hours for 1,000.
+    - int8 linear layers do not rescue it: per-tensor dynamic int8 moves real MiniLM vectors
+      to a cosine of ~0.94 against fp32 (per-channel ~0.98); see BENCHMARKS.md.
+    - Quality, from published numbers only (the real weights cannot be fetched here, so
+      the real-weight quality of either choice is unmeasured): on semble's code-search
+      benchmark LateOn-Code-edge with full-text fusion scores 0.846 NDCG@10 (ColGREP's
+      README), close to a 137M dense model in a hybrid (CodeRankEmbed 0.862) and well above
+      it alone (0.765). Lexical + the 17M ColBERT model keeps most of the hybrid's quality
+      for ~5% of its CPU time.
 
-    On a GPU the 149M model encodes thousands of tokens per second per layer stack in bf16
-    flash attention, so both models stay on by default there.
+    On a GPU the 149M model's cost is small (bf16 varlen flash attention), so both stay on.
 
     Examples
     --------
@@ -64,6 +64,24 @@ def default_models(device: Any) -> tuple[str | None, str | None]:
     if _is_gpu(device):
         return DEFAULT_DENSE_MODEL, DEFAULT_MULTI_MODEL
     return None, DEFAULT_MULTI_MODEL
+
+
+def whole_file_vectors(device: Any) -> bool:
+    """Whether the dense model also encodes every file whole (one long-context vector per file).
+
+    True on CUDA. On a CPU the whole-file pass about doubles the dense model's tokens (every
+    file is read again up to 8192 tokens), so a CPU user who opts into a dense model gets the
+    file's centroid instead: the normalised mean of its chunk vectors, which the searcher
+    already computes for short-context models (``w_file_centroid``; +0.6 / +1.0 NDCG points on
+    the two halves of the dev split with MiniLM, BENCHMARKS.md). Centroid vs whole-file
+    vector for a long-context model is unmeasured here.
+
+    Examples
+    --------
+    >>> whole_file_vectors("cpu")
+    False
+    """
+    return _is_gpu(device)
 
 
 def _is_gpu(device: Any) -> bool:
