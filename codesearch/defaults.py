@@ -39,8 +39,9 @@ def default_models(device: Any) -> tuple[str | None, str | None]:
     ``benchmarks/default_cost.py``), ``codesearch index`` of a ~25-file Python package:
 
     - httpx (24 files), 2-core AMD EPYC (AVX2 only: fp32), load ~2.2: lexical only 1.0 s;
-      the 17M ColBERT model 21.5 s (231 chunks, 74k tokens); the 149M dense model did not
-      finish in over an hour while the shared machine ran at load 10-18.
+      the 17M ColBERT model 21.5 s (231 chunks, 74k tokens); the 149M dense model 4,358 s
+      (136k tokens, 45% of them whole files; ~20 CPU minutes while the shared machine ran
+      at load 10-18).
     - flask (26 files), the issue's run at load ~4.5: lexical 0.8 s, 17M ColBERT 38.6 s,
       both 891.9 s. The 149M model does ~28x the matmul work of the 17M one per token
       (110M vs 3.9M parameters in linear layers) and encodes every file again whole, so it
