@@ -491,11 +491,22 @@ def offline_hub(monkeypatch, tmp_path):
 
 
 def test_unavailable_default_models_degrade_to_lexical_only_with_a_notice(offline_hub):
-    encoders, notices = resolve_encoders()
+    encoders, notices = resolve_encoders(device="cpu")
     assert encoders.dense is None and encoders.multi is None
-    assert len(notices) == 1
-    assert "not cached and the hub is unreachable; indexed lexical-only" in notices[0]
-    assert "Run 'codesearch index' again online" in notices[0]
+    # On a CPU the dense default is off (said once), and the ColBERT default is missing.
+    assert len(notices) == 2 and notices[0].startswith("No dense model by default on a CPU")
+    assert "not cached and the hub is unreachable; indexed lexical-only" in notices[1]
+    assert "Run 'codesearch index' again online" in notices[1]
+
+
+def test_on_a_cpu_the_dense_default_is_off_but_not_recorded_as_switched_off(offline_hub, repo):
+    from codesearch.build.encoders import DISABLED_KEY
+
+    encoders, _ = resolve_encoders(device="cpu")
+    assert encoders.disabled == ()  # a later GPU run, or --model, adds it
+    build_index(repo, encoders=encoders)
+    with Store(repo / ".codesearch" / STORE_FILE) as s:
+        assert s.get_meta(DISABLED_KEY) == "[]"
 
 
 def test_an_explicit_model_that_cannot_be_had_raises(offline_hub):
