@@ -400,7 +400,7 @@ class ProgressEvent:
     for ``encode``, derived indexes for ``sync``.
     """
 
-    stage: str  # 'walk' | 'chunk' | 'encode' | 'write' | 'sync'
+    stage: str  # 'walk' | 'chunk' | 'write' | 'sync' | 'searchable' | 'encode' | 'published'
     done: int
     total: int
     files: int = 0

@@ -629,6 +629,10 @@ def _publish(run: _Run, encoded: dict[str, set[str]]) -> None:
     with store.transaction():
         store.set_meta("generation", prev + 1)
     sync_derived(run.idir, store, prev, Delta([], [], [], [], dict(encoded)), run.report)
+    run.report(
+        "published", store.generation, store.generation, files=len(run.work), chunks=run.chunks_made,
+        message=f"vectors of {sum(len(h) for h in encoded.values()):,} texts are searchable",
+    )
 
 
 def _current_text(root: Path, path: str, expected_hash: str, texts: dict[str, tuple[str, str]]) -> str | None:

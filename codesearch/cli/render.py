@@ -164,6 +164,8 @@ class IndexProgress:
     def __call__(self, event: Any) -> None:
         if self._progress is None:
             return
+        if event.stage == "published":
+            return  # more vectors searchable: the encode bar already shows the progress
         if event.stage == "searchable":
             # The first phase is over: queries answer from here on, while vectors come.
             self._progress.console.print(f"[green]{escape(event.message)}[/]; queries answer now, embedding continues")

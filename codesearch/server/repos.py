@@ -144,6 +144,10 @@ class ServedRepo:
         self.name = name or self.root.name  # how requests and hits name this root
         # Status reads get their own object: the writer's status() waits for its runs.
         self._statuser = CodeSearch(root, **options.kwargs())
+        # Opens the readers' snapshots. Apart from the writer because an index run commits
+        # in stages (lexical first, then vectors as they come) and the reader is swapped at
+        # each stage from inside the run, while the writer holds its own write lock.
+        self._snapper = CodeSearch(root, **options.kwargs(), encoder_pool=encoder_pool)
         # One index run at a time across roots: they would only compete for the same cores,
         # and the second run finds the models the first one loaded.
         self._run_lock = run_lock if run_lock is not None else threading.Lock()
@@ -214,6 +218,7 @@ class ServedRepo:
         if reader is not None:
             reader.snapshot.close()
         self._statuser.close()
+        self._snapper.close()
         self._writer.close()
 
     @property
@@ -275,7 +280,7 @@ class ServedRepo:
 
             # Only the snapshot's query encoders are wrapped: the writer encodes documents.
             wrap = batcher_for
-        snapshot = self._writer.snapshot(wrap_encoder=wrap)
+        snapshot = self._snapper.snapshot(wrap_encoder=wrap)
         try:
             # One query of each kind before the swap, so the first request after it pays nothing.
             snapshot.search("warm up", 1, mode="lexical")
@@ -369,6 +374,13 @@ class ServedRepo:
         if self._stopping:
             raise _Cancelled()
         self.run_state.progress = dataclasses.asdict(event) if dataclasses.is_dataclass(event) else {"event": str(event)}
+        if getattr(event, "stage", None) in ("searchable", "published"):
+            # Lexical first: the files are committed (or more vectors are in) while the run
+            # goes on embedding; searches move to that generation now, not at the run's end.
+            try:
+                self._swap_reader()
+            except CodeSearchError as exc:
+                log.warning("could not open the new generation of %s yet: %s", self.root, exc)
 
     # -- status ------------------------------------------------------------------------
 

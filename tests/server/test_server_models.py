@@ -187,3 +187,31 @@ def test_roots_whose_indexes_record_the_same_model_share_it(tmp_path, single_vec
             assert repo.query("parseConfigFile", 1, mode="dense").hits
     finally:
         repos.close()
+
+
+def test_searches_move_to_the_lexical_generation_before_the_vectors(tmp_path, single_vector_dir):
+    from codesearch.server.repos import RepoOptions, RepoSet
+
+    root = write_sample_repo(tmp_path / "repo")
+    repos = RepoSet([root], RepoOptions(model=str(single_vector_dir), multi_model=None, device="cpu"))
+    try:
+        (repo,) = repos.repos
+        seen: list[tuple[str, int]] = []
+        on_progress = repo._on_progress
+
+        def record(event):  # the run's own callback, observed (the swap happens inside it)
+            on_progress(event)
+            if event.stage in ("searchable", "published", "encode"):
+                seen.append((event.stage, repo.run_state.generation))
+
+        repo._on_progress = record
+        repos.start(index_now=True, watch=False)
+        assert repo.wait_idle(120)
+        stages = [stage for stage, _ in seen]
+        # The reader was swapped when the run became searchable, before any vector was encoded,
+        # and again when the vectors were published: two swaps inside the run, one at its end.
+        assert stages[0] == "searchable" and seen[0][1] == 1 and "published" in stages
+        assert repo.run_state.generation >= 3
+        assert repo.query("parseConfigFile", 3, mode="hybrid").hits
+    finally:
+        repos.close()
