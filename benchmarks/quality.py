@@ -184,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk-tokens", type=int, default=None)
     ap.add_argument("--rebuild", action="store_true")
     ap.add_argument("--json", type=Path, default=None, help="write per-query results here")
+    ap.add_argument("--vector-share", type=float, default=1.0,
+                    help="keep vectors for only this share of chunks (a random, seeded subset): an index "
+                         "run still embedding, e.g. 0.5")
     ap.add_argument("--params", default=None,
                     help='RankingParams overrides as JSON, e.g. \'{"fusion": "score", "dense_candidates": 200}\'')
     args = ap.parse_args(argv)
@@ -201,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
             from dataclasses import replace
 
             searcher._ranker.params = replace(searcher._ranker.params, **json.loads(args.params))
+        if args.vector_share < 1.0:
+            _keep_vector_share(searcher, args.vector_share)
         corpus = searcher._ranker.corpus
         all_chunks = [(prefix + corpus.files[f], int(s), int(e)) for f, s, e in zip(corpus.file_idx, corpus.start, corpus.end)]
         repo_tasks = [t for t in tasks if t.repo == name]
@@ -227,6 +232,32 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({"per_repo": per_repo, "queries": results}, indent=1))
     return 0
+
+
+def _keep_vector_share(searcher, share: float, seed: int = 0) -> None:
+    """Make an open searcher look like an index run that has embedded ``share`` of its chunks:
+    the others leave its dense index, its coverage and its file centroids (in memory only)."""
+    import numpy as np
+
+    dense = searcher._dense
+    if dense is None or not len(dense):
+        return
+    ids = np.asarray(dense.ids(), dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    drop = ids[rng.random(len(ids)) >= share]
+    dense.remove(drop)
+    searcher._covered = searcher._coverage()
+    c = searcher._ranker.corpus
+    cent = np.zeros((len(c.files), dense.dim), dtype=np.float32)
+    dropped = set(drop.tolist())
+    for found, arrays in searcher._store.iter_vectors("dense"):
+        rows = searcher._ranker.rows_of(found)
+        keep = (rows >= 0) & np.array([int(i) not in dropped for i in found], dtype=bool)
+        if keep.any():
+            vecs = np.concatenate(arrays, axis=0).astype(np.float32, copy=False)
+            np.add.at(cent, c.file_idx[rows[keep]], vecs[keep])
+    cent /= np.maximum(np.linalg.norm(cent, axis=1, keepdims=True), 1e-9)
+    searcher._centroids = cent
 
 
 def report(results: list[dict], per_repo: list[dict], modes: list[str]) -> None:
