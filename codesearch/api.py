@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from codesearch.build.encoders import DEFAULT, DISABLED_KEY, Encoders, resolve_encoders
+from codesearch.build.encoders import DEFAULT, DISABLED_KEY, VECTORS_PENDING_KEY, Encoders, resolve_encoders
 from codesearch.build.pipeline import build_index
 from codesearch.build.walk import quiet_skips
 from codesearch.build.status import Staleness, index_info, staleness
@@ -242,7 +242,10 @@ class CodeSearch:
         self.include = tuple(include)
         self.exclude = tuple(exclude)
         self.max_file_bytes = int(max_file_bytes)
-        self.encoder_pool = encoder_pool
+        # Models load through a pool keyed by resolved name, so an index run (which asks for
+        # the defaults) and a search (which asks for what the index records) share one load.
+        self._own_pool = encoder_pool is None
+        self.encoder_pool = encoder_pool if encoder_pool is not None else EncoderPool()
         self.ray = ray
         if ray is not None:
             from codesearch.build.distributed import require_ray
@@ -275,6 +278,8 @@ class CodeSearch:
         with self._rw.writing(), self._state_lock:
             self._close_searchers()
             self._encoders.clear()
+            if self._own_pool:
+                self.encoder_pool.clear()
             if self._ray_encoders:
                 from codesearch.build.distributed import close_made
 
@@ -324,7 +329,7 @@ class CodeSearch:
                 f"the index folder {str(self.index_dir)!r} is a file (move it away, or pass --index-dir FOLDER)"
             )
         if lexical_only:
-            return self._index((None, None), rebuild=rebuild, progress=progress, disabled=())
+            return self._index((None, None), rebuild=rebuild, progress=progress, defer_vectors=True)
         models = (self.model, self.multi_model)
         # Both models switched off: no encoder is resolved, so say here what resolving
         # records for each role given as None, or a later default run would bring them back.
@@ -392,7 +397,7 @@ class CodeSearch:
         self._require_index()
         notices: list[str] = []
         if refresh:
-            notices.extend(self._refresh(lexical=mode == "lexical"))
+            notices.extend(self._refresh(lexical=request.mode is Mode.lexical))
         with self._rw.reading():
             searcher, encoder_notices = self._get_searcher(lexical=request.mode is Mode.lexical)
             result = searcher.search(
@@ -559,9 +564,9 @@ class CodeSearch:
                 if models == (None, None):
                     cached = (Encoders(), [])
                 else:
-                    load = self.encoder_pool.load if self.encoder_pool is not None else None
                     cached = resolve_encoders(
-                        models[0], models[1], device=self.device, index_dir=self.index_dir, load=load
+                        models[0], models[1], device=self.device, index_dir=self.index_dir,
+                        load=self.encoder_pool.load,
                     )
                 self._encoders[models] = cached
             return cached
@@ -606,9 +611,12 @@ class CodeSearch:
         progress: Callable[[ProgressEvent], None] | None = None,
         walk: tuple[tuple[str, ...], tuple[str, ...], int] | None = None,
         disabled: tuple[str, ...] | None = None,
+        defer_vectors: bool = False,
     ) -> IndexSummary:
         """One index run with the encoders of ``models``; ``disabled`` (when given) is the
-        list of switched-off model roles the run records, instead of the resolved one."""
+        list of switched-off model roles the run records, instead of the resolved one;
+        ``defer_vectors``: a run without models that leaves the recorded ones as they are
+        (their vectors of changed code come with the next run that encodes)."""
         include, exclude, max_bytes = walk or (self.include, self.exclude, self.max_file_bytes)
         with self._rw.writing():
             IndexLock.check_free(self.index_dir)  # before a model load of seconds, not after
@@ -630,7 +638,7 @@ class CodeSearch:
                     max_file_bytes=max_bytes,
                     rebuild=rebuild,
                     progress=progress,
-                    defer_vectors=models == (None, None) and walk is not None,
+                    defer_vectors=defer_vectors,
                 )
             except OSError as exc:
                 # Unreadable source files are skipped by the pipeline; what reaches here is
@@ -683,6 +691,13 @@ class CodeSearch:
             # Another process started writing in between; its own run records its options.
             pass
 
+    def _vectors_pending(self) -> bool:
+        """Whether a run without models (a lexical search's refresh) left vectors to add."""
+        from codesearch.store import Store
+
+        with Store(self.index_dir / STORE_FILE, readonly=True) as store:
+            return bool(store.get_meta(VECTORS_PENDING_KEY))
+
     def _staleness(self) -> Staleness:
         include, exclude, max_bytes = self._recorded_walk()
         return staleness(
@@ -692,7 +707,11 @@ class CodeSearch:
     def _refresh(self, *, lexical: bool = False) -> list[str]:
         stale = self._staleness()
         if not stale.stale:
-            return []
+            if lexical or not self._vectors_pending():
+                return []
+            # An earlier lexical search's refresh left changed code without vectors: a search
+            # that uses them adds them now.
+            stale = dataclasses.replace(stale, changed=["(vectors)"])
         n = len(stale.added) + len(stale.changed) + len(stale.removed)
         include, exclude, max_bytes = self._recorded_walk()
         # A lexical search needs no vectors: its refresh loads no model (0.8 s, not 8 s after
@@ -702,7 +721,9 @@ class CodeSearch:
             # A refresh keeps the index's record of what the user switched off. It is part
             # of a query: the index run reported unreadable files already.
             with quiet_skips():
-                summary = self._index(models, walk=(include, exclude, max_bytes), disabled=self._recorded_disabled())
+                summary = self._index(
+                    models, walk=(include, exclude, max_bytes), disabled=self._recorded_disabled(), defer_vectors=lexical
+                )
         except IndexLockedError:
             # Another process is indexing right now: search what is there rather than fail.
             return [f"{n} file(s) changed since the last run, but another process is updating the index; "

@@ -33,6 +33,9 @@ DEFAULT = "default"
 
 #: Meta key: the model roles a run switched off with 'none' (JSON list).
 DISABLED_KEY = "models.disabled"
+#: Meta key: set while a run without models (a lexical search's refresh) has left changed
+#: code without the recorded models' vectors; the next run that encodes clears it.
+VECTORS_PENDING_KEY = "vectors.pending"
 #: Meta key: how the last run that embedded anything did it, per role (JSON dict).
 EMBEDDED_KEY = "embedded"
 
@@ -155,8 +158,13 @@ def resolve_encoders(
             )
         return enc
 
-    wants_a_default = DEFAULT in (dense_model, multi_model)
-    dense_default, multi_default = default_models(device) if wants_a_default else (None, None)
+    # Only a role that is neither recorded nor switched off needs the device's default (and
+    # deciding "auto" imports torch, which a lexical-only run must not).
+    needs_default = [
+        role for role, arg in (("dense", dense_model), ("colbert", multi_model))
+        if arg == DEFAULT and role not in recorded and role not in was_disabled
+    ]
+    dense_default, multi_default = default_models(device) if needs_default else (None, None)
     dense = one(dense_model, "dense", dense_default, False)
     multi = one(multi_model, "colbert", multi_default, True)
     if "dense" in off_on_this_device and not recorded:
@@ -266,24 +274,6 @@ def default_models(device: Any) -> tuple[str | None, str | None]:
     if _is_gpu(device):
         return DEFAULT_DENSE_MODEL, DEFAULT_MULTI_MODEL
     return None, DEFAULT_MULTI_MODEL
-
-
-def whole_file_vectors(device: Any) -> bool:
-    """Whether the dense model also encodes every file whole (one long-context vector per file).
-
-    True on CUDA. On a CPU the whole-file pass about doubles the dense model's tokens (every
-    file is read again up to 8192 tokens), so a CPU user who opts into a dense model gets the
-    file's centroid instead: the normalised mean of its chunk vectors, which the searcher
-    already computes for short-context models (``w_file_centroid``; +0.6 / +1.0 NDCG points on
-    the two halves of the dev split with MiniLM, BENCHMARKS.md). Centroid vs whole-file
-    vector for a long-context model is unmeasured here.
-
-    Examples
-    --------
-    >>> whole_file_vectors("cpu")
-    False
-    """
-    return _is_gpu(device)
 
 
 def _is_gpu(device: Any) -> bool:

@@ -40,7 +40,7 @@ import numpy as np
 import xxhash
 
 from codesearch.build.chunking import CHUNKER_VERSION
-from codesearch.build.encoders import DISABLED_KEY, EMBEDDED_KEY, Encoders, check_models, chunk_budget
+from codesearch.build.encoders import DISABLED_KEY, EMBEDDED_KEY, VECTORS_PENDING_KEY, Encoders, check_models, chunk_budget
 from codesearch.errors import (
     IndexCorruptError,
     NothingToIndexError,
@@ -458,7 +458,10 @@ def _commit(run: _Run) -> Delta:
     new_gen = run.prev_gen + 1 if changed else run.prev_gen
     with store.transaction():
         if run.rebuild:
+            embedded = store.get_meta(EMBEDDED_KEY)
             store.clear()  # files, chunks, models, meta (and so every derived generation)
+            if embedded:  # how the cached vectors were made still holds
+                store.set_meta(EMBEDDED_KEY, embedded)
         for fid, size, mtime_ns in run.touched:
             store.touch_file(fid, size=size, mtime_ns=mtime_ns)
         for f in run.removed:
@@ -529,6 +532,13 @@ def _encode(run: _Run) -> None:
     docs, examples and benchmarks (`types.path_kind`), small files before large ones.
     """
     store, roles = run.store, run.encoders.by_role()
+    pending = [role for role in run.recorded if role not in roles]
+    if pending and run.defer_vectors and (run.work or run.rechunk_all):
+        with store.transaction():  # the next search that uses the vectors adds them
+            store.set_meta(VECTORS_PENDING_KEY, json.dumps(pending))
+    elif roles and not pending:
+        with store.transaction():  # this run encodes whatever lacks a vector
+            store.delete_meta(VECTORS_PENDING_KEY)
     for role in run.recorded:
         if role not in roles:
             if run.defer_vectors:

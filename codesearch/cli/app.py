@@ -111,7 +111,7 @@ IndexDirOpt = Annotated[
 @app.command(epilog="Example: codesearch index ./repo --model none --exclude 'tests/**'")
 def index(
     path: PathArg = Path("."),
-    model: Annotated[Optional[str], typer.Option(help="Dense model: hub id or local folder; 'none' disables.", show_default="the index's model, else gte-modernbert-base")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Dense model: hub id or local folder; 'none' disables.", show_default="the index's model, else gte-modernbert-base on a GPU, none on a CPU")] = None,
     multi_model: Annotated[Optional[str], typer.Option("--multi-model", help="ColBERT model: hub id or local folder; 'none' disables.", show_default="the index's model, else LateOn-Code-edge")] = None,
     device: Annotated[Device, typer.Option(help="Where the encoder runs.")] = Device.auto,
     index_dir: IndexDirOpt = None,

@@ -24,6 +24,7 @@ from codesearch.errors import NotIndexedError, QueryError
 from codesearch.indexes.lexical import (
     LexicalIndex,
 )
+from codesearch.store import IndexLock
 from codesearch.search.corpus import CENTRALITY_VERSION, Corpus
 from codesearch.search.query import analyse
 from codesearch.search.ranking import FILE_VECTOR_MIN_TOKENS, Ranker, RankingParams
@@ -51,7 +52,7 @@ class Searcher:
 
     def __init__(self, index_dir: str | Path, *, encoders: Any = None, params: RankingParams | None = None) -> None:
         from codesearch.indexes.registry import load_derived
-        from codesearch.store import IndexLock, Store
+        from codesearch.store import Store
 
         self.index_dir = Path(index_dir)
         store_path = self.index_dir / "store.sqlite"
@@ -151,7 +152,7 @@ class Searcher:
         use_dense = has_dense and mode in ("hybrid", "dense")
         use_colbert = has_colbert and mode in ("hybrid", "colbert")
         if mode == "hybrid" and not (has_dense or has_colbert) and self._covered and not (dense_built or colbert_built):
-            notices.append("semantic vectors for 0% of chunks so far (indexing is still embedding); lexical for all")
+            notices.append(f"semantic vectors for 0% of chunks so far ({self._still_embedding()}); lexical for all")
         elif mode == "hybrid" and not (has_dense or has_colbert) and (dense_built or colbert_built):
             # Said only when this query lost vectors the index has: an index built lexical-only
             # says so once, at index time, and indexes_used shows it on every answer.
@@ -183,14 +184,16 @@ class Searcher:
             ids, scores = self._plaid.search([qm[0]], n_cand)[0]
             colbert = (self._ranker.rows_of(ids), scores)
             used.append("colbert")
-        if (use_dense or use_colbert) and self._covered:
-            shares = [f"{int(100 * self._covered[k].mean())}% of chunks" for k in ("dense", "colbert") if k in self._covered]
-            notices.append(
-                f"semantic vectors for {' and '.join(shares)} so far (indexing is still embedding); lexical for all"
-            )
+        used_kinds = [k for k, used in (("dense", use_dense), ("colbert", use_colbert)) if used and k in self._covered]
+        if used_kinds:
+            shares = [f"{int(100 * self._covered[k].mean())}% of chunks" for k in used_kinds]
+            notices.append(f"semantic vectors for {' and '.join(shares)} so far ({self._still_embedding()}); lexical for all")
+        covered = dict(self._covered)
+        if covered and file_dense is not None and "dense_files" in used and long_context:
+            covered["files"] = covered["file_vectors"]
         total, sources = self._ranker.score(
             q, use_lexical=use_lex, dense=dense, file_dense=file_dense, colbert=colbert, mask=mask,
-            covered=self._covered or None,
+            covered=covered or None,
         )
         picked = self._ranker.select(total, k, files_only=files_only)
         hits = self._hits(picked, sources)
@@ -274,6 +277,11 @@ class Searcher:
                 np.savez(fh, shape=shape, file_ids=c.file_ids, values=values)
         return values
 
+    def _still_embedding(self) -> str:
+        if IndexLock.writer_active(self.index_dir):
+            return "an index run is still embedding"
+        return "run 'codesearch index' to embed the rest"
+
     def _coverage(self) -> dict[str, np.ndarray]:
         """Which rows (and files) have a vector yet, for each vector index that lacks some:
         empty when every vector is in (the usual case), so ranking is then untouched."""
@@ -288,12 +296,16 @@ class Searcher:
             cov[rows[rows >= 0]] = True
             out[name] = cov
         if "dense" in out:
+            # Files: by chunk centroids (short-context models), covered when any chunk is;
+            # by their own vectors (long-context models), covered when they have one.
             files = np.zeros(len(c.files), dtype=bool)
             files[c.file_idx[out["dense"]]] = True
+            out["files"] = files
+            vectors = np.zeros(len(c.files), dtype=bool)
             if self._dense_files is not None and len(self._dense_files):
                 fr = np.array([self._file_row.get(int(f), -1) for f in self._dense_files.ids()], dtype=np.int64)
-                files[fr[fr >= 0]] = True
-            out["files"] = files
+                vectors[fr[fr >= 0]] = True
+            out["file_vectors"] = vectors
         return out
 
     def _file_centroids(self) -> np.ndarray:

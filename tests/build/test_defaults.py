@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from codesearch.build.encoders import default_models, whole_file_vectors
+from codesearch.build.encoders import default_models
 from codesearch.encoder import DEFAULT_DENSE_MODEL, DEFAULT_MULTI_MODEL
 
 
@@ -23,8 +23,3 @@ def test_torch_devices_and_auto_follow_the_hardware():
     assert default_models(torch.device("cpu")) == (None, DEFAULT_MULTI_MODEL)
     want = DEFAULT_DENSE_MODEL if torch.cuda.is_available() else None
     assert default_models("auto") == (want, DEFAULT_MULTI_MODEL)
-
-
-@pytest.mark.parametrize(("device", "want"), [("cpu", False), ("cuda", True), ("cuda:0", True)])
-def test_whole_file_vectors_only_on_a_gpu(device, want):
-    assert whole_file_vectors(device) is want

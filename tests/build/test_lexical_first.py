@@ -19,7 +19,7 @@ from codesearch.errors import IndexLockedError
 from codesearch.search.ranking import _impute
 from codesearch.search.searcher import Searcher
 from codesearch.store import IndexLock, Store
-from codesearch.types import STORE_FILE, default_index_dir, path_kind
+from codesearch.types import STORE_FILE, Mode, SearchRequest, default_index_dir, path_kind
 from fixtures.pipeline_helpers import CountingEncoder, check_consistent, module_source
 
 
@@ -164,11 +164,37 @@ def test_a_lexical_search_refresh_loads_no_model(tmp_path, single_vector_dir, mo
     real, loads = api_mod.resolve_encoders, []
     monkeypatch.setattr(api_mod, "resolve_encoders", lambda *a, **k: loads.append(a) or real(*a, **k))
     with CodeSearch(repo) as cs:
-        result = cs.query("engine_fn2", 3, mode="lexical", refresh=True)
+        # As the CLI asks: a SearchRequest whose mode is lexical.
+        result = cs.query(SearchRequest("engine_fn2", 3, Mode.lexical), refresh=True)
         assert result.hits and result.hits[0].path == "pkg/engine.py"
         assert loads == []
         assert any("no dense vectors yet" in n for n in result.notices)
         status = cs.status()
         assert 0 < status.vectors["dense"] < 1
-        cs.index()  # the next run that encodes fills them in
+        # The next search that uses the vectors adds the ones the lexical refresh left out.
+        hybrid = cs.query("engine_fn2", 3, refresh=True)
+        assert hybrid.hits and not any("semantic vectors for" in n for n in hybrid.notices)
         assert cs.status().vectors == {"dense": 1.0, "file": 1.0}
+
+
+def test_index_then_search_load_a_model_once(tmp_path, single_vector_dir):
+    repo = _repo(tmp_path / "repo")
+    with CodeSearch(repo, model=str(single_vector_dir), multi_model=None) as cs:
+        cs.index()
+        assert cs.query("engine plans query", 3, mode="hybrid").hits
+        assert len(cs.encoder_pool.loaded()) == 1
+
+
+def test_a_lexical_only_index_run_never_imports_torch(tmp_path):
+    import subprocess
+    import sys
+
+    repo = _repo(tmp_path / "repo")
+    with CodeSearch(repo, model=None, multi_model=None) as cs:
+        cs.index()
+    code = (
+        "import sys; from codesearch.api import CodeSearch; "
+        f"cs = CodeSearch({str(repo)!r}); cs.index(); cs.close(); print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
