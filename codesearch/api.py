@@ -30,7 +30,9 @@ from codesearch.build.walk import quiet_skips
 from codesearch.build.status import Staleness, index_info, staleness
 from codesearch.search import snippets
 from codesearch.search.globs import scope_globs
+from codesearch.search.snippets import fit as fit_result
 from codesearch.search.snippets import shape as shape_result
+from codesearch.search.snippets import with_context as widen_result
 from codesearch.errors import (
     CodeSearchError,
     IndexLockedError,
@@ -57,8 +59,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "CodeSearch",
+    "fit_result",
     "scope_globs",
     "shape_result",
+    "widen_result",
     "DEFAULT",
     "EncoderPool",
     "IndexStatus",

@@ -99,8 +99,8 @@ class Service:
         Without ``path``/``repo`` every served root is searched and the hits are merged by
         score; with several roots served, each hit also carries ``repo`` (the root's name)
         and its ``path`` stays relative to that root. `RepoSet.select` says how ``path``
-        and ``repo`` pick roots. Output controls (max_lines, min_score, budget) apply per
-        root, before the merge.
+        and ``repo`` pick roots. Output controls (max_lines, min_score, budget) apply once,
+        to the merged hits: a budget is the whole answer's.
 
         Raises
         ------
@@ -109,7 +109,7 @@ class Service:
         QueryError, NotIndexedError
             From the repository (NotIndexedError only when no selected root is ready).
         """
-        from codesearch.api import scope_globs, shape_result
+        from codesearch.api import fit_result, scope_globs, shape_result, widen_result
         from codesearch.types import result_document
 
         request = query if isinstance(query, SearchRequest) else SearchRequest.of(
@@ -119,7 +119,7 @@ class Service:
             raise QueryError(f"k={request.k} is more than this server returns (pass k <= {MAX_K})")
         selected = self.repos.select(path, repo)
         several = len(self.repos.repos) > 1
-        docs: list[tuple[str, dict[str, Any]]] = []
+        results: list[tuple[str, Any]] = []
         not_ready: list[NotIndexedError] = []
         for served, sub in selected:
             scoped = scope_globs(sub, request.globs)
@@ -137,12 +137,17 @@ class Service:
                     raise
                 not_ready.append(exc)  # search the roots that are ready, and say so
                 continue
-            docs.append((served.name, result_document(shape_result(result, request, served.root))))
-        if not docs:
+            if not several:
+                return result_document(shape_result(result, request, served.root))
+            results.append((served.name, widen_result(result, served.root, request.context)))
+        if not results:
             raise not_ready[0]
-        if not several:
-            return docs[0][1]
-        return _merge(request.query, request.k, docs, [str(exc) for exc in not_ready])
+        merged, names = _merge(request.query, request.k, results, [str(exc) for exc in not_ready])
+        shaped = fit_result(merged, request)
+        doc = result_document(shaped)
+        for hit_doc, hit in zip(doc["results"], shaped.hits):
+            hit_doc["repo"] = names[hit.chunk_id]
+        return doc
 
     async def search(self, **request: Any) -> dict[str, Any]:
         """`search_sync` on the pool, bounded and timed out.
@@ -215,14 +220,22 @@ class Service:
                 "repos": self.repos.names}
 
 
-def _merge(query: str, k: int, docs: list[tuple[str, dict[str, Any]]], not_ready: list[str]) -> dict[str, Any]:
-    """One document from several roots' documents: hits merged by score, each naming its
-    ``repo``; indexes used and notices from every root (a notice says which root)."""
-    hits = [{**hit, "repo": name} for name, doc in docs for hit in doc["results"]]
+def _merge(query: str, k: int, results: list[tuple[str, Any]], not_ready: list[str]) -> tuple[Any, list[str]]:
+    """One `SearchResult` from several roots' results: the best ``k`` hits by score, indexes
+    used and notices from every root (a notice says which root), and each hit's root name.
+
+    Chunk ids are per root, so a merged hit carries its position in ``names`` instead; the
+    JSON document has no chunk id, and the caller turns the position into ``repo``.
+    """
+    import dataclasses
+
+    from codesearch.types import SearchResult
+
     # Stable: equal scores keep the served order of the roots.
-    hits.sort(key=lambda hit: -hit["score"])
-    indexes = list(dict.fromkeys(index for _, doc in docs for index in doc["indexes_used"]))
-    notices = [f"{name}: {notice}" for name, doc in docs for notice in doc["notices"]]
-    first = docs[0][1]
-    return {**first, "query": query, "indexes_used": indexes, "notices": [*not_ready, *notices],
-            "results": hits[:k]}
+    ranked = sorted(((hit, name) for name, result in results for hit in result.hits), key=lambda hn: -hn[0].score)[:k]
+    names = [name for _, name in ranked]
+    hits = [dataclasses.replace(hit, chunk_id=i) for i, (hit, _) in enumerate(ranked)]
+    indexes = tuple(dict.fromkeys(index for _, result in results for index in result.indexes_used))
+    notices = [*not_ready, *(f"{name}: {notice}" for name, result in results for notice in result.notices)]
+    first = results[0][1]
+    return SearchResult(query=query, mode=first.mode, hits=hits, indexes_used=indexes, notices=notices), names

@@ -50,6 +50,18 @@ def test_no_path_searches_every_root_and_hits_name_their_repo(two_roots):
     assert len(search(server, query="shared_marker", k=3).json()["results"]) == 3
 
 
+def test_a_budget_is_the_whole_answers_across_roots(two_roots):
+    # Once applied per root, so N roots could return N budgets and left_out counted one root.
+    server, _ = two_roots
+    full = search(server, query="shared_marker", k=10).json()
+    fitted = search(server, query="shared_marker", k=10, budget=40).json()
+    assert 0 < len(fitted["results"]) < len(full["results"]) == 4
+    assert fitted["left_out"] == len(full["results"]) - len(fitted["results"])
+    assert [(r["repo"], r["path"]) for r in fitted["results"]] == [(r["repo"], r["path"]) for r in full["results"]][
+        : len(fitted["results"])
+    ]
+
+
 @pytest.mark.parametrize("body,repos,paths", [
     ({"repo": "two"}, {"two"}, {"src/mod.py", "lib/extra.py"}),
     ({"path": "two"}, {"two"}, {"src/mod.py", "lib/extra.py"}),
