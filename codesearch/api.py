@@ -263,6 +263,7 @@ class CodeSearch:
         # says which searcher got them and what resolving them said.
         self._searcher: Any = None
         self._attached: tuple[Any, list[str]] | None = None  # (searcher given the encoders, notices)
+        self._retired: list[Any] = []  # searchers replaced by a newer generation, closed with this object
         self._state_lock = threading.Lock()  # guards the searcher's creation and replacement
         self._encoders_lock = threading.Lock()  # model loads: a lexical search never waits on one
         self._attach_lock = threading.Lock()  # one thread loads and attaches the query encoders
@@ -580,6 +581,20 @@ class CodeSearch:
         notices from loading them."""
         with self._state_lock:
             searcher = self._searcher
+        if searcher is not None and not searcher.is_current():
+            # Another process committed (an index run publishes files first, then vectors
+            # as they come): move to its generation. The old searcher may still be in use
+            # by another thread, so it is closed with this object, not now.
+            from codesearch.search.searcher import Searcher
+
+            opened = Searcher(self.index_dir)
+            with self._state_lock:
+                if self._searcher is searcher:
+                    self._retired.append(searcher)
+                    self._searcher = opened
+                else:
+                    opened.close()
+                searcher = self._searcher
         if searcher is None:
             from codesearch.search.searcher import Searcher
 
@@ -604,8 +619,10 @@ class CodeSearch:
         # The caller holds _state_lock and the write lock, so no search is under way; the
         # attachment goes too, or it would keep the closed searcher's indexes in memory.
         searcher, self._searcher, self._attached = self._searcher, None, None
-        if searcher is not None:
-            searcher.close()
+        retired, self._retired = self._retired, []
+        for old in [*retired, searcher]:
+            if old is not None:
+                old.close()
 
     def _index(
         self,

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from codesearch.errors import NotIndexedError, QueryError
+from codesearch.errors import CodeSearchError, NotIndexedError, QueryError
 from codesearch.indexes.lexical import (
     LexicalIndex,
 )
@@ -203,6 +203,15 @@ class Searcher:
         """Use these query encoders from the next search on (``None``: lexical only)."""
         with self._lock:
             self._encoders = encoders
+
+    def is_current(self) -> bool:
+        """Whether the store is still at the generation this searcher opened (one meta read;
+        always true for a pinned searcher, whose read transaction keeps its snapshot)."""
+        with self._lock:
+            try:
+                return self._store.generation == self._generation
+            except CodeSearchError:
+                return True  # a store being rewritten: keep answering from this one
 
     def pin(self) -> bool:
         """Hold a read transaction open on the store until `close`; False when too late.

@@ -198,3 +198,18 @@ def test_a_lexical_only_index_run_never_imports_torch(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_an_open_codesearch_follows_another_process_s_commits(tmp_path):
+    # A long-lived object (a notebook, a retriever) must not stay on the generation it
+    # first opened while another process's lexical-first run publishes newer ones.
+    from codesearch.build.pipeline import build_index as run
+
+    repo = _repo(tmp_path / "repo")
+    with CodeSearch(repo, model=None, multi_model=None) as cs:
+        cs.index()
+        assert not cs.search("brand_new_function", 3, mode="lexical")
+        (repo / "pkg" / "fresh.py").write_text("def brand_new_function():\n    return 1\n")
+        run(repo)  # the "other process": a separate run on the same folder
+        hits = cs.search("brand_new_function", 3, mode="lexical")
+        assert hits and hits[0].path == "pkg/fresh.py"
