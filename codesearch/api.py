@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from codesearch.build.encoders import DEFAULT, DISABLED_KEY, VECTORS_PENDING_KEY, Encoders, resolve_encoders
-from codesearch.build.pipeline import build_index
+from codesearch.build.pipeline import WALK_EXCLUDE_KEY, WALK_INCLUDE_KEY, build_index
 from codesearch.build.walk import quiet_skips
 from codesearch.build.status import Staleness, index_info, staleness
 from codesearch.search import snippets
@@ -81,7 +81,6 @@ __all__ = [
     "Snapshot",
 ]
 
-_META_INCLUDE, _META_EXCLUDE = "walk.include", "walk.exclude"  # store meta keys (JSON lists)
 
 
 def find_index_root(start: str | Path = ".") -> Path:
@@ -335,11 +334,7 @@ class CodeSearch:
             )
         if lexical_only:
             return self._index((None, None), rebuild=rebuild, progress=progress, defer_vectors=True)
-        models = (self.model, self.multi_model)
-        # Both models switched off: no encoder is resolved, so say here what resolving
-        # records for each role given as None, or a later default run would bring them back.
-        disabled = ("colbert", "dense") if models == (None, None) else None
-        return self._index(models, rebuild=rebuild, progress=progress, disabled=disabled)
+        return self._index((self.model, self.multi_model), rebuild=rebuild, progress=progress)
 
     # -- searching -----------------------------------------------------------------------
 
@@ -543,7 +538,7 @@ class CodeSearch:
             raise CodeSearchError("this CodeSearch is closed (create a new one)")
 
     def _require_index(self) -> None:
-        if not (self.index_dir / STORE_FILE).is_file():
+        if not self.indexed:
             raise NotIndexedError(
                 f"{str(self.root)!r} is not indexed yet (run 'codesearch index {self.root}' first)"
             )
@@ -567,7 +562,8 @@ class CodeSearch:
             cached = self._encoders.get(models)
             if cached is None:
                 if models == (None, None):
-                    cached = (Encoders(), [])
+                    # Nothing to load; both roles are switched off, as resolving would record.
+                    cached = (Encoders(disabled=("colbert", "dense")), [])
                 else:
                     cached = resolve_encoders(
                         models[0], models[1], device=self.device, index_dir=self.index_dir,
@@ -669,8 +665,6 @@ class CodeSearch:
                     f"cannot write the index at {str(where)!r}: {exc.strerror or exc} "
                     "(check permissions and free disk space, or pass --index-dir FOLDER)"
                 ) from exc
-            if walk is None:
-                self._record_walk()
             # Searchers hold the previous generation; the next search opens the new one.
             with self._state_lock:
                 self._close_searchers()
@@ -678,63 +672,39 @@ class CodeSearch:
             summary = dataclasses.replace(summary, notices=[*notices, *summary.notices])
         return summary
 
-    def _recorded_walk(self) -> tuple[tuple[str, ...], tuple[str, ...], int]:
-        """The include/exclude globs and size limit of the last index run.
+    def _recorded(self) -> _Recorded:
+        """What the last index run recorded that a refresh must reuse, in one read.
 
-        Why: a refresh (or a status) must compare the files with the index as it was built:
-        with this object's own (possibly default) options, files left out on purpose by
-        ``index --include/--exclude/--max-file-size`` would look new and be indexed.
+        Why the walk options: a refresh (or a status) must compare the files with the index
+        as it was built; with this object's own (possibly default) options, files left out
+        on purpose by ``index --include/--exclude/--max-file-size`` would look new.
         """
         from codesearch.store import Store
 
         with Store(self.index_dir / STORE_FILE, readonly=True) as store:
-            include = json.loads(store.get_meta(_META_INCLUDE) or "[]")
-            exclude = json.loads(store.get_meta(_META_EXCLUDE) or "[]")
-            max_bytes = int(store.get_meta("max_file_bytes") or self.max_file_bytes)
-        return tuple(include), tuple(exclude), max_bytes
+            return _Recorded(
+                include=tuple(json.loads(store.get_meta(WALK_INCLUDE_KEY) or "[]")),
+                exclude=tuple(json.loads(store.get_meta(WALK_EXCLUDE_KEY) or "[]")),
+                max_file_bytes=int(store.get_meta("max_file_bytes") or self.max_file_bytes),
+                disabled=tuple(json.loads(store.get_meta(DISABLED_KEY) or "[]")),
+                vectors_pending=bool(store.get_meta(VECTORS_PENDING_KEY)),
+            )
 
-    def _recorded_disabled(self) -> tuple[str, ...]:
-        from codesearch.store import Store
-
-        with Store(self.index_dir / STORE_FILE, readonly=True) as store:
-            return tuple(json.loads(store.get_meta(DISABLED_KEY) or "[]"))
-
-    def _record_walk(self) -> None:
-        # The pipeline records max_file_bytes itself; the globs are recorded here, under the
-        # index's write lock, right after the run that used them.
-        from codesearch.store import IndexLock, Store
-
-        try:
-            with IndexLock(self.index_dir), Store(self.index_dir / STORE_FILE) as store, store.transaction():
-                store.set_meta(_META_INCLUDE, json.dumps(list(self.include)))
-                store.set_meta(_META_EXCLUDE, json.dumps(list(self.exclude)))
-        except IndexLockedError:
-            # Another process started writing in between; its own run records its options.
-            pass
-
-    def _vectors_pending(self) -> bool:
-        """Whether a run without models (a lexical search's refresh) left vectors to add."""
-        from codesearch.store import Store
-
-        with Store(self.index_dir / STORE_FILE, readonly=True) as store:
-            return bool(store.get_meta(VECTORS_PENDING_KEY))
-
-    def _staleness(self) -> Staleness:
-        include, exclude, max_bytes = self._recorded_walk()
+    def _staleness(self, recorded: _Recorded | None = None) -> Staleness:
+        include, exclude, max_bytes = (recorded or self._recorded()).walk
         return staleness(
             self.root, index_dir=self.index_dir, include=include, exclude=exclude, max_file_bytes=max_bytes
         )
 
     def _refresh(self, *, lexical: bool = False) -> list[str]:
-        stale = self._staleness()
-        if not stale.stale:
-            if lexical or not self._vectors_pending():
-                return []
-            # An earlier lexical search's refresh left changed code without vectors: a search
-            # that uses them adds them now.
-            stale = dataclasses.replace(stale, changed=["(vectors)"])
+        recorded = self._recorded()
+        stale = self._staleness(recorded)
+        # An earlier lexical search's refresh may have left changed code without vectors: a
+        # search that uses them adds them.
+        add_vectors = not lexical and recorded.vectors_pending
+        if not stale.stale and not add_vectors:
+            return []
         n = len(stale.added) + len(stale.changed) + len(stale.removed)
-        include, exclude, max_bytes = self._recorded_walk()
         # A lexical search needs no vectors: its refresh loads no model (0.8 s, not 8 s after
         # a one-line edit); the changed code gets its vectors from the next run that encodes.
         models = (None, None) if lexical else self._search_models()
@@ -742,18 +712,28 @@ class CodeSearch:
             # A refresh keeps the index's record of what the user switched off. It is part
             # of a query: the index run reported unreadable files already.
             with quiet_skips():
-                summary = self._index(
-                    models, walk=(include, exclude, max_bytes), disabled=self._recorded_disabled(), defer_vectors=lexical
-                )
+                summary = self._index(models, walk=recorded.walk, disabled=recorded.disabled, defer_vectors=lexical)
         except IndexLockedError:
             # Another process is indexing right now: search what is there rather than fail.
             return [f"{n} file(s) changed since the last run, but another process is updating the index; "
                     "searched the current index"]
-        return [
-            f"index refreshed: {n} file(s) added, changed or removed since the last run "
-            f"({summary.seconds:.1f}s)",
-            *summary.notices,
-        ]
+        what = f"{n} file(s) added, changed or removed since the last run" if n else "vectors of changed code added"
+        return [f"index refreshed: {what} ({summary.seconds:.1f}s)", *summary.notices]
+
+
+@dataclass(frozen=True, slots=True)
+class _Recorded:
+    """The options and state of the last index run that `CodeSearch._refresh` reuses."""
+
+    include: tuple[str, ...]
+    exclude: tuple[str, ...]
+    max_file_bytes: int
+    disabled: tuple[str, ...]  # model roles the user switched off
+    vectors_pending: bool  # a run without models left changed code without vectors
+
+    @property
+    def walk(self) -> tuple[tuple[str, ...], tuple[str, ...], int]:
+        return self.include, self.exclude, self.max_file_bytes
 
 
 # -- pieces for long-running processes (the server uses only these) -------------------------

@@ -61,6 +61,8 @@ from codesearch.types import (
 
 
 
+#: Meta keys: the walk options of the last run (JSON lists), which a refresh reuses.
+WALK_INCLUDE_KEY, WALK_EXCLUDE_KEY = "walk.include", "walk.exclude"
 #: Texts per encode call (and per committed batch of cached vectors).
 ENCODE_BATCH = 64
 
@@ -119,7 +121,6 @@ class _Work:
     """A file that is (re-)chunked this run."""
 
     path: str
-    abs_path: Path
     language: str
     size: int
     mtime_ns: int
@@ -414,7 +415,7 @@ def _walk_and_read(run: _Run) -> None:
             continue
         text = decode_source(data)
         run.work.append(
-            _Work(sf.path, sf.abs_path, sf.language, st.st_size, st.st_mtime_ns, digest, text,
+            _Work(sf.path, sf.language, st.st_size, st.st_mtime_ns, digest, text,
                   old_id=old.id if old else None)
         )
     run.removed = [f for p, f in old_files.items() if p not in run.seen]
@@ -502,8 +503,8 @@ def _commit(run: _Run) -> Delta:
             store.set_meta("chunker_version", CHUNKER_VERSION)
         store.set_meta("max_file_bytes", run.max_file_bytes)
         # The walk options, so a later staleness check compares with the index as built.
-        store.set_meta("walk.include", json.dumps(list(run.include)))
-        store.set_meta("walk.exclude", json.dumps(list(run.exclude)))
+        store.set_meta(WALK_INCLUDE_KEY, json.dumps(list(run.include)))
+        store.set_meta(WALK_EXCLUDE_KEY, json.dumps(list(run.exclude)))
         store.set_meta("generation", new_gen)
     run.report("write", 1, 1, files=len(run.work), chunks=run.chunks_made)
     return Delta(

@@ -29,7 +29,7 @@ from codesearch.search.corpus import CENTRALITY_VERSION, Corpus
 from codesearch.search.query import analyse
 from codesearch.search.ranking import FILE_VECTOR_MIN_TOKENS, Ranker, RankingParams
 from codesearch.store import atomic_write
-from codesearch.types import CENTRALITY_FILE, MODES, SearchHit, SearchResult
+from codesearch.types import CENTRALITY_FILE, MODES, STORE_FILE, SearchHit, SearchResult
 
 
 class Searcher:
@@ -55,7 +55,7 @@ class Searcher:
         from codesearch.store import Store
 
         self.index_dir = Path(index_dir)
-        store_path = self.index_dir / "store.sqlite"
+        store_path = self.index_dir / STORE_FILE
         if not store_path.is_file():
             raise NotIndexedError(f"no index in {str(self.index_dir)!r} (run 'codesearch index' first)")
         self._lock = threading.RLock()

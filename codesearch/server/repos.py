@@ -224,7 +224,7 @@ class ServedRepo:
     @property
     def indexed(self) -> bool:
         """True when the root has a committed index."""
-        return (self.index_dir / "store.sqlite").is_file()
+        return self._writer.indexed
 
     # -- searching ---------------------------------------------------------------------
 

@@ -25,6 +25,35 @@ def _read_holder(fd: int) -> tuple[str, str]:
     return parts[0], parts[1] if len(parts) > 1 else "writer"
 
 
+def _live_writer(index_dir: str | os.PathLike[str]) -> str | None:
+    """The pid of the index run holding the lock now, else None.
+
+    Reads the holder line (``"<pid> <role>"``); the holder clears it on release, and a
+    holder killed with -9 leaves a pid that no longer runs.
+    """
+    try:
+        with open(Path(index_dir) / LOCK_FILE, "rb") as fh:
+            pid, role = _read_holder(fh.fileno())
+    except OSError:
+        return None
+    if not pid or role != "writer":
+        return None
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return None
+    except (PermissionError, ValueError):
+        return pid
+    return pid
+
+
+def _locked(index_dir: Path, pid: str) -> IndexLockedError:
+    return IndexLockedError(
+        f"Index at {index_dir} is being written by another codesearch process "
+        f"(pid {pid or 'unknown'}); wait for it to finish or stop it, then run again"
+    )
+
+
 class IndexLock:
     """The one-writer lock of an index folder: ``fcntl.flock`` on ``<index_dir>/lock``.
 
@@ -67,10 +96,7 @@ class IndexLock:
                     time.sleep(0.05)
                     continue
                 os.close(fd)
-                raise IndexLockedError(
-                    f"Index at {self.path.parent} is being written by another codesearch process "
-                    f"(pid {pid or 'unknown'}); wait for it to finish or stop it, then run again"
-                ) from None
+                raise _locked(self.path.parent, pid) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()} {role}\n".encode(), 0)
         self._fd = fd
@@ -78,25 +104,8 @@ class IndexLock:
 
     @staticmethod
     def writer_active(index_dir: str | os.PathLike[str]) -> bool:
-        """Whether an index run holds the lock now, without touching the lock.
-
-        Reads the holder line (``"<pid> <role>"``); the holder clears it on release, and a
-        holder killed with -9 leaves a pid that no longer runs.
-        """
-        try:
-            with open(Path(index_dir) / LOCK_FILE, "rb") as fh:
-                pid, role = _read_holder(fh.fileno())
-        except OSError:
-            return False
-        if not pid or role != "writer":
-            return False
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            return False
-        except (PermissionError, ValueError):
-            return True
-        return True
+        """Whether an index run holds the lock now, without touching the lock."""
+        return _live_writer(index_dir) is not None
 
     @staticmethod
     def check_free(index_dir: str | os.PathLike[str]) -> None:
@@ -106,16 +115,9 @@ class IndexLock:
         takes the lock; asking first means a second run fails at once, not after the load.
         Never touches the lock, so it cannot make a starting writer fail.
         """
-        if IndexLock.writer_active(index_dir):
-            try:
-                with open(Path(index_dir) / LOCK_FILE, "rb") as fh:
-                    pid, _ = _read_holder(fh.fileno())
-            except OSError:
-                pid = ""
-            raise IndexLockedError(
-                f"Index at {Path(index_dir)} is being written by another codesearch process "
-                f"(pid {pid or 'unknown'}); wait for it to finish or stop it, then run again"
-            )
+        pid = _live_writer(index_dir)
+        if pid is not None:
+            raise _locked(Path(index_dir), pid)
 
     def release(self) -> None:
         if self._fd is not None:
