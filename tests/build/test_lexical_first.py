@@ -213,3 +213,18 @@ def test_an_open_codesearch_follows_another_process_s_commits(tmp_path):
         run(repo)  # the "other process": a separate run on the same folder
         hits = cs.search("brand_new_function", 3, mode="lexical")
         assert hits and hits[0].path == "pkg/fresh.py"
+
+
+def test_a_query_during_the_first_walk_says_nothing_is_searchable_yet(tmp_path):
+    # Once waited 30 s for the writer and printed "No results." with exit 0.
+    from codesearch.errors import NotIndexedError
+
+    idir = tmp_path / "repo" / ".codesearch"
+    idir.mkdir(parents=True)
+    Store(idir / STORE_FILE).close()  # what a first run has written before its commit
+    lock = IndexLock(idir).acquire()
+    try:
+        with pytest.raises(NotIndexedError, match="still reading the files.*try again in a few seconds"):
+            Searcher(idir)
+    finally:
+        lock.release()
