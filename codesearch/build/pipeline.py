@@ -377,7 +377,8 @@ def _walk_and_read(run: _Run) -> None:
     old_budget, old_counter = (
         (None, None) if run.rebuild else (store.get_meta("chunk_tokens"), store.get_meta("chunk_counter"))
     )
-    degraded = counter_id == "approx" and old_counter not in (None, "approx")
+    present = {e.identity for e in run.encoders.by_role().values()}
+    degraded = counter_id == "approx" and old_counter not in (None, "approx") and old_counter not in present
     if degraded:
         # A run without the recorded model (offline) keeps the old chunks and budget, and
         # chunks changed files with the approximate count; the record stays the model's.
@@ -385,7 +386,9 @@ def _walk_and_read(run: _Run) -> None:
         if run.chunk_tokens is None and old_budget:
             budget = int(old_budget)
     # Re-chunk everything when the budget changes, or when a real tokenizer replaces the
-    # approximate count (a model added to a lexical-only index).
+    # approximate count (a short-window ColBERT model added to a lexical-only index). Chunks
+    # counted exactly stay when a run estimates with the same model (the estimate never
+    # makes a chunk too long for a window that does not need exact counts).
     run.rechunk_all = bool(old_files) and (
         old_budget != str(budget) or (not degraded and counter_id != "approx" and old_counter != counter_id)
         # chunks from another release's chunker (kept ids and vectors where the text is the same)

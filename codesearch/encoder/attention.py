@@ -32,9 +32,11 @@ equal-length sequences needs no mask at all.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -264,12 +266,19 @@ class SdpaBackend:
 # torch's varlen flash attention (CUDA)
 # --------------------------------------------------------------------------------------------
 
-try:  # torch >= 2.11; older versions have no varlen flash attention with a window
-    from torch.nn.attention.varlen import varlen_attn as _varlen_attn
-except ImportError:  # pragma: no cover - depends on the installed torch
-    _varlen_attn = None
-# keyword arguments the installed varlen_attn takes (window_size: 2.11, seqused_k: 2.13)
-_VARLEN_ARGS = frozenset(inspect.signature(_varlen_attn).parameters) if _varlen_attn is not None else frozenset()
+@functools.cache
+def _varlen() -> tuple[Callable[..., torch.Tensor] | None, frozenset[str]]:
+    """torch's ``varlen_attn`` and the keyword arguments it takes, or (None, empty).
+
+    Imported on first use, never at module import: ``torch.nn.attention.varlen`` imports
+    ``torch._dynamo``, which took 2.5 s of a 17M model's 2.8 s load on a CPU that never
+    calls it. (window_size: torch 2.11, seqused_k: 2.13.)
+    """
+    try:  # torch >= 2.11; older versions have no varlen flash attention with a window
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:  # pragma: no cover - depends on the installed torch
+        return None, frozenset()
+    return varlen_attn, frozenset(inspect.signature(varlen_attn).parameters)
 
 
 @dataclass
@@ -312,7 +321,7 @@ class VarlenBackend:
             return plan
         if not fits:
             plan.fallback = self._sdpa.plan(batch, window)
-        if "seqused_k" in _VARLEN_ARGS:
+        if "seqused_k" in _varlen()[1]:
             keys = batch.key_counts
             if keys is None:  # built by hand, not by PackedBatch.pack: one small synchronous copy
                 keys = torch.tensor(batch.n_keys, dtype=torch.int32, device=self.device)
@@ -328,15 +337,16 @@ class VarlenBackend:
     def __call__(self, qkv: torch.Tensor, plan: VarlenPlan, is_local: bool) -> torch.Tensor:
         if is_local and plan.fallback is not None:
             return self._sdpa(qkv, plan.fallback, True)
+        varlen_attn = _varlen()[0]
         q, k, v = qkv.unbind(1)  # each (T, heads, head_dim), views with a row stride of 3 * heads * head_dim
         window = plan.local_window if is_local else (-1, -1)
         if plan.keys is not None:
             rows, cu_k, max_k = plan.keys
-            return _varlen_attn(
+            return varlen_attn(
                 q, k[rows], v[rows], plan.cu_seqlens, cu_k, plan.max_seqlen, max_k, window_size=window
             )  # (T, heads, head_dim)
         extra = {} if plan.seqused_k is None else {"seqused_k": plan.seqused_k}
-        return _varlen_attn(
+        return varlen_attn(
             q, k, v, plan.cu_seqlens, plan.cu_seqlens, plan.max_seqlen, plan.max_seqlen, window_size=window, **extra
         )  # (T, heads, head_dim)
 
@@ -346,10 +356,10 @@ BACKENDS = {"varlen": VarlenBackend, "sdpa": SdpaBackend}
 
 def varlen_available(device: torch.device, dtype: torch.dtype) -> str | None:
     """None when the varlen backend can run here, else the reason it cannot."""
-    if _varlen_attn is None or "window_size" not in _VARLEN_ARGS:
-        return f"torch {torch.__version__} has no varlen flash attention with a window (needs torch >= 2.11)"
-    if device.type != "cuda":
+    if device.type != "cuda":  # checked first: a CPU run never imports the varlen module
         return f"varlen flash attention needs a CUDA device, not {device.type!r}"
+    if "window_size" not in _varlen()[1]:
+        return f"torch {torch.__version__} has no varlen flash attention with a window (needs torch >= 2.11)"
     if dtype not in (torch.float16, torch.bfloat16):
         return f"varlen flash attention needs float16 or bfloat16, not {str(dtype).removeprefix('torch.')}"
     major, minor = torch.cuda.get_device_capability(device)

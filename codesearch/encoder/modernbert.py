@@ -241,7 +241,11 @@ class PackedBatch:
 class Embeddings(nn.Module):
     def __init__(self, cfg: ModernBertConfig):
         super().__init__()
-        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # Weights always come from a checkpoint (the model is built on the meta device, then
+        # the loaded tensors are assigned), so no random init: nn.Embedding's normal_() on the
+        # meta device imports torch._dynamo, 2.5 s of a CPU model load.
+        shape = (cfg.vocab_size, cfg.hidden_size)
+        self.tok_embeddings = nn.Embedding(*shape, _weight=torch.empty(shape))
         self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps, bias=cfg.norm_bias)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -260,8 +264,11 @@ def rope_tables(theta: float, head_dim: int, max_positions: int) -> tuple[torch.
     the checkpoints. Precomputed once per theta and gathered by position id: a packed batch has
     positions that restart per sequence, so a table lookup is simpler than recomputing them.
     """
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-    freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    # On the CPU whatever the default device: on the meta device (where models are built)
+    # these ops go through torch._refs, which imports torch._dynamo (2.5 s on a CPU load).
+    cpu = torch.device("cpu")
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=cpu) / head_dim))
+    freqs = torch.arange(max_positions, dtype=torch.float32, device=cpu)[:, None] * inv_freq[None, :]
     freqs = torch.cat((freqs, freqs), dim=-1)  # (max_positions, head_dim)
     return freqs.cos(), freqs.sin()
 
@@ -275,8 +282,13 @@ def apply_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
     """
     half = qkv.shape[-1] // 2
     qk = qkv[:, :2]  # (T, 2, heads, head_dim), a view
-    rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
-    qk.mul_(cos).addcmul_(rotated, sin)
+    x1, x2 = qk[..., :half], qk[..., half:]
+    c, s = cos[..., :half], sin[..., :half]  # both halves of the tables are the same
+    # (x1, x2) -> (x1 c - x2 s, x2 c + x1 s) half by half: one copy of x1 instead of building
+    # rotate_half(x) whole; bit-identical, 1.6x faster on a CPU (20k tokens, 17M shape)
+    x1_old = x1.clone()
+    x1.mul_(c).addcmul_(x2, s, value=-1)
+    x2.mul_(c).addcmul_(x1_old, s)
 
 
 # --------------------------------------------------------------------------------------------

@@ -72,14 +72,19 @@ def test_pipeline_chunks_the_same_in_parallel(tmp_path, monkeypatch):
     assert serial == parallel and len(serial) > 6
 
 
-def test_pipeline_counts_with_a_picklable_tokenizer(single_vector_dir):
-    """With a model, the pipeline's token count is the encoder's, in a form workers can rebuild."""
-    enc = load(single_vector_dir, device="cpu", dtype="float32")
-    budget, counter, identity = chunk_budget(Encoders(dense=enc), None)
-    # A single-vector model's window does not cap the chunk (it reads the chunk's start).
-    assert identity == enc.identity and budget == MAX_CHUNK_TOKENS
+def test_pipeline_counts_with_a_picklable_tokenizer(colbert_dir):
+    """A short-window ColBERT model counts with its tokenizer, in a form workers can rebuild."""
+    enc = load(colbert_dir, device="cpu", dtype="float32")
+    budget, counter, identity = chunk_budget(Encoders(multi=enc), None)
+    assert identity == enc.identity and budget == enc.max_length
     text = "def f(x):\n    return x + 1\n"
     assert pickle.loads(pickle.dumps(counter))(text) == enc.count_tokens([text])[0]
+
+
+def test_a_single_vector_model_needs_no_tokenizer_to_chunk(single_vector_dir):
+    # Its window does not cap the chunk (it reads the chunk's start): the byte estimate sizes it.
+    enc = load(single_vector_dir, device="cpu", dtype="float32")
+    assert chunk_budget(Encoders(dense=enc), None) == (MAX_CHUNK_TOKENS, None, "approx")
 
 
 def test_a_multi_vector_models_window_caps_the_chunk(single_vector_dir, colbert_dir):
@@ -89,6 +94,31 @@ def test_a_multi_vector_models_window_caps_the_chunk(single_vector_dir, colbert_
     budget, _counter, identity = chunk_budget(Encoders(dense=dense, multi=multi), None)
     assert budget == multi.max_length and identity == multi.identity  # counted in its tokens
     assert chunk_budget(Encoders(dense=dense, multi=multi), 300)[0] == 300
+
+
+def test_a_wide_window_chunks_by_estimate_and_sees_every_chunk_whole(tmp_path):
+    """A window of 3 budgets (LateOn-Code-edge reads 2048 tokens) holds any chunk the byte
+    estimate allows: chunking calls no tokenizer, and no chunk is truncated by the encoder."""
+    from fixtures.models import make_colbert
+
+    from codesearch.store import Store
+
+    wide = load(make_colbert(tmp_path / "wide", document_length=2048, max_position_embeddings=2048), device="cpu")
+    assert wide.max_length == 2048
+    assert chunk_budget(Encoders(multi=wide), None) == (MAX_CHUNK_TOKENS, None, "approx")
+    # dense code: digits and punctuation are the tokens-per-byte worst case of a BPE
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "table.py").write_text("".join(f"T{i} = [{', '.join(str(i * j % 97) for j in range(40))}]\n" for i in range(300)))
+    (repo / "app.py").write_text(SOURCES["python"])
+    build_index(repo, encoders=Encoders(multi=wide))
+    with Store(repo / ".codesearch" / "store.sqlite") as store:
+        assert store.get_meta("chunk_counter") == "approx" and store.get_meta("chunk_tokens") == str(MAX_CHUNK_TOKENS)
+        texts = [row.encoder_text for row in store.chunk_rows()]
+    assert len(texts) > 5
+    counts = wide.count_tokens(texts)
+    # dense enough that some chunks pass 512 real tokens, and still within the window
+    assert MAX_CHUNK_TOKENS < max(counts) <= wide.max_length
 
 
 def test_stopping_early_shuts_the_pool_down():
