@@ -637,19 +637,36 @@ class CodeSearch:
         include, exclude, max_bytes = walk or (self.include, self.exclude, self.max_file_bytes)
         with self._rw.writing():
             IndexLock.check_free(self.index_dir)  # before a model load of seconds, not after
-            encoders, notices = self._get_encoders(models)
-            if self.ray is not None and walk is None:  # a search's small refresh stays local
+            notices: list[str] = []
+
+            def load() -> Encoders:
+                encoders, said = self._get_encoders(models)
+                notices.extend(said)
+                return encoders if disabled is None else dataclasses.replace(encoders, disabled=tuple(disabled))
+
+            ray = self.ray is not None and walk is None  # a search's small refresh stays local
+            with self._encoders_lock:
+                # Loading takes seconds on a CPU (torch, weights): the pipeline calls `load`
+                # once the repository is searchable, so a first index answers queries sooner.
+                lazy = models != (None, None) and models not in self._encoders and not ray
+            if lazy:  # a named model that cannot be found fails before the run writes anything
+                from codesearch.encoder.loading import locate
+
+                for name in models:
+                    if name not in (None, DEFAULT):
+                        locate(name)
+            encoders = None if lazy else load()
+            if ray:
                 from codesearch.build.distributed import with_worker_rates, wrap_encoders
 
                 encoders = wrap_encoders(encoders, self.ray, self._ray_encoders)
                 progress = with_worker_rates(progress, self._ray_encoders)
-            if disabled is not None:
-                encoders = dataclasses.replace(encoders, disabled=tuple(disabled))
             try:
                 summary = build_index(
                     self.root,
                     index_dir=self.index_dir,
                     encoders=encoders,
+                    load_encoders=load if lazy else None,
                     include=include,
                     exclude=exclude,
                     max_file_bytes=max_bytes,

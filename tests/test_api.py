@@ -338,6 +338,39 @@ def test_encoders_load_once_and_are_shared_by_index_and_search(tmp_path, monkeyp
     assert calls == [(str(single_vector_dir), str(colbert_dir))]
 
 
+def test_a_first_index_is_searchable_before_its_model_loads(tmp_path, colbert_dir):
+    """Loading a model costs seconds on a CPU (torch, weights): a first index commits the
+    lexical index, says so once, and only then loads the model and encodes, in one run."""
+    from codesearch.api import EncoderPool
+
+    events: list[str] = []
+
+    class Recording(EncoderPool):
+        def load(self, name, *, device="auto"):
+            events.append("load")
+            return super().load(name, device=device)
+
+    def progress(event):
+        if event.stage in ("searchable", "walk") and (not events or events[-1] != event.stage):
+            events.append(event.stage)
+        if event.stage == "searchable":  # and a query answers from the lexical index now
+            with CodeSearch(root, index_dir=index_dir) as reader:
+                assert reader.search("retry", k=3, mode="lexical", refresh=False)
+
+    root = write_sample_repo(tmp_path / "repo")
+    index_dir = root / ".codesearch"
+    with CodeSearch(root, model=None, multi_model=str(colbert_dir), device="cpu", encoder_pool=Recording()) as cs:
+        summary = cs.index(progress=progress)
+        assert events == ["walk", "searchable", "load"]  # the second walk is not shown
+        # (this model's window is short: the second run re-chunks with its tokenizer)
+        assert summary.files_indexed == cs.status().files and summary.files_unchanged == 0
+        assert summary.chunks_encoded == summary.chunks_total > 0
+        assert cs.status().models["multi"] == str(colbert_dir)
+        events.clear()
+        cs.index(progress=progress)  # loaded now: one run, nothing to encode
+        assert events == ["walk", "searchable"]
+
+
 def test_concurrent_hybrid_searches_share_the_encoders(model_search):
     queries = sorted(EXPECTED)
     expected = {q: [h.path for h in model_search.search(q, k=3)] for q in queries}

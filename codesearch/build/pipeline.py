@@ -26,6 +26,7 @@ Example
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -152,6 +153,7 @@ def build_index(
     chunk_tokens: int | None = None,
     progress: Callable[[ProgressEvent], None] | None = None,
     defer_vectors: bool = False,
+    load_encoders: Callable[[], Encoders] | None = None,
 ) -> IndexSummary:
     """Bring the index of ``root`` up to date with its files, encoding only what changed.
 
@@ -189,6 +191,11 @@ def build_index(
         With no encoders given, say that the recorded models' vectors of changed code come
         with the next run that has them (a lexical search's refresh), not that they are
         unavailable.
+    load_encoders
+        Instead of ``encoders``: called for them once the repository is searchable. The run
+        first indexes it with no model, then loads the models (importing torch and reading
+        weights takes seconds on a CPU) and encodes, under the same lock: a first index
+        with a model is searchable as soon as a lexical-only one.
 
     Raises
     ------
@@ -227,11 +234,16 @@ def build_index(
             _remove_index_files(idir)
             store = Store(idir / STORE_FILE)
         try:
-            run = _Run(
-                store, root_path, idir, encoders, include, exclude, max_file_bytes, chunk_tokens, rebuild,
-                defer_vectors, report, t0,
-            )
-            return _build(run)
+            walk = (include, exclude, max_file_bytes, chunk_tokens)
+            if load_encoders is None:
+                return _build(_Run(store, root_path, idir, encoders, *walk, rebuild, defer_vectors, report, t0))
+            # Lexical first: a run with no model (its vectors, and the models switched off,
+            # are the next run's to say), then the models, then a run that finds every file
+            # as the first one left it and encodes.
+            lexical = _build(_Run(store, root_path, idir, Encoders(), *walk, rebuild, True, report, t0))
+            loaded = load_encoders()
+            quiet = _Progress(_after_searchable(progress))
+            return _then(lexical, _build(_Run(store, root_path, idir, loaded, *walk, False, defer_vectors, quiet, t0)))
         except NothingToIndexError:
             store.close()
             if not store_existed:
@@ -254,6 +266,33 @@ def build_index(
             store.close()
     finally:
         lock.release()
+
+
+def _after_searchable(progress: Callable[[ProgressEvent], None] | None) -> Callable[[ProgressEvent], None] | None:
+    """The second run of a lazy load: its walk, chunk, write and sync repeat what the user
+    has just seen (nothing changed in between), so only its encoding is reported."""
+    if progress is None:
+        return None
+    quiet = {"walk", "chunk", "write", "sync", "searchable"}
+    return lambda event: None if event.stage in quiet else progress(event)
+
+
+def _then(lexical: IndexSummary, encoded: IndexSummary) -> IndexSummary:
+    """One summary for a lexical run and the run with models that followed it."""
+    stages = dict(lexical.stage_seconds)
+    for stage, sec in encoded.stage_seconds.items():
+        stages[stage] = round(stages.get(stage, 0.0) + sec, 3)
+    return dataclasses.replace(
+        encoded,
+        # the second run re-chunks only for a short-window model (every file) or a race
+        files_indexed=max(lexical.files_indexed, encoded.files_indexed),
+        files_unchanged=lexical.files_unchanged,
+        files_removed=lexical.files_removed + encoded.files_removed,
+        files_renamed=lexical.files_renamed + encoded.files_renamed,
+        # the lexical run's notices are about vectors, which the second run encodes
+        files_read=lexical.files_read + encoded.files_read,
+        stage_seconds=stages,
+    )
 
 
 @dataclass

@@ -78,6 +78,18 @@ def resolve(path_or_id: str | os.PathLike) -> Path:
     return _download(name)
 
 
+def locate(path_or_id: str | os.PathLike) -> Path:
+    """:func:`resolve`, then check that the folder is a checkpoint: what loading a model can
+    get wrong before importing torch or reading a weight (a run checks it before it writes)."""
+    directory = resolve(path_or_id)
+    if not (directory / "config.json").is_file() and not any(directory.glob("*.safetensors")):
+        raise CheckpointError(
+            f"'{directory}' is not a model checkpoint folder (no config.json); pass the folder "
+            "that holds config.json, model.safetensors and tokenizer.json"
+        )
+    return directory
+
+
 def _cached_snapshot(model_id: str) -> Path | None:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
@@ -246,14 +258,9 @@ def load(
     from codesearch.encoder.attention import select_backend
 
     name = os.fspath(path_or_id)
-    directory = resolve(name)
+    directory = locate(name)
     dev = runtime.resolve_device(device)
     dt = runtime.resolve_dtype(dtype, dev)
-    if not (directory / "config.json").is_file() and not any(directory.glob("*.safetensors")):
-        raise CheckpointError(
-            f"'{directory}' is not a model checkpoint folder (no config.json); pass the folder "
-            "that holds config.json, model.safetensors and tokenizer.json"
-        )
     config = read_json(directory / "config.json")
     tokenizer = TextTokenizer(directory)
 
