@@ -13,7 +13,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from codesearch.encoder import load
-from codesearch.errors import BackendError, CheckpointError, ModelError, ModelUnavailableError
+from codesearch.errors import BackendError, CheckpointError, ModelError
 
 REPO = Path(__file__).resolve().parents[2]
 
