@@ -76,10 +76,12 @@ def writer_ceiling(n_batches: int = 40) -> list[tuple[str, float, float]]:
 
     rng = np.random.default_rng(0)
     out = []
-    for kind, shape in (("dense", (768,)), ("colbert", (300, 128))):
+    # keys are random hex like the real xxh3 text hashes: sequential keys hid how a b-tree
+    # ordered by hash (the schema-1 cache) behaves
+    for kind, shape in (("dense", (768,)), ("colbert", (300, 48)), ("colbert", (300, 128))):
         with tempfile.TemporaryDirectory() as d, Store(Path(d) / "store.sqlite3") as store:
             batches = [
-                [(f"{b}-{i}", rng.standard_normal(shape).astype(np.float32)) for i in range(64)]
+                [(rng.bytes(16).hex(), rng.standard_normal(shape).astype(np.float32)) for i in range(64)]
                 for b in range(n_batches)
             ]
             t = time.perf_counter()

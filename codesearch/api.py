@@ -639,16 +639,21 @@ class CodeSearch:
             IndexLock.check_free(self.index_dir)  # before a model load of seconds, not after
             notices: list[str] = []
 
+            ray = self.ray is not None and walk is None  # a search's small refresh stays local
+
             def load() -> Encoders:
                 encoders, said = self._get_encoders(models)
                 notices.extend(said)
+                if ray:
+                    from codesearch.build.distributed import wrap_encoders
+
+                    encoders = wrap_encoders(encoders, self.ray, self._ray_encoders)
                 return encoders if disabled is None else dataclasses.replace(encoders, disabled=tuple(disabled))
 
-            ray = self.ray is not None and walk is None  # a search's small refresh stays local
             with self._encoders_lock:
                 # Loading takes seconds on a CPU (torch, weights): the pipeline calls `load`
                 # once the repository is searchable, so a first index answers queries sooner.
-                lazy = models != (None, None) and models not in self._encoders and not ray
+                lazy = models != (None, None) and models not in self._encoders
             if lazy:  # a named model that cannot be found fails before the run writes anything
                 from codesearch.encoder.loading import locate
 
@@ -657,9 +662,8 @@ class CodeSearch:
                         locate(name)
             encoders = None if lazy else load()
             if ray:
-                from codesearch.build.distributed import with_worker_rates, wrap_encoders
+                from codesearch.build.distributed import with_worker_rates
 
-                encoders = wrap_encoders(encoders, self.ray, self._ray_encoders)
                 progress = with_worker_rates(progress, self._ray_encoders)
             try:
                 summary = build_index(
