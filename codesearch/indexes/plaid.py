@@ -210,6 +210,9 @@ class ResidualCodec:
             seed=seed,
             spherical=True,
             max_points_per_centroid=32,
+            # 32 per centroid is the design (above); faiss's default minimum of 39 printed a
+            # "please provide at least ... training points" warning on every large index run
+            min_points_per_centroid=1,
             verbose=False,
         )
         kmeans.train(vectors[np.sort(order[:n_train])])

@@ -271,3 +271,11 @@ def test_empty_index_save_load(tmp_path):
     loaded = PlaidIndex.load(tmp_path / "plaid")
     assert len(loaded) == 0 and loaded.dim is None
     assert [len(ids) for ids, _ in loaded.search([np.zeros((2, DIM), np.float32)], 3)] == [0]
+
+
+def test_training_on_32_points_per_centroid_prints_no_faiss_warning(capfd):
+    # 32 sampled points per centroid is the design; faiss's default minimum (39) printed
+    # "WARNING clustering ... please provide at least ... training points" on every run.
+    vectors = _unit(np.random.default_rng(0).standard_normal((64 * 40, 16)).astype(np.float32))
+    ResidualCodec.train(vectors, nbits=2, n_centroids=64)
+    assert "WARNING" not in capfd.readouterr().err
