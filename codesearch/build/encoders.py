@@ -257,8 +257,9 @@ def default_models(device: Any) -> tuple[str | None, str | None]:
     Measured with random weights of the exact shapes (speed depends only on shapes;
     ``benchmarks/default_cost.py``), ``codesearch index`` of a ~25-file Python package:
 
-    - httpx (24 files), 2-core AMD EPYC (AVX2 only: fp32), load ~2.2: lexical only 1.0 s;
-      the 17M ColBERT model 21.5 s (231 chunks, 74k tokens); the 149M dense model 4,358 s
+    - httpx (24 files), 2-core AMD EPYC (AVX2 only: fp32), load ~1: lexical only 1.2 s;
+      the 17M ColBERT model 15-16 s (266 chunks, 75k tokens; 21.5 s at load 2.2 before the
+      model load stopped importing torch._dynamo); the 149M dense model 4,358 s
       (136k tokens, 45% of them whole files; ~20 CPU minutes while the shared machine ran
       at load 10-18).
     - flask (26 files), the issue's run at load ~4.5: lexical 0.8 s, 17M ColBERT 38.6 s,
