@@ -215,16 +215,19 @@ def chunk_budget(encoders: Encoders, chunk_tokens: int | None) -> tuple[int, Cal
         # (Reading a long chunk as the mean of its windows' vectors was measured too: hybrid
         # 0.875 -> 0.868 for 1.5x the encoding, BENCHMARKS.md.)
         budget = min([MAX_CHUNK_TOKENS, *(int(e.max_length) for e in encs if getattr(e, "multivector", False))])
-    # Exact counts exist for one reason: a multi-vector model must see a chunk whole. The
-    # byte estimate (bytes / 3, headers included) bounds a chunk at about 3 * budget bytes,
-    # and no tokenizer makes more tokens than bytes, so a window of 3 * budget (plus special
-    # tokens) holds any chunk the estimate allows (LateOn-Code-edge reads 2048 tokens). Only
-    # a tighter window pays for tokenizing every file in the lexical phase, which cost 16 of
-    # numpy's 27 CPU-s to searchable: a 50k BPE runs at ~0.7 MB/s per core here.
-    # A single-vector model's window never caps a chunk (it reads the start), so it needs no
-    # exact count either.
-    counter = next((e for e in encs if getattr(e, "multivector", False)), None)
-    if counter is None or int(counter.max_length) >= WIDE_WINDOW * budget + 8:
+    if not encs:
+        return budget, None, "approx"
+    # A multi-vector model alone needs exact counts only to see each chunk whole. The byte
+    # estimate (bytes / 3, headers included) bounds a chunk at about 3 * budget bytes, and no
+    # tokenizer makes more tokens than bytes, so a window of 3 * budget (plus special tokens)
+    # holds any chunk the estimate allows (LateOn-Code-edge reads 2048 tokens): then chunking
+    # skips the tokenizer, which cost 16 of numpy's 27 CPU-s to searchable (a 50k BPE runs at
+    # ~0.7 MB/s per core here). With a single-vector model, chunks sized in its own tokens
+    # scored better: MiniLM hybrid 0.913 against 0.907 with estimated chunks (8 dev repos).
+    # Count with the model whose window must hold the chunk whole (the multi-vector one).
+    counter = next((e for e in encs if getattr(e, "multivector", False)), encs[0])
+    wide = getattr(counter, "multivector", False) and int(counter.max_length) >= WIDE_WINDOW * budget + 8
+    if wide and len(encs) == 1:
         return budget, None, "approx"
     if hasattr(counter, "token_counter"):
         # picklable (tokenizer path + extra tokens), so chunking can run in worker processes
