@@ -653,7 +653,7 @@ class CodeSearch:
             with self._encoders_lock:
                 # Loading takes seconds on a CPU (torch, weights): the pipeline calls `load`
                 # once the repository is searchable, so a first index answers queries sooner.
-                lazy = models != (None, None) and models not in self._encoders
+                lazy = models not in self._encoders and self._chunks_without_model(models)
             if lazy:  # a named model that cannot be found fails before the run writes anything
                 from codesearch.encoder.loading import locate
 
@@ -692,6 +692,38 @@ class CodeSearch:
         if notices:
             summary = dataclasses.replace(summary, notices=[*notices, *summary.notices])
         return summary
+
+    def _chunks_without_model(self, models: tuple[Any, Any]) -> bool:
+        """Whether ``models`` chunk by the byte estimate (`chunk_budget`): a wide-window
+        ColBERT model alone. Only then can a run index lexically before loading them: with
+        any other model the chunks are sized in its tokens, and a lexical pass would be
+        chunked again (new chunk ids) once the model is loaded. Decided from the
+        checkpoint's JSON files; anything unknown says no (the model loads first)."""
+        from codesearch.build.encoders import MAX_CHUNK_TOKENS, WIDE_WINDOW, default_models
+        from codesearch.encoder import DEFAULT_MULTI_MODEL
+        from codesearch.encoder.loading import colbert_window
+
+        dense, multi = models
+        if multi is None:
+            return False
+        try:
+            recorded = index_info(self.index_dir) if self.indexed else None
+        except CodeSearchError:  # unreadable: the run says so, as it always did
+            return False
+        if dense == DEFAULT:
+            if recorded is not None and recorded.dense_model:
+                return False
+            # "auto" would import torch to ask for CUDA (the seconds this saves): without an
+            # NVIDIA driver there is none, and the CPU default has no dense model
+            device = "cuda" if self.device == "auto" and Path("/proc/driver/nvidia").exists() else self.device
+            if device != "auto" and default_models(device)[0] is not None:
+                return False
+        elif dense is not None:
+            return False
+        if multi == DEFAULT:
+            multi = recorded.multi_model if recorded is not None and recorded.multi_model else DEFAULT_MULTI_MODEL
+        window = colbert_window(multi)
+        return window is not None and window >= WIDE_WINDOW * MAX_CHUNK_TOKENS + 8
 
     def _recorded(self) -> _Recorded:
         """What the last index run recorded that a refresh must reuse, in one read.

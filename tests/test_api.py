@@ -339,9 +339,14 @@ def test_encoders_load_once_and_are_shared_by_index_and_search(tmp_path, monkeyp
 
 
 def test_a_first_index_is_searchable_before_its_model_loads(tmp_path, colbert_dir):
-    """Loading a model costs seconds on a CPU (torch, weights): a first index commits the
-    lexical index, says so once, and only then loads the model and encodes, in one run."""
+    """Loading a model costs seconds on a CPU (torch, weights): with a model that chunks by
+    the byte estimate (a wide-window ColBERT model, the CPU default), a first index commits
+    the lexical index, says so once, and only then loads the model and encodes, in one run."""
+    from fixtures.models import make_colbert
+
     from codesearch.api import EncoderPool
+
+    wide = make_colbert(tmp_path / "wide", document_length=2048, max_position_embeddings=2048)
 
     events: list[str] = []
 
@@ -359,16 +364,24 @@ def test_a_first_index_is_searchable_before_its_model_loads(tmp_path, colbert_di
 
     root = write_sample_repo(tmp_path / "repo")
     index_dir = root / ".codesearch"
-    with CodeSearch(root, model=None, multi_model=str(colbert_dir), device="cpu", encoder_pool=Recording()) as cs:
+    with CodeSearch(root, model=None, multi_model=str(wide), device="cpu", encoder_pool=Recording()) as cs:
         summary = cs.index(progress=progress)
         assert events == ["walk", "searchable", "load"]  # the second walk is not shown
-        # (this model's window is short: the second run re-chunks with its tokenizer)
         assert summary.files_indexed == cs.status().files and summary.files_unchanged == 0
+        assert summary.files_read == summary.files_indexed  # the second run re-read nothing
         assert summary.chunks_encoded == summary.chunks_total > 0
-        assert cs.status().models["multi"] == str(colbert_dir)
+        assert cs.status().models["multi"] == str(wide)
         events.clear()
         cs.index(progress=progress)  # loaded now: one run, nothing to encode
         assert events == ["walk", "searchable"]
+    # A model that sizes chunks in its own tokens (this one reads 256) loads first: a lexical
+    # pass would be chunked again, under new ids, once it is loaded.
+    events.clear()
+    other = write_sample_repo(tmp_path / "other")
+    root, index_dir = other, other / ".codesearch"
+    with CodeSearch(other, model=None, multi_model=str(colbert_dir), device="cpu", encoder_pool=Recording()) as cs:
+        cs.index(progress=progress)
+    assert events == ["load", "walk", "searchable"]
 
 
 def test_concurrent_hybrid_searches_share_the_encoders(model_search):

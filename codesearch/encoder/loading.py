@@ -90,6 +90,29 @@ def locate(path_or_id: str | os.PathLike) -> Path:
     return directory
 
 
+def colbert_window(path_or_id: str | os.PathLike) -> int | None:
+    """The document window of a ColBERT checkpoint that is already on disk, from its JSON
+    files alone (no torch, no weights, no network); None when it is not a ColBERT
+    checkpoint, not on disk, or unreadable. A hint: :func:`load` has the last word."""
+    name = os.fspath(path_or_id)
+    path = Path(name).expanduser()
+    try:
+        directory = path if path.is_dir() else None if _looks_like_path(name) else _cached_snapshot(name)
+        if directory is None:
+            return None
+        st_conf = read_json(directory / "config_sentence_transformers.json", required=False) or {}
+        if st_conf.get("model_type") != "ColBERT":
+            return None
+        limits = [
+            int(st_conf.get("document_length", 180)),
+            int((read_json(directory / "config.json") or {}).get("max_position_embeddings", 512)),
+            int((read_json(directory / "tokenizer_config.json", required=False) or {}).get("model_max_length") or 1e9),
+        ]
+    except (CheckpointError, ModelError, OSError, ValueError, TypeError):
+        return None
+    return min(limits)
+
+
 def _cached_snapshot(model_id: str) -> Path | None:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
