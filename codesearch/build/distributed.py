@@ -146,6 +146,15 @@ def connect(address: str = "auto", *, num_cpus: int | None = None, **init_kwargs
         # Workers' logs stay in the cluster's log folder: the CLI's stderr is for progress.
         opts: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
         opts.update(init_kwargs)
+        if target:
+            # ray.init retries an address nobody listens on for minutes, printing a warning
+            # every few seconds: a TCP connect answers in milliseconds, or at most a few seconds
+            reason = _unreachable(target)
+            if reason:
+                raise ClusterError(
+                    f"cannot connect to the Ray cluster at {target!r} ({reason}) "
+                    "(check the address and that the cluster is up, or use --ray alone for a local cluster)"
+                )
         try:
             if target:
                 ray.init(address=target, **opts)
@@ -164,6 +173,25 @@ def connect(address: str = "auto", *, num_cpus: int | None = None, **init_kwargs
         where = target or "local"
     res = ray.cluster_resources()
     return Cluster(where, started, float(res.get("CPU", 0)), float(res.get("GPU", 0)))
+
+
+#: Seconds a reachability check of a cluster address waits for the TCP connection.
+CONNECT_TIMEOUT_S = 5.0
+
+
+def _unreachable(address: str) -> str | None:
+    """Why nothing answers at ``address`` (``host:port``, ``ray://host:port``), or None when a
+    TCP connection opens (or the address has no port to try: Ray then decides)."""
+    import socket
+
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S):
+            return None
+    except OSError as exc:
+        return f"no answer at {host}:{port}: {exc.strerror or exc or type(exc).__name__}"
 
 
 def _first_line(exc: BaseException) -> str:

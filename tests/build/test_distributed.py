@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import time
 import signal
 import sys
 
@@ -242,3 +243,28 @@ def test_every_worker_gone_is_a_one_line_cluster_error(ray_cluster, local_encode
         assert "\n" not in str(err.value) and "run 'codesearch index' again to resume" in str(err.value)
     finally:
         doomed.close()
+
+
+@needs_ray
+def test_an_address_nobody_answers_is_a_one_line_error_at_once(tmp_path, colbert_dir):
+    """`index --ray-address` at an address nobody answers: ray.init retried it for minutes,
+    printing a warning every few seconds; now one line, at once. (A fresh process: this one
+    is connected to the test cluster, which connect() would reuse.)"""
+    import socket
+    import subprocess
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    repo = write_sample_repo(tmp_path / "repo")
+    t0 = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", "from codesearch.cli import main; main()", "index", str(repo),
+         "--ray-address", f"127.0.0.1:{port}", "--model", "none", "--multi-model", str(colbert_dir),
+         "--device", "cpu", "-q"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert time.monotonic() - t0 < 60
+    assert done.returncode != 0
+    err = done.stderr.strip()
+    assert "\n" not in err and f"127.0.0.1:{port}" in err and "--ray alone" in err, err
