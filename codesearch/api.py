@@ -699,7 +699,7 @@ class CodeSearch:
         any other model the chunks are sized in its tokens, and a lexical pass would be
         chunked again (new chunk ids) once the model is loaded. Decided from the
         checkpoint's JSON files; anything unknown says no (the model loads first)."""
-        from codesearch.build.encoders import MAX_CHUNK_TOKENS, WIDE_WINDOW, default_models
+        from codesearch.build.encoders import MAX_CHUNK_TOKENS, default_models, holds_estimated_chunks
         from codesearch.encoder import DEFAULT_MULTI_MODEL
         from codesearch.encoder.loading import colbert_window
 
@@ -723,7 +723,7 @@ class CodeSearch:
         if multi == DEFAULT:
             multi = recorded.multi_model if recorded is not None and recorded.multi_model else DEFAULT_MULTI_MODEL
         window = colbert_window(multi)
-        return window is not None and window >= WIDE_WINDOW * MAX_CHUNK_TOKENS + 8
+        return window is not None and holds_estimated_chunks(window, MAX_CHUNK_TOKENS)
 
     def _recorded(self) -> _Recorded:
         """What the last index run recorded that a refresh must reuse, in one read.

@@ -200,6 +200,12 @@ def check_models(store: Store, encoders: Encoders, index_dir: Path) -> None:
             )
 
 
+def holds_estimated_chunks(window: int, budget: int) -> bool:
+    """Whether a multi-vector window holds any chunk the byte estimate sizes to ``budget``
+    (see `chunk_budget`)."""
+    return window >= WIDE_WINDOW * budget + 8
+
+
 def chunk_budget(encoders: Encoders, chunk_tokens: int | None) -> tuple[int, Callable[[str], int] | None, str]:
     """(max tokens per chunk, token counter or None, the counter's identity)."""
     encs = [e for e in (encoders.dense, encoders.multi) if e is not None]
@@ -226,7 +232,7 @@ def chunk_budget(encoders: Encoders, chunk_tokens: int | None) -> tuple[int, Cal
     # scored better: MiniLM hybrid 0.913 against 0.907 with estimated chunks (8 dev repos).
     # Count with the model whose window must hold the chunk whole (the multi-vector one).
     counter = next((e for e in encs if getattr(e, "multivector", False)), encs[0])
-    wide = getattr(counter, "multivector", False) and int(counter.max_length) >= WIDE_WINDOW * budget + 8
+    wide = getattr(counter, "multivector", False) and holds_estimated_chunks(int(counter.max_length), budget)
     if wide and len(encs) == 1:
         return budget, None, "approx"
     if hasattr(counter, "token_counter"):

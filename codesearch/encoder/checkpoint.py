@@ -116,6 +116,13 @@ def checkpoint_identity(name: str, directory: Path, extra: dict[str, Any]) -> st
     return f"{name}@{h.hexdigest()[:12]}"
 
 
+def colbert_document_length(st_conf: dict[str, Any], model_max: int, tokenizer_max: Any) -> int:
+    """A ColBERT checkpoint's document window: PyLate's ``document_length`` (180 when unset),
+    capped by the model's positions and the tokenizer's ``model_max_length``."""
+    limit = min(int(model_max), int(tokenizer_max or model_max))
+    return min(int(st_conf.get("document_length", 180)), limit)
+
+
 class TextTokenizer:
     """A ``tokenizers`` tokenizer from ``tokenizer.json`` plus the special ids the heads need."""
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from codesearch.encoder.checkpoint import TextTokenizer, read_json, read_tensors
+from codesearch.encoder.checkpoint import TextTokenizer, colbert_document_length, read_json, read_tensors
 from codesearch.errors import CheckpointError
 
 # sentence-transformers Dense `activation_function` values -> callables
@@ -394,7 +394,7 @@ def load_head(directory: Path, hidden_size: int, tokenizer: TextTokenizer, model
             query_prefix_id=ids["query_prefix"],
             document_prefix_id=ids["document_prefix"],
             query_length=int(st_conf.get("query_length", 32)),
-            document_length=min(int(st_conf.get("document_length", 180)), model_limit),
+            document_length=colbert_document_length(st_conf, model_max, tokenizer.model_max_length),
             do_query_expansion=expansion,
             attend_to_expansion_tokens=bool(st_conf.get("attend_to_expansion_tokens", False)) and expansion,
             mask_id=tokenizer.mask_id,

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from codesearch.encoder.checkpoint import (
     TextTokenizer,
     checkpoint_identity,
+    colbert_document_length,
     modernbert_state_dict,
     read_json,
 )
@@ -103,14 +104,13 @@ def colbert_window(path_or_id: str | os.PathLike) -> int | None:
         st_conf = read_json(directory / "config_sentence_transformers.json", required=False) or {}
         if st_conf.get("model_type") != "ColBERT":
             return None
-        limits = [
-            int(st_conf.get("document_length", 180)),
+        return colbert_document_length(
+            st_conf,
             int((read_json(directory / "config.json") or {}).get("max_position_embeddings", 512)),
-            int((read_json(directory / "tokenizer_config.json", required=False) or {}).get("model_max_length") or 1e9),
-        ]
+            (read_json(directory / "tokenizer_config.json", required=False) or {}).get("model_max_length"),
+        )
     except (CheckpointError, ModelError, OSError, ValueError, TypeError):
         return None
-    return min(limits)
 
 
 def _cached_snapshot(model_id: str) -> Path | None:
