@@ -713,9 +713,10 @@ class CodeSearch:
         if dense == DEFAULT:
             if recorded is not None and recorded.dense_model:
                 return False
-            # "auto" would import torch to ask for CUDA (the seconds this saves): without an
-            # NVIDIA driver there is none, and the CPU default has no dense model
-            device = "cuda" if self.device == "auto" and Path("/proc/driver/nvidia").exists() else self.device
+            # "auto" would import torch to ask for CUDA (the seconds this saves): any sign of
+            # an NVIDIA driver counts as CUDA (the model then loads first, as it always did);
+            # without one, the CPU default has no dense model
+            device = "cuda" if self.device == "auto" and _nvidia_driver() else self.device
             if device != "auto" and default_models(device)[0] is not None:
                 return False
         elif dense is not None:
@@ -787,6 +788,15 @@ class _Recorded:
     @property
     def walk(self) -> tuple[tuple[str, ...], tuple[str, ...], int]:
         return self.include, self.exclude, self.max_file_bytes
+
+
+def _nvidia_driver() -> bool:
+    """Whether this machine shows an NVIDIA driver (Linux, WSL, or nvidia-smi on the PATH),
+    without importing torch."""
+    import shutil
+
+    marks = ("/proc/driver/nvidia", "/dev/nvidia0", "/usr/lib/wsl/lib/libcuda.so")
+    return any(Path(m).exists() for m in marks) or shutil.which("nvidia-smi") is not None
 
 
 # -- pieces for long-running processes (the server uses only these) -------------------------
