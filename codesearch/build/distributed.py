@@ -18,7 +18,10 @@ counter the pipeline reads as before) and sends its document batches to the acto
   worker killed mid-run costs a retry of its batches, not the run. A batch whose actor is
   gone for good goes to another one. When the cluster itself is lost, a one-line
   :class:`~codesearch.errors.ClusterError` ends the run; the pipeline has committed every
-  finished batch to the vector cache, so the next run resumes from there.
+  finished batch to the vector cache, so the next run resumes from there. A lost head is
+  noticed by a TCP check of its GCS while batches run (the actors may go on answering
+  without it, and Ray's own driver would end the process a minute later with a line of its
+  own).
 
 Queries are encoded locally (a round trip to the cluster per query would cost more than the
 query's own forward pass).
@@ -179,24 +182,77 @@ def connect(address: str = "auto", *, num_cpus: int | None = None, **init_kwargs
 CONNECT_TIMEOUT_S = 5.0
 
 
-def _unreachable(address: str) -> str | None:
+def _unreachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> str | None:
     """Why nothing answers at ``address`` (``host:port``, ``ray://host:port``), or None when a
-    TCP connection opens (or the address has no port to try: Ray then decides)."""
+    TCP connection opens within ``timeout`` (or the address has no port to try: Ray then
+    decides)."""
     import socket
 
     host, _, port = address.split("://", 1)[-1].rpartition(":")
     if not host or not port.isdigit():
         return None
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S):
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
             return None
     except OSError as exc:
         return f"no answer at {host}:{port}: {exc.strerror or exc or type(exc).__name__}"
 
 
+#: Characters of an exception's first line that a one-line error quotes (Ray's run to 300+).
+_QUOTE_CHARS = 160
+
+
+#: Seconds between two checks, while batches run, that the cluster's head still answers.
+HEAD_CHECK_S = 2.0
+#: Seconds the head may stay silent before the run ends with a ClusterError. Ray's own driver
+#: waits 60 s (``gcs_rpc_server_reconnect_timeout_s``) and then ends the whole process with a
+#: line of its own; a head that Ray's GCS fault tolerance restarts is back well within this.
+HEAD_LOST_AFTER_S = 15.0
+
+
+class _HeadWatch:
+    """Whether the cluster's head (its GCS) still opens a TCP connection.
+
+    The actors may go on returning batches for a while after the head is gone, so Ray's
+    calls alone do not tell the driver; its C++ core kills the process after a minute
+    without the head. :meth:`check` (rate-limited to one connect per :data:`HEAD_CHECK_S`)
+    ends the run first, with a one-line error, once every batch finished so far is written.
+    """
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.checked = 0.0
+        self.silent_since: float | None = None
+
+    @classmethod
+    def of(cls, ray: Any) -> _HeadWatch | None:
+        """The watch of the cluster this process is connected to; None under Ray Client,
+        whose own connection reports a loss."""
+        try:
+            address = ray.get_runtime_context().gcs_address
+        except Exception:
+            return None
+        return cls(address) if isinstance(address, str) and ":" in address else None
+
+    def check(self, where: str) -> None:
+        """Raise the one-line ClusterError once the head has been silent too long."""
+        now = time.monotonic()
+        if now - self.checked < HEAD_CHECK_S:
+            return
+        self.checked = now
+        reason = _unreachable(self.address, timeout=HEAD_CHECK_S)
+        if reason is None:
+            self.silent_since = None
+        elif self.silent_since is None:
+            self.silent_since = now
+        elif now - self.silent_since >= HEAD_LOST_AFTER_S:
+            raise _lost(where, f"its head stopped answering for {now - self.silent_since:.0f}s: {reason}")
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+    line = f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+    return line if len(line) <= _QUOTE_CHARS else line[: _QUOTE_CHARS - 3].rstrip() + "..."
 
 
 # --------------------------------------------------------------------------------------------
@@ -417,6 +473,7 @@ class WorkerPool:
         self.loaded: set[str] = set()  # model keys every actor has loaded
         self.dtypes: dict[str, str] = {}  # identity -> dtype the actors last ran it in
         self.t0: float | None = None
+        self.head: _HeadWatch | None = None
 
     def __repr__(self) -> str:
         return f"WorkerPool({self.where!r}, workers={len(self.actors) or self.workers})"
@@ -466,6 +523,7 @@ class WorkerPool:
             ) from None
         self.actors, self.alive, self.info = actors, [True] * n, info
         self.stats = [WorkerStats(i, d["node"], d["device"]) for i, d in enumerate(info)]
+        self.head = _HeadWatch.of(ray)
         log.info("ray: %d %s workers on %s", n, info[0]["device"], self.where)
 
     def load(self, spec: _ModelSpec) -> None:
@@ -489,8 +547,7 @@ class WorkerPool:
             except ray.exceptions.RayTaskError as exc:
                 raise _cause(exc) from None
             except ray.exceptions.RayActorError as exc:  # died for good: the others go on
-                log.warning("ray worker %d died (%s)", i, _first_line(exc))
-                self.alive[i] = False
+                self.mark_dead(i, exc)
                 if not any(self.alive):
                     raise self.all_dead(exc) from None
         self.loaded.add(spec.key)
@@ -534,9 +591,36 @@ class WorkerPool:
             except Exception:  # a lost cluster: nothing left to stop
                 pass
         self.actors, self.alive, self.loaded, self.dtypes = [], [], set(), {}
+        self.head = None
         if self.cluster is not None and self.cluster.started_here and ray.is_initialized():
-            ray.shutdown()
+            ray.shutdown()  # ~7 s when the head is gone; Ray's exit hook would wait as long
         self.cluster = None
+
+    def wait(self, refs: list[Any]) -> list[Any]:
+        """The refs of ``refs`` that are done (at least one), watching the cluster's head
+        meanwhile.
+
+        Raises
+        ------
+        ClusterError
+            The head stopped answering for :data:`HEAD_LOST_AFTER_S` (one line), or Ray
+            reports the connection lost.
+        """
+        ray = require_ray()
+        while True:
+            if self.head is not None:
+                self.head.check(self.where)
+            timeout = None if self.head is None else HEAD_CHECK_S
+            done, _ = _wait(ray, refs, where=self.where, timeout=timeout)
+            if done:
+                return done
+
+    def mark_dead(self, worker: int, exc: BaseException, what: str = "") -> None:
+        """Record that actor ``worker`` is gone for good (warned once, whatever the number
+        of its batches that fail)."""
+        if self.alive[worker]:
+            log.warning("ray worker %d died (%s)%s", worker, _first_line(exc), what)
+        self.alive[worker] = False
 
     def pick(self, load: list[int]) -> int | None:
         """The least loaded live actor with room for another batch."""
@@ -746,8 +830,7 @@ class RayEncoder:
                     if exhausted:
                         return
                     continue
-                done, _ = _wait(ray, list(pending), where=pool.where)
-                for ref in done:
+                for ref in pool.wait(list(pending)):
                     task = pending.pop(ref)
                     load[task.worker] -= 1
                     out = self._collect(ray, task)
@@ -769,8 +852,7 @@ class RayEncoder:
         except ray.exceptions.RayActorError as exc:
             # Ray restarted the actor and retried its calls max_restarts times already:
             # this actor is gone for good; its batch goes to another one.
-            log.warning("ray worker %d died (%s); its batch goes to another worker", task.worker, _first_line(exc))
-            pool.alive[task.worker] = False
+            pool.mark_dead(task.worker, exc, "; its batches go to the other workers")
             s = pool.stats[task.worker]
             pool.stats[task.worker] = _replace(s, restarts=s.restarts + 1)
             if not any(pool.alive):
@@ -793,22 +875,22 @@ class RayEncoder:
         return out
 
 
-
-
 def _cause(exc: BaseException) -> BaseException:
     """The user-facing error inside a Ray task error (a CodeSearchError from a worker keeps
     its one line); anything else is a bug and keeps Ray's traceback."""
     cause = getattr(exc, "cause", None)
     return cause if isinstance(cause, CodeSearchError) else exc
+
+
 def _replace(stats: WorkerStats, **changes: Any) -> WorkerStats:
     import dataclasses
 
     return dataclasses.replace(stats, **changes)
 
 
-def _lost(where: str, exc: BaseException) -> ClusterError:
+def _lost(where: str, why: str) -> ClusterError:
     return ClusterError(
-        f"lost the Ray cluster at {where!r} ({_first_line(exc)}); the vectors finished so far are kept "
+        f"lost the Ray cluster at {where!r} ({why}); the vectors finished so far are kept "
         "(run 'codesearch index' again to resume, or index without --ray)"
     )
 
@@ -821,14 +903,14 @@ def _get(ray: Any, refs: Any, *, where: str, timeout: float | None = None) -> An
     except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
         raise
     except (ray.exceptions.RayError, ConnectionError, OSError) as exc:
-        raise _lost(where, exc) from None
+        raise _lost(where, _first_line(exc)) from None
 
 
-def _wait(ray: Any, refs: list[Any], *, where: str) -> tuple[list[Any], list[Any]]:
+def _wait(ray: Any, refs: list[Any], *, where: str, timeout: float | None = None) -> tuple[list[Any], list[Any]]:
     try:
-        return ray.wait(refs, num_returns=1)
+        return ray.wait(refs, num_returns=1, timeout=timeout)
     except (ray.exceptions.RayError, ConnectionError, OSError) as exc:
-        raise _lost(where, exc) from None
+        raise _lost(where, _first_line(exc)) from None
 
 
 # --------------------------------------------------------------------------------------------

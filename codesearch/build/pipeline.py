@@ -659,12 +659,13 @@ def _encode(run: _Run) -> None:
                 pending = defaultdict(set)
                 last_publish = time.monotonic()
                 publish_cost = last_publish - now
-    if pending:
-        _publish(run, pending)
-    embedded = {role: _embedded_by(enc) for role, enc in roles.items() if any(e is enc for e, _ in streams)}
-    if embedded:  # how each role was last embedded, for 'status'
+        # How this model was embedded, for 'status': recorded as its stream ends, so that a
+        # run that fails in the next model's stream still tells how this one's were made.
+        embedded = {role: _embedded_by(enc) for role, e in roles.items() if e is enc}
         with store.transaction():
             store.set_meta(EMBEDDED_KEY, json.dumps(json.loads(store.get_meta(EMBEDDED_KEY) or "{}") | embedded))
+    if pending:
+        _publish(run, pending)
 
 
 def _embedded_by(enc: Any) -> str:

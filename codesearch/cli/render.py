@@ -248,12 +248,21 @@ def index_status(info: Any, *, as_json: bool) -> None:
         ("languages", _cell(info.languages)),
         ("dense model", info.models.get("dense") or "none"),
         ("multi-vector model", info.models.get("multi") or "none"),
-        ("vectors", ", ".join(f"{k}: {v:.0%}" for k, v in info.vectors.items()) or "none (lexical only)"),
+        ("vectors", _vectors_cell(info.vectors)),
         ("embedded", _cell(info.embedded)),
         ("stale", _cell(info.stale) if info.is_stale else "up to date"),
         ("size on disk", ", ".join(f"{k}: {_bytes(v)}" for k, v in info.disk_bytes.items())),
     ]
     _key_values(rows)
+
+
+def _vectors_cell(vectors: dict[str, float]) -> str:
+    """``colbert: 100%``; a share below 100% (a run stopped, or one still going) says how to
+    finish it."""
+    if not vectors:
+        return "none (lexical only)"
+    cell = ", ".join(f"{k}: {v:.0%}" if v >= 1 or v < 0.995 else f"{k}: 99%" for k, v in vectors.items())
+    return cell if all(v >= 1 for v in vectors.values()) else f"{cell} (run 'codesearch index' to finish)"
 
 
 def _bytes(n: int) -> str:

@@ -2,16 +2,18 @@
 
 One cluster and one pool of actors serve the whole module (starting a Ray worker with torch
 costs seconds); the tests compare vectors and ids with a local run of the same tiny
-checkpoints in float32, kill a worker process mid-run, and check the one-line errors.
+checkpoints in float32, kill a worker process mid-run, kill the head of a cluster of another
+process mid-run (the next run resumes), and check the one-line errors.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-import time
+import re
 import signal
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -268,3 +270,85 @@ def test_an_address_nobody_answers_is_a_one_line_error_at_once(tmp_path, colbert
     assert done.returncode != 0
     err = done.stderr.strip()
     assert "\n" not in err and f"127.0.0.1:{port}" in err and "--ray alone" in err, err
+
+
+# The run of the test below, in a process of its own: one text per batch, each batch slowed
+# on its way back, and the cluster's head (the GCS, a child of the driver on a cluster started
+# here) killed when the first batch returns, so that the actors go on answering for a while
+# with the head gone (as they do) and the head watch, made quick here, has to end the run.
+_LOSE_THE_HEAD = r"""
+import os, signal, sys, time
+from codesearch.build import distributed, pipeline
+from codesearch.encoder import runtime
+from codesearch.cli import main
+
+pipeline.ENCODE_BATCH = 1
+distributed.HEAD_CHECK_S, distributed.HEAD_LOST_AFTER_S = 0.2, 1.0
+runtime.cpu_has_fast_bf16 = lambda: False  # float32, like the reference
+collect, killed = distributed.RayEncoder._collect, []
+
+def gcs_pids():
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = open(f"/proc/{pid}/stat").read()
+            argv0 = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[0]
+        except OSError:
+            continue
+        if int(stat.rpartition(")")[2].split()[1]) == os.getpid() and argv0.endswith(b"gcs_server"):
+            yield int(pid)
+
+def slowly(self, ray, task):
+    if not killed:
+        killed.extend(gcs_pids())
+        assert killed, "no gcs_server among this process's children"
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+    time.sleep(0.1)
+    return collect(self, ray, task)
+
+distributed.RayEncoder._collect = slowly
+sys.argv = ["codesearch", *sys.argv[1:]]
+main()
+"""
+
+
+@needs_ray
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the GCS process in /proc")
+def test_a_lost_head_ends_the_run_in_one_line_and_the_next_run_resumes(
+    local_index, tmp_path, monkeypatch, single_vector_dir, colbert_dir
+):
+    """The cluster's head killed mid-run: a one-line ClusterError (Ray's own driver would end
+    the process a minute later with a line of its own), every batch written so far is kept, and
+    the next run (here without Ray) encodes only the rest and ends equal to an unbroken run."""
+    import subprocess
+
+    from typer.testing import CliRunner
+
+    from codesearch.cli.app import app
+
+    repo = local_index[0]
+    monkeypatch.setattr(pipeline, "ENCODE_BATCH", 1)
+    full, _ = _index(repo, tmp_path / "local", single_vector_dir, colbert_dir)  # the reference
+    done = subprocess.run(
+        [sys.executable, "-c", _LOSE_THE_HEAD, "index", str(repo), "--index-dir", str(tmp_path / "index"),
+         "--ray", "--model", str(single_vector_dir), "--multi-model", str(colbert_dir), "--device", "cpu", "-q"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 1, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in done.stderr
+    assert last.startswith("Error: lost the Ray cluster at 'local' (its head stopped answering"), done.stderr
+    assert "run 'codesearch index' again to resume" in last
+    with Store(tmp_path / "index" / STORE_FILE) as s:
+        kept = sum(len(ids) for kind in ("dense", "file", "colbert") for ids, _ in s.iter_vectors(kind))
+    assert 0 < kept < full.chunks_encoded  # some batches written before the end, not all
+    shown = CliRunner().invoke(app, ["status", str(repo), "--index-dir", str(tmp_path / "index")]).stdout
+    assert "(run 'codesearch index' to finish)" in shown, shown
+
+    resumed, status = _index(repo, tmp_path / "index", single_vector_dir, colbert_dir)
+    assert resumed.chunks_encoded == full.chunks_encoded - kept  # only the rest
+    # the ColBERT stream (the second) always ends in the resumed run; the dense one did too,
+    # or ended on the cluster before the head was lost, and then says so
+    assert status.embedded["multi"] == "local cpu (float32)"
+    assert re.fullmatch(r"local cpu \(float32\)|ray local: \d+ cpu workers \(float32\)", status.embedded["dense"])
+    _assert_same_index(tmp_path / "index", _contents(tmp_path / "local"))
