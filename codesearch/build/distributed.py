@@ -125,9 +125,10 @@ def connect(address: str = "auto", *, num_cpus: int | None = None, **init_kwargs
     Parameters
     ----------
     address
-        ``"auto"``: the cluster at ``RAY_ADDRESS`` when that is set, else a new local cluster
-        (this process's Ray connection is reused when there is one). Anything else is an
-        address to connect to (``"10.0.0.5:6379"``, ``"ray://head:10001"``).
+        ``"auto"``: the cluster at ``RAY_ADDRESS`` when that is set, else one already running
+        on this machine (``ray start``, found as ``ray.init()`` finds it), else a new local
+        cluster (this process's Ray connection is reused when there is one). Anything else is
+        an address to connect to (``"10.0.0.5:6379"``, ``"ray://head:10001"``).
     num_cpus
         CPUs of a local cluster started here (default: every core).
     **init_kwargs
@@ -146,6 +147,7 @@ def connect(address: str = "auto", *, num_cpus: int | None = None, **init_kwargs
         where = address if address != "auto" else os.environ.get("RAY_ADDRESS") or "local"
     else:
         target = os.environ.get("RAY_ADDRESS") if address == "auto" else address
+        running = None if target else _local_head()
         # Workers' logs stay in the cluster's log folder: the CLI's stderr is for progress.
         opts: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
         opts.update(init_kwargs)
@@ -158,28 +160,44 @@ def connect(address: str = "auto", *, num_cpus: int | None = None, **init_kwargs
                     f"cannot connect to the Ray cluster at {target!r} ({reason}) "
                     "(check the address and that the cluster is up, or use --ray alone for a local cluster)"
                 )
+            _check_head(target)
         try:
             if target:
                 ray.init(address=target, **opts)
+            elif running:  # Ray's own default; "auto" also finds the cluster's token as Ray does
+                ray.init(address="auto", **opts)
             else:
                 # Ray nices its workers (15) to keep a shared node's daemons responsive; on a
                 # cluster of this one machine the actors are the work, and a niced actor loses
                 # its core to every other process, so it runs at the driver's priority.
                 opts.setdefault("_system_config", {"worker_niceness": 0})
-                ray.init(num_cpus=num_cpus, **opts)
+                ray.init(address="local", num_cpus=num_cpus, **opts)  # "local": never a stale one
                 started = True
         except (ConnectionError, TimeoutError, ValueError, RuntimeError) as exc:
             raise ClusterError(
                 f"cannot connect to the Ray cluster at {target or 'a new local cluster'!r} "
                 f"({_first_line(exc)}) (check the address and that the cluster is up, or use --ray alone for a local cluster)"
             ) from None
-        where = target or "local"
+        where = target or running or "local"
     res = ray.cluster_resources()
     return Cluster(where, started, float(res.get("CPU", 0)), float(res.get("GPU", 0)))
 
 
 #: Seconds a reachability check of a cluster address waits for the TCP connection.
 CONNECT_TIMEOUT_S = 5.0
+
+
+def _local_head() -> str | None:
+    """The head of a cluster already running on this machine (the last ``ray start``), when
+    it answers; None when there is none or it is gone (``ray.init()`` would wait minutes on a
+    stale record of one)."""
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        address = canonicalize_bootstrap_address(None)
+    except Exception:  # Ray's lookup moved or failed: start a cluster of our own
+        return None
+    return address if address and _unreachable(address, timeout=1.0) is None else None
 
 
 def _unreachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> str | None:
@@ -247,6 +265,43 @@ class _HeadWatch:
             self.silent_since = now
         elif now - self.silent_since >= HEAD_LOST_AFTER_S:
             raise _lost(where, f"its head stopped answering for {now - self.silent_since:.0f}s: {reason}")
+
+
+def _check_head(address: str) -> None:
+    """Ask the head at ``address`` (a GCS address; Ray Client's ``ray://`` is left to Ray)
+    for its cluster id, as ``ray.init`` would, but once.
+
+    A cluster with token authentication (what ``ray start`` sets up when a token exists)
+    rejects a driver without its token in milliseconds; ``ray.init`` retried that for 20 s
+    with a warning a second and then said only "Failed to connect". A port where something
+    other than a Ray head listens answers nothing within Ray's 40 s, after which ``ray.init``
+    would try again.
+
+    Raises
+    ------
+    ClusterError
+        The head rejects this process's token, or does not answer as a Ray head.
+    """
+    if "://" in address:
+        return
+    try:
+        from ray._raylet import GcsClient
+        from ray.exceptions import AuthenticationError, RpcError
+    except ImportError:  # a Ray without token authentication: ray.init decides
+        return
+    try:
+        GcsClient(address=address)
+    except AuthenticationError:
+        raise ClusterError(
+            f"the Ray cluster at {address!r} requires its authentication token "
+            "(set RAY_AUTH_MODE=token, with the token in RAY_AUTH_TOKEN or ~/.ray/auth_token; "
+            "'ray get-auth-token' on the head prints it)"
+        ) from None
+    except RpcError as exc:
+        raise ClusterError(
+            f"nothing at {address!r} answers as a Ray cluster's head ({_first_line(exc)}) "
+            "(check the address: the head's GCS port, 6379 unless 'ray start --port' says otherwise)"
+        ) from None
 
 
 def _first_line(exc: BaseException) -> str:

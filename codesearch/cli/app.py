@@ -120,7 +120,7 @@ def index(
     exclude: Annotated[Optional[list[str]], typer.Option("--exclude", help="Skip files matching GLOB (repeatable).", metavar="GLOB")] = None,
     max_file_size: Annotated[str, typer.Option("--max-file-size", help="Skip files larger than this (bytes, or 500k, 2MB, 1MiB).")] = "1MB",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar, no summary (notices still show).")] = False,
-    ray: Annotated[bool, typer.Option("--ray", help="Embed on a Ray cluster: the one at RAY_ADDRESS, else a local one (needs codesearch[ray]).")] = False,
+    ray: Annotated[bool, typer.Option("--ray", help="Embed on a Ray cluster: RAY_ADDRESS, else one ray-started on this machine, else a new local one (needs codesearch[ray]).")] = False,
     ray_address: Annotated[Optional[str], typer.Option("--ray-address", metavar="ADDRESS", help="Embed on the Ray cluster at ADDRESS (implies --ray).")] = None,
 ) -> None:
     """Index a repository (incremental: unchanged files cost a stat)."""

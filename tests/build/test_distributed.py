@@ -352,3 +352,26 @@ def test_a_lost_head_ends_the_run_in_one_line_and_the_next_run_resumes(
     assert status.embedded["multi"] == "local cpu (float32)"
     assert re.fullmatch(r"local cpu \(float32\)|ray local: \d+ cpu workers \(float32\)", status.embedded["dense"])
     _assert_same_index(tmp_path / "index", _contents(tmp_path / "local"))
+
+
+@needs_ray
+def test_a_cluster_that_wants_a_token_is_a_one_line_error_naming_it(ray_cluster, tmp_path, colbert_dir):
+    """A cluster with token authentication (Ray's default for a new cluster, as the test one)
+    and a driver without the token: ray.init retried for 20 s, then said only "Failed to
+    connect"; now one line at once that says what to set."""
+    import subprocess
+
+    address = ray_cluster.get_runtime_context().gcs_address
+    repo = write_sample_repo(tmp_path / "repo")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")} | {"RAY_AUTH_MODE": "disabled"}
+    t0 = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", "from codesearch.cli import main; main()", "index", str(repo),
+         "--ray-address", address, "--model", "none", "--multi-model", str(colbert_dir), "--device", "cpu", "-q"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert time.monotonic() - t0 < 60
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]  # after a warning line of Ray's own C++ client
+    assert last.startswith(f"Error: the Ray cluster at {address!r} requires its authentication token"), done.stderr
+    assert "RAY_AUTH_MODE=token" in last
