@@ -41,7 +41,14 @@ import numpy as np
 import xxhash
 
 from codesearch.build.chunking import CHUNKER_VERSION
-from codesearch.build.encoders import DISABLED_KEY, EMBEDDED_KEY, VECTORS_PENDING_KEY, Encoders, check_models, chunk_budget
+from codesearch.build.encoders import (
+    DISABLED_KEY,
+    EMBEDDED_KEY,
+    VECTORS_PENDING_KEY,
+    Encoders,
+    check_models,
+    chunk_budget,
+)
 from codesearch.errors import (
     IndexCorruptError,
     NothingToIndexError,
@@ -59,8 +66,6 @@ from codesearch.types import (
     default_index_dir,
     path_kind,
 )
-
-
 
 #: Meta keys: the walk options of the last run (JSON lists), which a refresh reuses.
 WALK_INCLUDE_KEY, WALK_EXCLUDE_KEY = "walk.include", "walk.exclude"
@@ -560,6 +565,54 @@ def _commit(run: _Run) -> Delta:
 
 # -- 4. vectors: every chunk and file that lacks one, most useful first ------------------------------
 
+#: Batches that arrive within this many seconds of the one before share a commit, for at most
+#: this long: SQLite's WAL rewrites every index page a commit touches (64 KiB pages, keys in
+#: random order), so at a GPU cluster's rates one commit per 64 vectors halves what the writer
+#: takes in (BENCHMARKS.md). A batch that took longer (any CPU run) commits alone, at once.
+COMMIT_GROUP_S = 1.0
+
+
+class _Commits:
+    """The vector writer's transactions: each batch whole or not at all (a savepoint), and
+    batches that come in quick succession grouped into one commit of at most
+    :data:`COMMIT_GROUP_S`.
+
+    A batch that arrives :data:`COMMIT_GROUP_S` or more after the one before (any CPU run)
+    commits alone, at once, as every batch did before grouping. ``on_commit`` runs after
+    each commit. :meth:`commit` commits the open group and must run before anything else
+    writes; a run that ends in an error commits it too (``report=False``): its batches are
+    whole.
+    """
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.group: Any = None  # the open transaction, when batches wait in one
+        self.opened = 0.0
+        self.last: float | None = None  # when the previous batch was written
+        self.on_commit: Callable[[], None] = lambda: None
+
+    @contextlib.contextmanager
+    def batch(self):
+        now = time.monotonic()
+        quick = self.last is not None and now - self.last < COMMIT_GROUP_S
+        if self.group is None:
+            self.group = self.store.transaction()
+            self.group.__enter__()
+            self.opened = now
+        with self.store.transaction():  # a savepoint: a batch that fails leaves nothing
+            yield
+        self.last = time.monotonic()
+        if not quick or self.last - self.opened >= COMMIT_GROUP_S:
+            self.commit()
+
+    def commit(self, *, report: bool = True) -> None:
+        if self.group is not None:
+            group, self.group = self.group, None
+            group.__exit__(None, None, None)
+            if report:
+                self.on_commit()
+
+
 #: A run publishes the vectors encoded so far (a new generation, vector indexes synced) at
 #: most this often, and never more often than 3x the last publication's own cost, so a
 #: query during a long first index sees the vectors grow at a bounded price.
@@ -568,8 +621,9 @@ PUBLISH_EVERY_S = 20.0
 
 def _encode(run: _Run) -> None:
     """Encode what the vector cache lacks for the committed chunks and files, in batches that
-    are each committed (a killed run loses at most one batch), and publish the vectors to
-    the indexes as they come.
+    are each committed whole (a killed run loses the batch in flight, and at most the last
+    :data:`COMMIT_GROUP_S` of batches when they come faster than that), and publish the
+    vectors to the indexes as they come.
 
     The order makes a partial index answer most questions: source code before tests, then
     docs, examples and benchmarks (`types.path_kind`), small files before large ones.
@@ -626,9 +680,28 @@ def _encode(run: _Run) -> None:
     total = sum(len(items) for _, items in streams)
     if not total:
         return
+    commits = _Commits(store)
+    try:
+        _encode_streams(run, streams, roles, total, commits)
+    finally:
+        commits.commit(report=False)  # the batches of an open group are whole: a failed run keeps them
+
+
+def _encode_streams(run: _Run, streams: list, roles: dict[str, Any], total: int, commits: _Commits) -> None:
+    store = run.store
     pending: dict[str, set[str]] = defaultdict(set)  # encoded, not yet in the vector indexes
     last_publish, publish_cost = time.monotonic(), 0.0
     enc_t0 = time.perf_counter()
+    kinds = [""]  # the kinds of the last batch, for the progress message
+
+    def committed() -> None:  # progress counts what is committed: a killed run keeps that much
+        elapsed = max(time.perf_counter() - enc_t0, 1e-9)
+        run.report(
+            "encode", run.texts_encoded, total, files=len(run.work), chunks=run.chunks_made,
+            tokens=run.tokens_encoded, tokens_per_s=run.tokens_encoded / elapsed, message=kinds[0],
+        )
+
+    commits.on_commit = committed
     for enc, items in streams:
         batches = list(_batches([(kind, h, t) for _, kind, h, t in items], _batch_size(enc)))
         texts_of = ([t for _, _, t in b] for b in batches)
@@ -641,20 +714,18 @@ def _encode(run: _Run) -> None:
             by_kind: dict[str, list[tuple[str, np.ndarray]]] = defaultdict(list)
             for (kind, h, _), v in zip(batch, vectors):
                 by_kind[kind].append((h, v))
-            with store.transaction():  # the batch is cached whole or not at all
+            tokens = sum(min(n, int(enc.max_length)) for n in enc.count_tokens([t for _, _, t in batch]))
+            with commits.batch():  # the batch is cached whole or not at all
                 for kind, pairs in by_kind.items():
                     store.put_vectors(enc.identity, kind, pairs)
+                run.texts_encoded += len(batch)
+                run.tokens_encoded += tokens
+                kinds[0] = "/".join(by_kind)
             for kind, pairs in by_kind.items():
                 pending[kind].update(h for h, _ in pairs)
-            run.texts_encoded += len(batch)
-            run.tokens_encoded += sum(min(n, int(enc.max_length)) for n in enc.count_tokens([t for _, _, t in batch]))
-            elapsed = max(time.perf_counter() - enc_t0, 1e-9)
-            run.report(
-                "encode", run.texts_encoded, total, files=len(run.work), chunks=run.chunks_made,
-                tokens=run.tokens_encoded, tokens_per_s=run.tokens_encoded / elapsed, message="/".join(by_kind),
-            )
             now = time.monotonic()
             if run.texts_encoded < total and now - last_publish >= max(PUBLISH_EVERY_S, 3 * publish_cost):
+                commits.commit()  # what is published is committed first
                 _publish(run, pending)
                 pending = defaultdict(set)
                 last_publish = time.monotonic()
@@ -662,6 +733,7 @@ def _encode(run: _Run) -> None:
         # How this model was embedded, for 'status': recorded as its stream ends, so that a
         # run that fails in the next model's stream still tells how this one's were made.
         embedded = {role: _embedded_by(enc) for role, e in roles.items() if e is enc}
+        commits.commit()
         with store.transaction():
             store.set_meta(EMBEDDED_KEY, json.dumps(json.loads(store.get_meta(EMBEDDED_KEY) or "{}") | embedded))
     if pending:

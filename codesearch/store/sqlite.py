@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import sys
 import struct
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -214,17 +215,34 @@ def _chunked(seq: Sequence[Any], size: int = 900) -> Iterator[Sequence[Any]]:
 
 def encode_array(array: np.ndarray) -> tuple[int, int, bytes]:
     """(n, dim, float16 bytes) of a 1-D or 2-D float array."""
-    a = np.asarray(array, dtype=np.float32)
+    a = np.asarray(array)
     if a.ndim == 1:
         a = a[None, :]
     if a.ndim != 2:
         raise ValueError(f"expected a 1-D or 2-D array, got shape {a.shape}")
-    return a.shape[0], a.shape[1], np.ascontiguousarray(a, dtype=np.float16).tobytes()
+    return a.shape[0], a.shape[1], _cast(a, np.float16).tobytes()
 
 
 def decode_array(n: int, dim: int, data: bytes) -> np.ndarray:
     """The float32 (n, dim) array stored by :func:`encode_array`."""
-    return np.frombuffer(data, dtype=np.float16).reshape(n, dim).astype(np.float32)
+    return _cast(np.frombuffer(data, dtype=np.float16).reshape(n, dim), np.float32)
+
+
+def _cast(a: np.ndarray, dtype: type) -> np.ndarray:
+    """``a`` as a C-ordered array of ``dtype``, bit for bit what numpy's cast makes.
+
+    numpy converts between float32 and float16 element by element, 5-8x slower than torch's
+    vectorised cast (51 us against 7 us for a 300 x 48 ColBERT text): a third of the
+    vector writer's time. Torch is used when this process has already imported it (it has,
+    whenever it made the vectors); the store itself never imports it.
+    """
+    torch = sys.modules.get("torch")
+    if not hasattr(torch, "from_numpy") or a.dtype == dtype or a.dtype not in (np.float32, np.float16):
+        return np.ascontiguousarray(a, dtype=dtype)
+    a = np.ascontiguousarray(a)
+    if not a.flags.writeable:  # a blob read from SQLite: torch takes only writable memory
+        a = a.copy()
+    return torch.from_numpy(a).to(torch.float16 if dtype is np.float16 else torch.float32).numpy()
 
 
 def _corrupt(path: str, detail: object) -> IndexCorruptError:
