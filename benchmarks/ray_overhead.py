@@ -194,7 +194,7 @@ def main() -> None:
               f"RSS {m['rss_mb']:.0f} MB, peak {m['peak_rss_mb']:.0f} MB")
     per_worker = np.mean([w.tokens_per_s for w in stats.workers])
 
-    print("\nwriter ceiling (Store.put_vectors, one transaction per 64 vectors, float16 on disk):")
+    print("\nwriter ceiling (Store.put_vectors, batches of 64 committed as the pipeline does, float16 on disk):")
     ceiling = writer_ceiling()
     for kind, vps, mbps in ceiling:
         print(f"  {kind}: {vps:,.0f} vectors/s ({mbps:,.0f} MB/s)")
@@ -210,6 +210,9 @@ def main() -> None:
     dense_ceiling = ceiling[0][1]
     colbert_ceiling = ceiling[1][1]
     print(f"\nwriter: dense {dense_ceiling:,.0f} texts/s, ColBERT {colbert_ceiling:,.0f} texts/s (300 tokens each)")
+    for label, rate in rates.items():
+        print(f"  {label.split(':')[0]}: the writer binds past {dense_ceiling * 300 / rate:,.1f} dense workers, "
+              f"{colbert_ceiling * 300 / rate:,.1f} ColBERT (48-dim) workers")
 
 
 def _hours(seconds: float) -> str:

@@ -216,10 +216,6 @@ def _unreachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> str | None
         return f"no answer at {host}:{port}: {exc.strerror or exc or type(exc).__name__}"
 
 
-#: Characters of an exception's first line that a one-line error quotes (Ray's run to 300+).
-_QUOTE_CHARS = 160
-
-
 #: Seconds between two checks, while batches run, that the cluster's head still answers.
 HEAD_CHECK_S = 2.0
 #: Seconds the head may stay silent before the run ends with a ClusterError. Ray's own driver
@@ -302,6 +298,10 @@ def _check_head(address: str) -> None:
             f"nothing at {address!r} answers as a Ray cluster's head ({_first_line(exc)}) "
             "(check the address: the head's GCS port, 6379 unless 'ray start --port' says otherwise)"
         ) from None
+
+
+#: Characters of an exception's first line that a one-line error quotes (Ray's run to 300+).
+_QUOTE_CHARS = 160
 
 
 def _first_line(exc: BaseException) -> str:
