@@ -164,7 +164,10 @@ def connect(address: str = "auto", *, num_cpus: int | None = None, **init_kwargs
         try:
             if target:
                 ray.init(address=target, **opts)
-            elif running:  # Ray's own default; "auto" also finds the cluster's token as Ray does
+            elif running:
+                # "auto", not the address: Ray then uses the token of a cluster found on this
+                # machine (it never sends it to an address given), and picks the same cluster
+                # _local_head found (the last `ray start`, alive)
                 ray.init(address="auto", **opts)
             else:
                 # Ray nices its workers (15) to keep a shared node's daemons responsive; on a
@@ -218,6 +221,8 @@ def _unreachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> str | None
 
 #: Seconds between two checks, while batches run, that the cluster's head still answers.
 HEAD_CHECK_S = 2.0
+#: Seconds between two calls of an ``encode_batches`` caller's ``idle`` while no batch is done.
+IDLE_S = 0.5
 #: Seconds the head may stay silent before the run ends with a ClusterError. Ray's own driver
 #: waits 60 s (``gcs_rpc_server_reconnect_timeout_s``) and then ends the whole process with a
 #: line of its own; a head that Ray's GCS fault tolerance restarts is back well within this.
@@ -264,8 +269,9 @@ class _HeadWatch:
 
 
 def _check_head(address: str) -> None:
-    """Ask the head at ``address`` (a GCS address; Ray Client's ``ray://`` is left to Ray)
-    for its cluster id, as ``ray.init`` would, but once.
+    """Ask the head at ``address`` (a GCS ``host:port``; anything else, such as ``auto`` or
+    Ray Client's ``ray://``, is left to Ray) for its cluster id, as ``ray.init`` would, but
+    once.
 
     A cluster with token authentication (what ``ray start`` sets up when a token exists)
     rejects a driver without its token in milliseconds; ``ray.init`` retried that for 20 s
@@ -278,7 +284,8 @@ def _check_head(address: str) -> None:
     ClusterError
         The head rejects this process's token, or does not answer as a Ray head.
     """
-    if "://" in address:
+    host, _, port = address.rpartition(":")
+    if "://" in address or not host or not port.isdigit():  # "auto", "local", Ray Client
         return
     try:
         from ray._raylet import GcsClient
@@ -651,9 +658,9 @@ class WorkerPool:
             ray.shutdown()  # ~7 s when the head is gone; Ray's exit hook would wait as long
         self.cluster = None
 
-    def wait(self, refs: list[Any]) -> list[Any]:
+    def wait(self, refs: list[Any], idle: Callable[[], None] | None = None) -> list[Any]:
         """The refs of ``refs`` that are done (at least one), watching the cluster's head
-        meanwhile.
+        meanwhile and calling ``idle`` about every :data:`IDLE_S` while none is.
 
         Raises
         ------
@@ -662,13 +669,15 @@ class WorkerPool:
             reports the connection lost.
         """
         ray = require_ray()
+        timeout = IDLE_S if idle is not None else None if self.head is None else HEAD_CHECK_S
         while True:
             if self.head is not None:
                 self.head.check(self.where)
-            timeout = None if self.head is None else HEAD_CHECK_S
             done, _ = _wait(ray, refs, where=self.where, timeout=timeout)
             if done:
                 return done
+            if idle is not None:
+                idle()
 
     def mark_dead(self, worker: int, exc: BaseException, what: str = "") -> None:
         """Record that actor ``worker`` is gone for good (warned once, whatever the number
@@ -823,11 +832,15 @@ class RayEncoder:
             raise TypeError("encode() takes a list of texts, not one string; wrap it: encode([text])")
         return next(iter(self.encode_batches([list(texts)], kind=kind)))
 
-    def encode_batches(self, batches: Iterable[list[str]], kind: str = "document") -> Iterator[Any]:
+    def encode_batches(
+        self, batches: Iterable[list[str]], kind: str = "document", idle: Callable[[], None] | None = None
+    ) -> Iterator[Any]:
         """One output per input batch, in input order, each as ``encode`` returns it.
 
         ``batches`` is consumed lazily: at most ``depth`` batches per actor are in flight and
         at most as many again wait here to be yielded in order, so memory stays bounded.
+        ``idle`` is called about every :data:`IDLE_S` while no batch is done (the pipeline
+        commits a waiting group of batches there).
 
         Raises
         ------
@@ -885,7 +898,7 @@ class RayEncoder:
                     if exhausted:
                         return
                     continue
-                for ref in pool.wait(list(pending)):
+                for ref in pool.wait(list(pending), idle):
                     task = pending.pop(ref)
                     load[task.worker] -= 1
                     out = self._collect(ray, task)

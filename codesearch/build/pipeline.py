@@ -565,27 +565,30 @@ def _commit(run: _Run) -> Delta:
 
 # -- 4. vectors: every chunk and file that lacks one, most useful first ------------------------------
 
-#: Batches that arrive within this many seconds of the one before share a commit, for at most
-#: this long: SQLite's WAL rewrites every index page a commit touches (64 KiB pages, keys in
-#: random order), so at a GPU cluster's rates one commit per 64 vectors halves what the writer
-#: takes in (BENCHMARKS.md). A batch that took longer (any CPU run) commits alone, at once.
+#: Batches written within this many seconds of the one before share a commit, and a group
+#: takes batches for at most this long: SQLite's WAL rewrites every index page a commit
+#: touches (64 KiB pages, keys in random order), so at a GPU cluster's rates one commit per 64
+#: vectors cuts what the writer takes in by ~3x (BENCHMARKS.md). A batch that took longer
+#: (a CPU run of a real model) commits alone, at once.
 COMMIT_GROUP_S = 1.0
 
 
 class _Commits:
     """The vector writer's transactions: each batch whole or not at all (a savepoint), and
-    batches that come in quick succession grouped into one commit of at most
-    :data:`COMMIT_GROUP_S`.
+    batches that come in quick succession grouped into one commit.
 
-    A batch that arrives :data:`COMMIT_GROUP_S` or more after the one before (any CPU run)
-    commits alone, at once, as every batch did before grouping. ``on_commit`` runs after
-    each commit. :meth:`commit` commits the open group and must run before anything else
-    writes; a run that ends in an error commits it too (``report=False``): its batches are
-    whole.
+    A group takes batches for at most :data:`COMMIT_GROUP_S` and commits when the next batch
+    is written, when :meth:`commit_if_older` finds it that old (a cluster's encoder calls it
+    while it waits), before a publication, at the end of a model's stream, or when the run
+    fails. So a killed run loses the batch in flight and at most one group: the batches of
+    about :data:`COMMIT_GROUP_S` of encoding. A batch written :data:`COMMIT_GROUP_S` or more
+    after the one before commits alone, at once, as every batch did before grouping.
+    ``on_commit`` runs after each commit (progress counts committed texts).
     """
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, clock: Callable[[], float] = time.monotonic) -> None:
         self.store = store
+        self.clock = clock
         self.group: Any = None  # the open transaction, when batches wait in one
         self.opened = 0.0
         self.last: float | None = None  # when the previous batch was written
@@ -593,7 +596,7 @@ class _Commits:
 
     @contextlib.contextmanager
     def batch(self):
-        now = time.monotonic()
+        now = self.clock()
         quick = self.last is not None and now - self.last < COMMIT_GROUP_S
         if self.group is None:
             self.group = self.store.transaction()
@@ -601,11 +604,17 @@ class _Commits:
             self.opened = now
         with self.store.transaction():  # a savepoint: a batch that fails leaves nothing
             yield
-        self.last = time.monotonic()
+        self.last = self.clock()
         if not quick or self.last - self.opened >= COMMIT_GROUP_S:
             self.commit()
 
+    def commit_if_older(self) -> None:
+        """Commit the open group once it is :data:`COMMIT_GROUP_S` old."""
+        if self.group is not None and self.clock() - self.opened >= COMMIT_GROUP_S:
+            self.commit()
+
     def commit(self, *, report: bool = True) -> None:
+        """Commit the open group (if any); run it before anything else writes."""
         if self.group is not None:
             group, self.group = self.group, None
             group.__exit__(None, None, None)
@@ -621,9 +630,9 @@ PUBLISH_EVERY_S = 20.0
 
 def _encode(run: _Run) -> None:
     """Encode what the vector cache lacks for the committed chunks and files, in batches that
-    are each committed whole (a killed run loses the batch in flight, and at most the last
-    :data:`COMMIT_GROUP_S` of batches when they come faster than that), and publish the
-    vectors to the indexes as they come.
+    are each committed whole (a killed run loses the batch in flight, and at most one group
+    of quick batches: see :class:`_Commits`), and publish the vectors to the indexes as they
+    come.
 
     The order makes a partial index answer most questions: source code before tests, then
     docs, examples and benchmarks (`types.path_kind`), small files before large ones.
@@ -683,8 +692,12 @@ def _encode(run: _Run) -> None:
     commits = _Commits(store)
     try:
         _encode_streams(run, streams, roles, total, commits)
-    finally:
-        commits.commit(report=False)  # the batches of an open group are whole: a failed run keeps them
+    except BaseException:
+        # The batches of an open group are whole: a failed run keeps them. If the store
+        # itself failed, the run's own error is the one to tell.
+        with contextlib.suppress(Exception):
+            commits.commit(report=False)
+        raise
 
 
 def _encode_streams(run: _Run, streams: list, roles: dict[str, Any], total: int, commits: _Commits) -> None:
@@ -706,7 +719,7 @@ def _encode_streams(run: _Run, streams: list, roles: dict[str, Any], total: int,
         batches = list(_batches([(kind, h, t) for _, kind, h, t in items], _batch_size(enc)))
         texts_of = ([t for _, _, t in b] for b in batches)
         if hasattr(enc, "encode_batches"):  # a pool of workers (codesearch[ray]) streams them
-            outputs = enc.encode_batches(texts_of, kind="document")
+            outputs = enc.encode_batches(texts_of, kind="document", idle=commits.commit_if_older)
         else:
             outputs = (enc.encode(t, kind="document") for t in texts_of)
         for batch, out in zip(batches, outputs):

@@ -1,11 +1,10 @@
 """The vector writer's commits (pipeline._Commits) on a real SQLite store, watched from a
-second connection as a query process would: batches in quick succession share a commit of
-bounded age, a slow batch commits at once, a failing batch leaves nothing, and the batches of
-an open group are kept when the run ends in an error."""
+second connection as a query process would: batches in quick succession share a commit that
+takes batches for a bounded time, a slow batch commits at once, a waiting group commits once
+old enough, a failing batch leaves nothing, and the batches of an open group are kept when the
+run ends in an error. Time is a fake clock: no test here depends on the machine's speed."""
 
 from __future__ import annotations
-
-import time
 
 import numpy as np
 import pytest
@@ -14,13 +13,20 @@ from codesearch.build import pipeline
 from codesearch.store import Store
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @pytest.fixture
 def stores(tmp_path, monkeypatch):
-    monkeypatch.setattr(pipeline, "COMMIT_GROUP_S", 0.3)
+    monkeypatch.setattr(pipeline, "COMMIT_GROUP_S", 1.0)
     path = tmp_path / "store.sqlite"
-    with Store(path) as writer:
-        with Store(path, readonly=True) as reader:
-            yield writer, reader
+    with Store(path) as writer, Store(path, readonly=True) as reader:
+        yield writer, reader
 
 
 def _put(store, n, start=0):
@@ -33,36 +39,61 @@ def _seen(reader) -> int:
 
 def test_quick_batches_share_a_commit_and_slow_ones_commit_at_once(stores):
     writer, reader = stores
-    commits = pipeline._Commits(writer)
+    clock = Clock()
+    commits = pipeline._Commits(writer, clock)
     reported = []
     commits.on_commit = lambda: reported.append(_seen(reader))
     with commits.batch():
         _put(writer, 2)
     assert _seen(reader) == 2 and reported == [2]  # the first batch: nothing before it to group with
+    clock.now += 0.1
     with commits.batch():
         _put(writer, 2, 2)
-    assert _seen(reader) == 2  # came at once: waits in a group
-    time.sleep(0.35)
+    assert _seen(reader) == 2 and commits.group is not None  # came quickly: waits in a group
+    clock.now += 1.5
     with commits.batch():  # a slow batch: the group before it and itself commit
         _put(writer, 2, 4)
     assert _seen(reader) == 6 and reported == [2, 6]
-    deadline, key = time.monotonic() + 0.3, 100
-    while time.monotonic() < deadline:  # quick batches for longer than a group may last
+    for key in range(100, 111):  # quick batches for longer than a group takes them
+        clock.now += 0.25
         with commits.batch():
             _put(writer, 1, key)
-        key += 1
-    assert len(reported) >= 3  # a group never outlives COMMIT_GROUP_S while batches come
+    assert reported[2:] == [11, 16]  # 5 batches a group: the first, then 4 x 0.25 s until 1 s old
+    assert _seen(reader) == 16 and commits.group is not None
     commits.commit()
-    assert commits.group is None
+    assert _seen(reader) == 17 and reported[-1] == 17 and commits.group is None
+    commits.commit()  # nothing open: nothing to say
+    assert len(reported) == 5
+
+
+def test_a_waiting_group_commits_once_old_enough(stores):
+    """What a cluster's encoder calls while it waits for the workers (commit_if_older)."""
+    writer, reader = stores
+    clock = Clock()
+    commits = pipeline._Commits(writer, clock)
+    with commits.batch():
+        _put(writer, 1)
+    clock.now += 0.1
+    with commits.batch():
+        _put(writer, 1, 1)
+    clock.now += 0.5
+    commits.commit_if_older()
+    assert _seen(reader) == 1  # 0.5 s old: keeps waiting for quick batches
+    clock.now += 0.5
+    commits.commit_if_older()
+    assert _seen(reader) == 2 and commits.group is None
 
 
 def test_a_failing_batch_leaves_nothing_and_the_group_before_it_is_kept(stores):
     writer, reader = stores
-    commits = pipeline._Commits(writer)
+    clock = Clock()
+    commits = pipeline._Commits(writer, clock)
     with commits.batch():
         _put(writer, 1)
+    clock.now += 0.1
     with commits.batch():
         _put(writer, 2, 1)
+    clock.now += 0.1
     with pytest.raises(RuntimeError), commits.batch():
         _put(writer, 5, 10)
         raise RuntimeError("disk full")

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 from fixtures.sample_repo import write_sample_repo
 
-from codesearch.errors import ClusterError, MissingDependencyError
 from codesearch.build import pipeline
-from codesearch.types import STORE_FILE
+from codesearch.errors import ClusterError, MissingDependencyError
 from codesearch.store import Store
+from codesearch.types import STORE_FILE
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason='needs codesearch[ray]')
 
@@ -307,6 +307,7 @@ def slowly(self, ray, task):
     return collect(self, ray, task)
 
 distributed.RayEncoder._collect = slowly
+distributed._local_head = lambda: None  # a cluster of its own, even beside a `ray start`ed one
 sys.argv = ["codesearch", *sys.argv[1:]]
 main()
 """
@@ -361,6 +362,8 @@ def test_a_cluster_that_wants_a_token_is_a_one_line_error_naming_it(ray_cluster,
     connect"; now one line at once that says what to set."""
     import subprocess
 
+    if os.environ.get("RAY_AUTH_MODE") != "token":
+        pytest.skip("this Ray did not turn token authentication on for the test cluster")
     address = ray_cluster.get_runtime_context().gcs_address
     repo = write_sample_repo(tmp_path / "repo")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")} | {"RAY_AUTH_MODE": "disabled"}
@@ -375,3 +378,13 @@ def test_a_cluster_that_wants_a_token_is_a_one_line_error_naming_it(ray_cluster,
     last = done.stderr.strip().splitlines()[-1]  # after a warning line of Ray's own C++ client
     assert last.startswith(f"Error: the Ray cluster at {address!r} requires its authentication token"), done.stderr
     assert "RAY_AUTH_MODE=token" in last
+
+
+@needs_ray
+def test_names_without_a_port_are_left_to_ray():
+    """RAY_ADDRESS=auto, --ray-address local or a Ray Client address: nothing to probe
+    (GcsClient raised ValueError on them, a traceback)."""
+    from codesearch.build.distributed import _check_head
+
+    for address in ("auto", "local", "ray://head:10001", "head"):
+        assert _check_head(address) is None

@@ -38,8 +38,9 @@ CHILD = textwrap.dedent(
     from codesearch.build.encoders import Encoders
     from codesearch.build.pipeline import build_index
 
-    repo, dense_dir, colbert_dir = sys.argv[1:4]
+    repo, dense_dir, colbert_dir, group_s = sys.argv[1:5]
     pipeline.ENCODE_BATCH = 3  # several committed batches even on a small repo
+    pipeline.COMMIT_GROUP_S = float(group_s)  # 0: each batch commits alone, as on a CPU run of a real model
     import codesearch.encoder as E
     encoders = Encoders(E.load(dense_dir), E.load(colbert_dir))
 
@@ -56,8 +57,11 @@ CHILD = textwrap.dedent(
 # first derived index was saved (lexical first: the files and chunks are committed and
 # searchable, no vector encoded yet); after a few encoded batches (committed, some vectors).
 # (A kill while chunking leaves the same state as one right before the transaction.)
+# "encode, grouped": the tiny models encode a batch in milliseconds, so with the default
+# COMMIT_GROUP_S their batches share commits and the kill lands after a group.
 KILL_POINTS = {
     "encode": ("encode", 6),
+    "encode, grouped": ("encode", 6, 1.0),
     "write": ("write", 0),
     "sync": ("sync", 1),
 }
@@ -110,9 +114,9 @@ def expected_after_change(tmp_path_factory, built_template, encoders):
     return chunk_set(idir)
 
 
-def _run_and_kill(repo: Path, encoder_dirs, stage: str, min_done: int) -> list[str]:
+def _run_and_kill(repo: Path, encoder_dirs, stage: str, min_done: int, group_s: float = 0.0) -> list[str]:
     proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(repo), *encoder_dirs],
+        [sys.executable, "-c", CHILD, str(repo), *encoder_dirs, str(group_s)],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -153,7 +157,7 @@ def test_kill_during_an_update_leaves_a_usable_index(
 
     # Nothing half-written: the store opens and agrees with every derived index; after the
     # commit it holds the new files, some of whose vectors are still to come.
-    committed = point in ("sync", "encode")
+    committed = point in ("sync", "encode", "encode, grouped")
     check_consistent(idir, complete=not committed)
     with Store(idir / STORE_FILE) as s:
         assert (s.generation > gen_before) == committed
@@ -162,7 +166,7 @@ def test_kill_during_an_update_leaves_a_usable_index(
     summary = build_index(repo, encoders=encoders)
     check_consistent(idir)
     assert chunk_set(idir) == expected_after_change
-    if point == "encode":
+    if point.startswith("encode"):
         # Resumed: exactly the texts whose batches the killed run had not committed.
         done, total = _encode_progress(seen)
         assert 0 < done < total
