@@ -33,6 +33,19 @@ def _put(store, n, start=0):
     store.put_vectors("m@0", "dense", [(f"{i:032x}", np.full(4, i, np.float32)) for i in range(start, start + n)])
 
 
+def _one_committed_then_one_waiting(writer, second: int):
+    """A batch of 1 vector (committed alone), then one of ``second`` 0.1 s later (waiting in
+    a group)."""
+    clock = Clock()
+    commits = pipeline._Commits(writer, clock)
+    with commits.batch():
+        _put(writer, 1)
+    clock.now += 0.1
+    with commits.batch():
+        _put(writer, second, 1)
+    return commits, clock
+
+
 def _seen(reader) -> int:
     return reader.conn.execute("SELECT count(*) FROM vectors").fetchone()[0]
 
@@ -69,13 +82,7 @@ def test_quick_batches_share_a_commit_and_slow_ones_commit_at_once(stores):
 def test_a_waiting_group_commits_once_old_enough(stores):
     """What a cluster's encoder calls while it waits for the workers (commit_if_older)."""
     writer, reader = stores
-    clock = Clock()
-    commits = pipeline._Commits(writer, clock)
-    with commits.batch():
-        _put(writer, 1)
-    clock.now += 0.1
-    with commits.batch():
-        _put(writer, 1, 1)
+    commits, clock = _one_committed_then_one_waiting(writer, second=1)
     clock.now += 0.5
     commits.commit_if_older()
     assert _seen(reader) == 1  # 0.5 s old: keeps waiting for quick batches
@@ -86,13 +93,7 @@ def test_a_waiting_group_commits_once_old_enough(stores):
 
 def test_a_failing_batch_leaves_nothing_and_the_group_before_it_is_kept(stores):
     writer, reader = stores
-    clock = Clock()
-    commits = pipeline._Commits(writer, clock)
-    with commits.batch():
-        _put(writer, 1)
-    clock.now += 0.1
-    with commits.batch():
-        _put(writer, 2, 1)
+    commits, clock = _one_committed_then_one_waiting(writer, second=2)
     clock.now += 0.1
     with pytest.raises(RuntimeError), commits.batch():
         _put(writer, 5, 10)
