@@ -71,8 +71,8 @@ __all__ = [
 DEFAULT_DEPTH = 2
 #: How long actors may take to start and load the model (a cold hub download on a worker).
 START_TIMEOUT_S = 600.0
-#: Token counts of this many recent batches are kept, so that the pipeline's own
-#: ``count_tokens`` on a batch just yielded costs a lookup, not a second tokenisation.
+#: Token counts (from the workers) of this many recent batches are kept, so that the
+#: pipeline's own ``count_tokens`` on a batch just yielded costs a lookup, not a tokenisation.
 _COUNT_MEMO = 64
 
 
@@ -457,12 +457,13 @@ class _Worker:
             self.models[spec.key] = enc
         return str(enc.dtype).removeprefix("torch.")
 
-    def encode(self, spec: _ModelSpec, texts: list[str], kind: str) -> tuple[Any, float]:
-        """``encode`` of the model ``spec``, and the seconds it took (not counting a load)."""
+    def encode(self, spec: _ModelSpec, texts: list[str], kind: str) -> tuple[Any, float, list[int]]:
+        """``encode`` of the model ``spec``, the seconds it took (not counting a load), and the
+        tokens each text took (from the same tokenization: the driver need not count them)."""
         self.load(spec)
         t0 = time.perf_counter()
-        out = self.models[spec.key].encode(texts, kind=kind)
-        return out, time.perf_counter() - t0
+        out, counts = self.models[spec.key].encode_counted(texts, kind=kind)
+        return out, time.perf_counter() - t0, counts
 
 
 def _gpu_ids() -> list:
@@ -782,8 +783,10 @@ class RayEncoder:
         return f"RayEncoder({self.identity!r}, {self.pool!r})"
 
     def count_tokens(self, texts: list[str]) -> list[int]:
-        """Document tokens per text, like the local encoder's (a lookup for a batch just
-        encoded here)."""
+        """Document tokens per text, like the local encoder's. For a batch just encoded, what
+        its worker counted as it tokenized, which is capped at ``max_length`` (all that the
+        pipeline reads); the driver tokenizing every text again bounded a cluster at one
+        core's tokenizer, ~750k tok/s here (BENCHMARKS.md)."""
         hit = self._counts.get(tuple(texts))
         return list(hit) if hit is not None else self.local.count_tokens(texts)
 
@@ -916,7 +919,7 @@ class RayEncoder:
     def _collect(self, ray: Any, task: _Task) -> Any:
         pool = self.pool
         try:
-            out, busy = _get(ray, task.ref, where=pool.where)
+            out, busy, counts = _get(ray, task.ref, where=pool.where)
         except ray.exceptions.RayActorError as exc:
             # Ray restarted the actor and retried its calls max_restarts times already:
             # this actor is gone for good; its batch goes to another one.
@@ -928,15 +931,13 @@ class RayEncoder:
             return _RETRY
         except ray.exceptions.RayTaskError as exc:
             raise _cause(exc) from None
-        counts = self.local.count_tokens(task.texts)
         self._counts[tuple(task.texts)] = counts
         while len(self._counts) > _COUNT_MEMO:
             self._counts.popitem(last=False)
-        cap = int(self.local.max_length)
         s = pool.stats[task.worker]
         pool.stats[task.worker] = _replace(
-            s, batches=s.batches + 1, texts=s.texts + len(task.texts),
-            tokens=s.tokens + sum(min(n, cap) for n in counts), busy_s=s.busy_s + busy,
+            s, batches=s.batches + 1, texts=s.texts + len(task.texts), tokens=s.tokens + sum(counts),
+            busy_s=s.busy_s + busy,
         )
         if self.progress is not None:
             self.progress(pool.progress())

@@ -592,10 +592,12 @@ class Encoder:
         return token_batches([len(x) for x in ids], batch_tokens or self.batch_tokens, padded=self.backbone.padded)
 
     def _prepared(
-        self, texts: list[str], tokenize, head, kind: str, budget: int | None, tokenized: Tokenized | None
+        self, texts: list[str], tokenize, head, kind: str, budget: int | None, tokenized: Tokenized | None,
+        lengths: list[int] | None = None,
     ) -> Iterator[_Prepared]:
         """Tokenize wave by wave, batch, pack (pinned on CUDA): the CPU side of a run.
-        ``tokenized``: all of ``texts`` already tokenized (used when they form one wave)."""
+        ``tokenized``: all of ``texts`` already tokenized (used when they form one wave).
+        ``lengths``: filled with each text's token count as tokenized (input order)."""
         pin = self.device.type == "cuda"
         parts = waves(texts, budget)
         for wave in parts:
@@ -603,6 +605,8 @@ class Encoder:
                 tok = tokenized
             else:
                 tok = tokenize([texts[i] for i in wave])
+            if lengths is not None:
+                lengths[wave.start : wave.start + len(tok.ids)] = map(len, tok.ids)
             for batch in self._batches(tok.ids, budget):
                 sub = Tokenized(
                     [tok.ids[i] for i in batch], None if tok.n_keys is None else [tok.n_keys[i] for i in batch]
@@ -614,13 +618,14 @@ class Encoder:
                 )
 
     def _run(
-        self, texts: list[str], tokenize, head, kind: str, budget: int | None, tokenized: Tokenized | None = None
+        self, texts: list[str], tokenize, head, kind: str, budget: int | None, tokenized: Tokenized | None = None,
+        lengths: list[int] | None = None,
     ) -> list:
         """Every text through backbone and head, results in input order (see the module notes)."""
         results: list = [None] * len(texts)
         budget = budget or self.batch_tokens  # here, not in the thread: it may ask CUDA for free memory
         overlap = self.device.type == "cuda" if self.overlap is None else self.overlap
-        make = functools.partial(self._prepared, texts, tokenize, head, kind, budget, tokenized)
+        make = functools.partial(self._prepared, texts, tokenize, head, kind, budget, tokenized, lengths)
         source = in_thread(make) if overlap and texts else make()
 
         def finish(p: _Prepared, host: torch.Tensor, event) -> None:
@@ -664,6 +669,20 @@ class Encoder:
             a Normalize module. Multi-vector: one float32 ``(n_tokens_i, dim)`` array per text,
             rows L2-normalised.
         """
+        return self._encode(texts, kind, batch_tokens, None)
+
+    def encode_counted(
+        self, texts: list[str], kind: str = "document", batch_tokens: int | None = None
+    ) -> tuple[np.ndarray | list[np.ndarray], list[int]]:
+        """``encode(texts, kind)`` and the tokens each text took, from the same tokenization:
+        ``min(count_tokens(text), max_length)`` for a document. A cluster worker returns both,
+        so the driver never tokenizes what it sent."""
+        lengths = [0] * len(texts)
+        return self._encode(texts, kind, batch_tokens, lengths), lengths
+
+    def _encode(
+        self, texts: list[str], kind: str, batch_tokens: int | None, lengths: list[int] | None
+    ) -> np.ndarray | list[np.ndarray]:
         if kind not in ("document", "query"):
             raise ValueError(f"kind must be 'document' or 'query', not {kind!r}")
         if isinstance(texts, str):
@@ -680,7 +699,7 @@ class Encoder:
             tok = tokenize(texts)
             small = sum(map(len, tok.ids)) <= SMALL_FORWARD_TOKENS and machine_busy()
         with single_thread(small):
-            results = self._run(texts, tokenize, self.head, kind, batch_tokens, tok)
+            results = self._run(texts, tokenize, self.head, kind, batch_tokens, tok, lengths)
         if self.multivector:
             return results
         if not results:

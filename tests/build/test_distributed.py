@@ -140,11 +140,32 @@ def test_encode_batches_equal_local_in_input_order(pool, local_encoders, role):
     for b, out in zip(batches, outs):
         _assert_same(out, local.encode(b))
     _assert_same(enc.encode(TEXTS), local.encode(TEXTS))
-    assert enc.count_tokens(TEXTS) == local.count_tokens(TEXTS)
+    # a batch just encoded: the worker's counts, capped at max_length (all the pipeline reads)
+    assert enc.count_tokens(TEXTS) == [min(n, local.max_length) for n in local.count_tokens(TEXTS)]
     stats = pool.progress()
     assert stats.tokens > 0 and len(stats.workers) == 2
     assert all(w.batches > 0 and w.tokens_per_s > 0 for w in stats.workers)  # both did work
     assert stats.describe().startswith("ray 2 workers: ")
+
+
+@needs_ray
+def test_the_driver_does_not_tokenize_what_the_workers_encode(pool, local_encoders, monkeypatch):
+    """The workers return each text's token count with its vectors: the driver tokenizing
+    every text again bounded a cluster at one core's tokenizer."""
+    from codesearch.build.distributed import RayEncoder
+
+    local = local_encoders["colbert"]
+    real = local.count_tokens
+    calls = []
+    monkeypatch.setattr(local, "count_tokens", lambda texts: calls.append(len(texts)) or real(texts))
+    enc = RayEncoder(local, pool)
+    batches = [TEXTS[:2], TEXTS[2:], ["def long():\n    pass\n" * 400]]  # the last one over max_length
+    assert len(list(enc.encode_batches(batches))) == 3
+    counts = [enc.count_tokens(b) for b in batches]  # what the pipeline asks next: a lookup
+    assert calls == []
+    assert counts == [[min(n, local.max_length) for n in real(b)] for b in batches]
+    assert counts[2] == [local.max_length]
+    assert pool.progress().tokens >= sum(map(sum, counts))
 
 
 def _index(repo, index_dir, single_vector_dir, colbert_dir, progress=None, **kw):

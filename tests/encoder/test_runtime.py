@@ -69,6 +69,24 @@ def test_overlapped_equals_serial_in_input_order(request, which, kind):
     assert not _threads_named("codesearch-tokenize")
 
 
+@pytest.mark.parametrize("which", ["dense", "colbert"])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_encode_counted_is_encode_with_each_texts_tokens(request, which, overlap):
+    """What a cluster worker returns: the same vectors, and per text the tokens it took
+    (``count_tokens`` capped at ``max_length``), in input order across several waves."""
+    enc = request.getfixturevalue(which)
+    texts = [*TEXTS, "def long():\n    pass\n" * 1500, ""]  # one over max_length (8192 dense), one empty
+    assert len(waves(texts, BUDGET)) > 1
+    try:
+        enc.overlap = overlap
+        out, counts = enc.encode_counted(texts, batch_tokens=BUDGET)
+        _same(out, enc.encode(texts, batch_tokens=BUDGET))
+    finally:
+        enc.overlap = None
+    assert counts == [min(n, enc.max_length) for n in enc.count_tokens(texts)]
+    assert counts[-2] == enc.max_length
+
+
 def test_overlapped_hidden_states_equal_serial(dense):
     try:
         dense.overlap = False
