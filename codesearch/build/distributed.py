@@ -209,14 +209,22 @@ def _unreachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> str | None
     decides)."""
     import socket
 
-    host, _, port = address.split("://", 1)[-1].rpartition(":")
-    if not host or not port.isdigit():
+    where = _host_port(address.split("://", 1)[-1])
+    if where is None:
         return None
+    host, port = where
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+        with socket.create_connection((host.strip("[]"), port), timeout=timeout):
             return None
     except OSError as exc:
         return f"no answer at {host}:{port}: {exc.strerror or exc or type(exc).__name__}"
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of ``host:port`` (IPv6 as ``[::1]:6379``); None for a name without a
+    port, such as ``auto`` or ``local``."""
+    host, _, port = address.rpartition(":")
+    return (host, int(port)) if host and port.isdigit() else None
 
 
 #: Seconds between two checks, while batches run, that the cluster's head still answers.
@@ -284,8 +292,7 @@ def _check_head(address: str) -> None:
     ClusterError
         The head rejects this process's token, or does not answer as a Ray head.
     """
-    host, _, port = address.rpartition(":")
-    if "://" in address or not host or not port.isdigit():  # "auto", "local", Ray Client
+    if "://" in address or _host_port(address) is None:  # Ray Client, "auto", "local"
         return
     try:
         from ray._raylet import GcsClient

@@ -27,8 +27,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
-import sys
 import struct
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -93,7 +93,8 @@ MIGRATIONS: list[str] = [
     # float16 blob (28-77 KB for a ColBERT text) inside a b-tree ordered by a random hash, so
     # every insert split and moved 64 KiB pages: a writer ceiling of ~960 ColBERT texts/s
     # (300 x 48) and ~3,800 dense vectors/s. Appended by rowid with a small unique index:
-    # ~6,200 and ~21,000 (BENCHMARKS.md). Reads are the same SQL on either layout.
+    # ~6,200 and ~21,000 in a short run (BENCHMARKS.md, session 4; the steady state, past
+    # WAL checkpoints, is in session 5). Reads are the same SQL on either layout.
     """
     CREATE TABLE vectors_v2 (
         id INTEGER PRIMARY KEY,
@@ -216,6 +217,8 @@ def _chunked(seq: Sequence[Any], size: int = 900) -> Iterator[Sequence[Any]]:
 def encode_array(array: np.ndarray) -> tuple[int, int, bytes]:
     """(n, dim, float16 bytes) of a 1-D or 2-D float array."""
     a = np.asarray(array)
+    if a.dtype not in (np.float32, np.float16):  # float64 and the rest: through float32, as always
+        a = a.astype(np.float32)
     if a.ndim == 1:
         a = a[None, :]
     if a.ndim != 2:
@@ -233,9 +236,9 @@ def _cast(a: np.ndarray, dtype: type) -> np.ndarray:
     stays a NaN, its payload bits may differ).
 
     numpy converts between float32 and float16 element by element, 5-8x slower than torch's
-    vectorised cast (51 us against 7 us for a 300 x 48 ColBERT text): a third of the
-    vector writer's time. Torch is used when this process has already imported it (it has,
-    whenever it made the vectors); the store itself never imports it.
+    vectorised cast (51 us against 7 us for a 300 x 48 ColBERT text): CPU that the process
+    writing or reading vectors spends per text. Torch is used when this process has already
+    imported it (it has, whenever it made the vectors); the store itself never imports it.
     """
     torch = sys.modules.get("torch")
     if not hasattr(torch, "from_numpy") or a.dtype == dtype or a.dtype not in (np.float32, np.float16):
