@@ -908,15 +908,18 @@ class Snapshot:
 def _disk_usage(index_dir: Path) -> dict[str, int]:
     sizes: dict[str, int] = {}
     for entry in sorted(index_dir.iterdir()):
+        if entry.name in {".gitignore", "lock", "server.json"} or entry.name.startswith("."):
+            continue
+        # SQLite's -wal/-shm side files and the vectors' segment folder are the store's.
+        name = STORE_FILE if entry.name.startswith(STORE_FILE) else entry.name
         try:
             if entry.is_dir():
-                sizes[entry.name] = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
-            elif entry.name not in {".gitignore", "lock", "server.json"} and not entry.name.startswith("."):
-                # SQLite's -wal/-shm side files are part of the store's footprint.
-                name = entry.name.split("-", 1)[0] if entry.name.startswith(STORE_FILE) else entry.name
-                sizes[name] = sizes.get(name, 0) + entry.stat().st_size
+                size = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
+            else:
+                size = entry.stat().st_size
         except FileNotFoundError:  # a temporary file renamed into place meanwhile
             continue
+        sizes[name] = sizes.get(name, 0) + size
     sizes["total"] = sum(sizes.values())
     return sizes
 

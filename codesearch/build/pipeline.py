@@ -114,6 +114,7 @@ def _file_text_for_encoder(path: str, text: str, max_length: int) -> str:
 def _remove_index_files(index_dir: Path) -> None:
     for name in (STORE_FILE, STORE_FILE + "-wal", STORE_FILE + "-shm", CENTRALITY_FILE):
         (index_dir / name).unlink(missing_ok=True)
+    shutil.rmtree(index_dir / (STORE_FILE + ".vectors"), ignore_errors=True)  # its segments
     for spec in DERIVED.values():
         p = index_dir / spec.filename
         if p.is_dir():
@@ -346,6 +347,10 @@ def _build(run: _Run) -> IndexSummary:
     # same model and text still come from the cache.
     if not run.rebuild:
         check_models(run.store, run.encoders, run.idir)
+    else:
+        # The way out of a damaged vectors segment (its reads ask for --rebuild): the arrays
+        # whose bytes fail their check go, and this run encodes those texts again.
+        run.store.drop_damaged_vectors()
     run.prev_gen = run.store.generation
     run.recorded = {} if run.rebuild else run.store.models()
     stages: dict[str, float] = {}

@@ -7,7 +7,9 @@ vectors cache means a rebuild never re-encodes. The tables:
 ``chunks``   one row per chunk: position, symbol, header, exact text, hash of the text
 ``meta``     key/value: root, chunk budget, generation, derived-index generations, ...
 ``models``   role (``dense`` | ``colbert``) -> model name, identity, vector size
-``vectors``  the cache: (model identity, kind, text hash) -> float16 array
+``vectors``  the cache: (model identity, kind, text hash) -> float16 array; the large
+             multi-vector (ColBERT) arrays live in append-only segment files beside the
+             store (``store/segments.py``), their rows say where
 
 The class reads like sqlite-utils: ``Store(":memory:")`` in tests, WAL on disk, every
 write inside ``with store.transaction():``, the schema version in ``PRAGMA user_version``
@@ -37,9 +39,14 @@ from typing import Any
 import numpy as np
 
 from codesearch.errors import IndexCorruptError
+from codesearch.store.segments import SegmentError, Segments
 
 #: Vector kinds in the cache, and the model role whose identity keys each of them.
 KIND_ROLE = {"dense": "dense", "file": "dense", "colbert": "colbert"}
+#: Kinds whose arrays go to segment files (an on-disk store): tens of KB per text, written
+#: once there instead of twice through SQLite's WAL. Single vectors (1.5 KB) stay in rows:
+#: a query reads them, and their cost is per row, not per byte.
+SEGMENT_KINDS = frozenset({"colbert"})
 
 # Numbered migrations: MIGRATIONS[i] takes the schema from version i to version i + 1.
 # Never edit a released entry; append a new one (it runs on open, inside one transaction).
@@ -111,6 +118,16 @@ MIGRATIONS: list[str] = [
     DROP TABLE vectors;
     ALTER TABLE vectors_v2 RENAME TO vectors;
     """,
+    # 3: multi-vector arrays move out of the rows into append-only segment files, written
+    # once (SQLite's WAL wrote each page twice, which bound the ColBERT writer at ~100 MB/s
+    # of vectors on a 450 MB/s disk; BENCHMARKS.md, session 6). A row with ``seg`` NULL
+    # keeps its array in ``data`` (every row before this version); otherwise ``data`` is
+    # empty and the array is ``n * dim * 2`` bytes at ``off`` in segment ``seg``.
+    """
+    ALTER TABLE vectors ADD COLUMN seg INTEGER;     -- segment file number, NULL: in data
+    ALTER TABLE vectors ADD COLUMN off INTEGER;     -- byte offset in that segment
+    ALTER TABLE vectors ADD COLUMN crc INTEGER;     -- zlib.crc32 of those bytes
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -120,6 +137,10 @@ SCHEMA_VERSION = len(MIGRATIONS)
 READABLE_FROM = 1
 
 _CORRUPT_MARKERS = ("not a database", "malformed", "disk image", "file is encrypted")
+
+#: The columns a vector read selects, ``{v}`` the table's alias, on schema 3 and before it.
+_VEC_COLS = "{v}n, {v}dim, {v}data, {v}seg, {v}off, {v}crc"
+_VEC_COLS_BEFORE_3 = "{v}n, {v}dim, {v}data, NULL, NULL, NULL"
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,6 +322,10 @@ class Store:
         self.readonly = readonly
         self._depth = 0
         memory = self.path == ":memory:"
+        # The segment folder is named after the store file, so two stores in one folder
+        # never share it.
+        self.segments = None if memory else Segments(Path(self.path + ".vectors"), readonly=readonly)
+        self._vec_cols = _VEC_COLS
         if not memory:
             _check_header(Path(self.path))
             if readonly and not Path(self.path).exists():
@@ -332,9 +357,11 @@ class Store:
     # -- lifecycle -----------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the connection (idempotent)."""
+        """Close the connection and the segment files (idempotent)."""
         with contextlib.suppress(Exception):
             self.conn.close()
+        if self.segments is not None:
+            self.segments.close()
 
     def __enter__(self) -> Store:
         return self
@@ -396,7 +423,14 @@ class Store:
             raise
         self._depth -= 1
         if self._depth == 0:
-            self._exec("COMMIT")
+            try:
+                if self.segments is not None:
+                    self.segments.sync()  # the rows' bytes reach the disk before the rows do
+                self._exec("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    self.conn.execute("ROLLBACK")
+                raise
         else:
             self._exec(f"RELEASE sp{self._depth}")
 
@@ -595,15 +629,26 @@ class Store:
         return {r[0] for r in rows}
 
     def put_vectors(self, model: str, kind: str, items: Iterable[tuple[str, np.ndarray]]) -> int:
-        """Cache vectors (float16 on disk); returns how many were written."""
-        rows = []
-        for text_hash, array in items:
-            n, dim, blob = encode_array(array)
-            rows.append((model, kind, text_hash, dim, n, blob))
-        self._writemany(
-            "INSERT OR REPLACE INTO vectors(model, kind, text_hash, dim, n, data) VALUES (?, ?, ?, ?, ?, ?)",
-            rows,
-        )
+        """Cache vectors (float16 on disk); returns how many were written.
+
+        Arrays of :data:`SEGMENT_KINDS` go to the segment files of an on-disk store, the
+        others into their rows; a caller sees no difference.
+        """
+        encoded = [(text_hash, *encode_array(array)) for text_hash, array in items]
+        if not encoded:
+            return 0
+        with self.transaction():  # segment appends happen under the store's write lock
+            if kind in SEGMENT_KINDS and self.segments is not None:
+                places = self.segments.append([blob for *_, blob in encoded])
+                rows = [(model, kind, h, dim, n, b"", seg, off, crc)
+                        for (h, n, dim, _), (seg, off, crc) in zip(encoded, places, strict=True)]
+            else:
+                rows = [(model, kind, h, dim, n, blob, None, None, None) for h, n, dim, blob in encoded]
+            self._writemany(
+                "INSERT OR REPLACE INTO vectors(model, kind, text_hash, dim, n, data, seg, off, crc)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
         return len(rows)
 
     def get_vectors(self, model: str, kind: str, hashes: Sequence[str]) -> dict[str, np.ndarray]:
@@ -611,13 +656,13 @@ class Store:
         out: dict[str, np.ndarray] = {}
         for part in _chunked(list(hashes)):
             marks = ",".join("?" * len(part))
-            rows = self._exec(
-                f"SELECT text_hash, n, dim, data FROM vectors WHERE model = ? AND kind = ?"
-                f" AND text_hash IN ({marks})",
+            rows = self._vector_rows(
+                "SELECT v.text_hash, {cols} FROM vectors v WHERE v.model = ? AND v.kind = ?"
+                f" AND v.text_hash IN ({marks})",
                 (model, kind, *part),
             )
-            for h, n, dim, data in rows:
-                out[h] = decode_array(n, dim, data)
+            for h, *where in rows:
+                out[h] = self._array(*where)
         return out
 
     def vectors_for(self, ids: Sequence[int], kind: str) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -635,13 +680,13 @@ class Store:
         found: dict[int, np.ndarray] = {}
         for part in _chunked(ids):
             marks = ",".join("?" * len(part))
-            rows = self._exec(
-                f"SELECT t.id, v.n, v.dim, v.data FROM {table} t JOIN vectors v ON v.text_hash = t.{col}"
+            rows = self._vector_rows(
+                f"SELECT t.id, {{cols}} FROM {table} t JOIN vectors v ON v.text_hash = t.{col}"
                 f" AND v.model = ? AND v.kind = ? WHERE t.id IN ({marks})",
                 (model, kind, *part),
             )
-            for i, n, dim, data in rows:
-                found[i] = decode_array(n, dim, data)
+            for i, *where in rows:
+                found[i] = self._array(*where)
         keep = [i for i in ids if i in found]
         return np.asarray(keep, dtype=np.int64), [found[i] for i in keep]
 
@@ -651,14 +696,40 @@ class Store:
         if model is None:
             return
         table, col = ("files", "hash") if kind == "file" else ("chunks", "text_hash")
-        cur = self._exec(
-            f"SELECT t.id, v.n, v.dim, v.data FROM {table} t JOIN vectors v ON v.text_hash = t.{col}"
+        cur = self._vector_rows(
+            f"SELECT t.id, {{cols}} FROM {table} t JOIN vectors v ON v.text_hash = t.{col}"
             f" AND v.model = ? AND v.kind = ? ORDER BY t.id",
             (model, kind),
         )
         while rows := cur.fetchmany(batch):
-            yield (np.asarray([r[0] for r in rows], dtype=np.int64),
-                   [decode_array(n, dim, data) for _, n, dim, data in rows])
+            yield (np.asarray([r[0] for r in rows], dtype=np.int64), [self._array(*r[1:]) for r in rows])
+
+    def _vector_rows(self, sql: str, params: Sequence[Any]) -> sqlite3.Cursor:
+        """Run a vector read (``{cols}`` in ``sql`` the columns :meth:`_array` takes, table
+        alias ``v``), on any readable schema. Every segment file is opened first, so one
+        that a compaction unlinks after this read's snapshot began stays readable."""
+        if self.segments is not None:
+            self.segments.open_all()
+        try:
+            return self._exec(sql.format(cols=self._vec_cols.format(v="v.")), params)
+        except sqlite3.OperationalError as exc:
+            # A read-only open of a store from before schema 3 (a writer may migrate it
+            # later; the columns then exist and the first form works again).
+            if "no such column" not in str(exc):
+                raise
+            return self._exec(sql.format(cols=_VEC_COLS_BEFORE_3.format(v="v.")), params)
+
+    def _array(self, n: int, dim: int, data: bytes, seg: int | None, off: int | None,
+               crc: int | None) -> np.ndarray:
+        """The float32 array of one vectors row, from the row or from its segment."""
+        if seg is None:
+            return decode_array(n, dim, data)
+        if self.segments is None:
+            raise _corrupt(self.path, "a vector row points to a segment file, but the store is in memory")
+        try:
+            return decode_array(n, dim, self.segments.read(seg, off or 0, n * dim * 2, crc))
+        except SegmentError as exc:
+            raise _corrupt(self.path, exc) from None
 
     def count_with_vectors(self, kind: str) -> int:
         """How many chunks (or files, kind ``file``) have a cached vector of ``kind``."""
@@ -717,6 +788,7 @@ class Store:
         Vectors of models the index no longer records always go. Unreferenced vectors of the
         recorded models (old versions of edited code) are kept while there are at most
         ``keep_unreferenced`` of them, so switching branches back and forth stays cheap.
+        Segment space the dropped vectors held is reclaimed (:meth:`compact_segments`).
         """
         models = {m.identity for m in self.models().values()}
         with self.transaction():
@@ -736,7 +808,78 @@ class Store:
                     + unref_sql
                     + ")"
                 ).rowcount
+        self.compact_segments()
         return dropped
+
+    def compact_segments(self) -> int:
+        """Reclaim segment space no row refers to; returns the bytes freed.
+
+        A segment with no live array is unlinked. One more than half dead has its live
+        arrays copied to a new segment (the rows move in one transaction), then is
+        unlinked. So dead space stays below about half the folder, and each byte is copied
+        a bounded number of times. Only a writer calls this (under the index lock); readers
+        that opened a segment before it goes keep reading it.
+        """
+        if self.segments is None or self.readonly or self._depth:
+            return 0
+        sizes = self.segments.sizes()
+        if not sizes:
+            return 0
+        live = dict(self._exec(
+            "SELECT seg, sum(n * dim * 2) FROM vectors WHERE seg IS NOT NULL GROUP BY seg"
+        ).fetchall())
+        sparse = [seg for seg, size in sizes.items() if 0 < live.get(seg, 0) and 2 * live[seg] < size]
+        # (An empty file at the top is the one a compaction started and nothing used yet.)
+        empty = [seg for seg, size in sizes.items() if not live.get(seg) and (size or seg != max(sizes))]
+        if not sparse and not empty:
+            return 0
+        # Copies go to a segment of their own, numbered above every other: the highest
+        # number always stays on disk, so no number is ever used twice (a reader's open
+        # descriptor of an unlinked segment can never be mistaken for a new one).
+        self.segments.rotate()
+        moved = []
+        for seg in sparse:
+            try:
+                with self.transaction():
+                    rows = self._exec(
+                        "SELECT id, n, dim, off, crc FROM vectors WHERE seg = ? ORDER BY off", (seg,)
+                    ).fetchall()
+                    for part in _chunked(rows, 256):
+                        blobs = [self.segments.read(seg, off, n * dim * 2, crc) for _, n, dim, off, crc in part]
+                        places = self.segments.append(blobs)
+                        self.conn.executemany(
+                            "UPDATE vectors SET seg = ?, off = ? WHERE id = ?",
+                            [(s, o, r[0]) for r, (s, o, _) in zip(part, places, strict=True)],
+                        )
+            except SegmentError:
+                continue  # damaged: left for drop_damaged_vectors (a rebuild) to find
+            moved.append(seg)
+        self.segments.remove([*empty, *moved])
+        return sum(sizes[seg] - live.get(seg, 0) for seg in (*empty, *moved))
+
+    def drop_damaged_vectors(self) -> int:
+        """Delete cached arrays whose segment bytes are missing, short or fail their CRC, so
+        the next encode makes them again; returns how many. Reads every segment array once
+        (what a rebuild of the multi-vector index reads anyway)."""
+        if self.segments is None:
+            return 0
+        self.segments.open_all()
+        try:
+            rows = self._exec(
+                "SELECT id, n, dim, seg, off, crc FROM vectors WHERE seg IS NOT NULL ORDER BY seg, off"
+            ).fetchall()
+        except sqlite3.OperationalError:
+            return 0  # a store from before segments (a reader's open; a writer migrates)
+        bad = []
+        for vid, n, dim, seg, off, crc in rows:
+            try:
+                self.segments.read(seg, off, n * dim * 2, crc)
+            except SegmentError:
+                bad.append(vid)
+        with self.transaction():
+            for part in _chunked(bad):
+                self._exec(f"DELETE FROM vectors WHERE id IN ({','.join('?' * len(part))})", part)
+        return len(bad)
 
     def clear(self) -> None:
         """Forget every file, chunk, model and meta entry (the vectors cache stays)."""

@@ -7,6 +7,7 @@ count what reaches the encoder through :class:`CountingEncoder` and the summary.
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
 
 import pytest
@@ -561,3 +562,26 @@ def test_the_summary_says_how_long_each_stage_took(repo):
     summary = build_index(repo)
     assert set(summary.stage_seconds) == {"walk", "chunk", "write", "sync", "encode"}
     assert all(v >= 0 for v in summary.stage_seconds.values())
+
+
+def test_a_damaged_vectors_segment_asks_for_a_rebuild_which_reencodes_only_that_text(model_repo, counting):
+    """The ColBERT arrays live in segment files beside the store. A damaged one is an error
+    that names --rebuild; the rebuild drops the arrays that fail their checksum and encodes
+    just those texts again (the rest come from the cache)."""
+    build_index(model_repo, encoders=counting)
+    idir = pipeline.default_index_dir(model_repo)
+    with _store(model_repo) as s:
+        off = s.conn.execute("SELECT off FROM vectors WHERE seg IS NOT NULL ORDER BY off LIMIT 1").fetchone()[0]
+    (segment,) = (idir / (STORE_FILE + ".vectors")).iterdir()
+    with open(segment, "r+b") as fh:
+        fh.seek(off + 1)
+        byte = fh.read(1)
+        fh.seek(off + 1)
+        fh.write(bytes([byte[0] ^ 0x10]))
+    shutil.rmtree(idir / "plaid")  # a searcher now rebuilds PLAID from the cache, and reads the damage
+    with Store(idir / STORE_FILE, readonly=True) as s, pytest.raises(IndexCorruptError, match="--rebuild"):
+        load_derived(idir, s)
+    counting.dense.texts.clear(), counting.multi.texts.clear()
+    build_index(model_repo, encoders=counting, rebuild=True)
+    assert len(counting.multi.texts) == 1 and counting.dense.texts == []
+    check_consistent(idir)

@@ -179,31 +179,45 @@ def test_migrations_run_from_version_zero_and_keep_data(tmp_path, monkeypatch):
     s.close()
 
 
-def test_a_version_1_vectors_cache_is_read_as_is_and_moved_to_rowid_on_write(tmp_path, monkeypatch):
+def _old_store(path, version, vectors):
+    """A store as codesearch of schema ``version`` wrote it: its migrations, blobs in rows."""
+    con = sqlite3.connect(path, isolation_level=None)
+    con.execute("PRAGMA journal_mode = WAL")
+    for script in store_mod.MIGRATIONS[:version]:
+        con.executescript(script)
+    con.execute(f"PRAGMA user_version = {version}")
+    for h, v in vectors.items():
+        n, dim, blob = store_mod.encode_array(v)
+        con.execute("INSERT INTO vectors(model, kind, text_hash, dim, n, data) VALUES (?, ?, ?, ?, ?, ?)",
+                    ("m@1", "colbert", h, dim, n, blob))
+    con.close()
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_older_vectors_cache_is_read_as_is_and_upgraded_on_write(tmp_path, version):
     """Schema 2 stores the vectors cache by rowid (WITHOUT ROWID kept each blob in a b-tree
-    ordered by a random hash: ~4x slower writes). A reader reads a version-1 file as it is
-    (a search right after upgrading codesearch); a writer moves the vectors, every one kept."""
+    ordered by a random hash: ~4x slower writes); schema 3 writes multi-vector arrays to
+    segment files. A reader reads an older file as it is (a search right after upgrading
+    codesearch); a writer migrates it, every vector kept where it is, and new arrays go to
+    segments beside the old rows."""
     path = tmp_path / "store.sqlite"
-    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", 1)  # what codesearch <= this change wrote
-    old = Store(path)
     rng = np.random.default_rng(0)
     vectors = {f"h{i}": rng.standard_normal((i + 1, 8)).astype(np.float32) for i in range(5)}
-    with old.transaction():
-        old.put_vectors("m@1", "colbert", vectors.items())
-    old.close()
-    monkeypatch.undo()
-    assert "WITHOUT ROWID" in sqlite3.connect(path).execute("SELECT sql FROM sqlite_master WHERE name = 'vectors'").fetchone()[0]
+    _old_store(path, version, vectors)
     with Store(path, readonly=True) as reader:  # no migration: a reader cannot write
-        assert reader.schema_version == 1
-        assert set(reader.get_vectors("m@1", "colbert", list(vectors))) == set(vectors)
+        assert reader.schema_version == version
+        got = reader.get_vectors("m@1", "colbert", list(vectors))
+        for h, v in vectors.items():
+            np.testing.assert_array_equal(got[h], v.astype(np.float16).astype(np.float32))
     with Store(path) as writer:
-        assert writer.schema_version == store_mod.SCHEMA_VERSION == 2
+        assert writer.schema_version == store_mod.SCHEMA_VERSION == 3
         got = writer.get_vectors("m@1", "colbert", list(vectors))
         for h, v in vectors.items():
             np.testing.assert_array_equal(got[h], v.astype(np.float16).astype(np.float32))
         with writer.transaction():  # the key is still unique: a second write replaces
             writer.put_vectors("m@1", "colbert", [("h0", np.ones((2, 8), np.float32))])
         assert writer.count("vectors") == 5 and writer.get_vectors("m@1", "colbert", ["h0"])["h0"].shape == (2, 8)
+        assert writer.conn.execute("SELECT count(*) FROM vectors WHERE seg IS NOT NULL").fetchone()[0] == 1
     sql = sqlite3.connect(path).execute("SELECT sql FROM sqlite_master WHERE name = 'vectors'").fetchone()[0]
     assert "WITHOUT ROWID" not in sql and "UNIQUE" in sql
 

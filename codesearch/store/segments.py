@@ -1,0 +1,218 @@
+"""Append-only segment files holding the vectors cache's multi-vector (ColBERT) arrays.
+
+Why not SQLite blobs: a ColBERT text is 28-77 KB of float16, and SQLite in WAL mode writes
+every page twice (the WAL, then the checkpoint into the database). On a 450 MB/s disk that
+held the writer at ~100 MB/s of vectors (BENCHMARKS.md, session 5). Here each array is
+written once, at the end of a segment file, and the store's row keeps only where it is
+(segment number, byte offset) and its CRC-32.
+
+The rules that keep the store the source of truth:
+
+- Bytes are only ever appended, never overwritten, so every offset a committed row (or a
+  reader's older snapshot) refers to keeps its bytes. Appends happen inside the store's
+  write transaction, whose lock makes this connection the only appender.
+- Before the store commits, the segment is flushed to disk (``fdatasync``), so a commit
+  that survives a power loss never points at bytes that did not. A rolled-back or killed
+  transaction leaves unreferenced bytes at the end: dead space, never read.
+- Dead space is reclaimed by :meth:`Segments.compact` (after the store drops vectors): a
+  segment that is mostly dead has its live arrays copied to a new segment, the rows are
+  moved in one transaction, and the old file is unlinked after the commit.
+- A reader opens every segment file before it reads rows (:meth:`Segments.open_all`): a
+  file unlinked by a later compaction stays readable through the open descriptor, so a
+  reader's snapshot never loses its bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["SEGMENT_BYTES", "Segments", "SegmentError"]
+
+#: A new segment starts once the current one holds this many bytes.
+SEGMENT_BYTES = 1 << 30
+_SUFFIX = ".f16"
+
+
+class SegmentError(Exception):
+    """A segment's bytes are missing or do not match their row (the store words the error)."""
+
+
+def _number(name: str) -> int | None:
+    stem, dot, suffix = name.partition(".")
+    if "." + suffix != _SUFFIX or not stem.isdigit():
+        return None
+    return int(stem)
+
+
+class Segments:
+    """The segment files in one folder (created on the first append).
+
+    Parameters
+    ----------
+    folder
+        Where the segments live: ``vectors/`` beside the store file.
+    readonly
+        Never create or write anything.
+    """
+
+    def __init__(self, folder: Path, *, readonly: bool = False):
+        self.folder = folder
+        self.readonly = readonly
+        self._lock = threading.Lock()
+        self._fds: dict[int, int] = {}  # segment number -> descriptor (read; the appender's is rw)
+        self._append: int | None = None  # the segment this process appends to
+        self._unsynced: set[int] = set()
+        self._new_file = False
+
+    # -- names ---------------------------------------------------------------------------
+
+    def path(self, seg: int) -> Path:
+        return self.folder / f"{seg:06d}{_SUFFIX}"
+
+    def numbers(self) -> list[int]:
+        """The segment numbers on disk, ascending."""
+        try:
+            names = os.listdir(self.folder)
+        except FileNotFoundError:
+            return []
+        return sorted(n for n in map(_number, names) if n is not None)
+
+    # -- reading -------------------------------------------------------------------------
+
+    def open_all(self) -> None:
+        """Open every segment on disk that is not open yet. Call before reading rows: a
+        segment a later compaction unlinks then stays readable for this reader."""
+        for seg in self.numbers():
+            if seg not in self._fds:
+                with contextlib.suppress(FileNotFoundError):
+                    self._open(seg)
+
+    def read(self, seg: int, off: int, size: int, crc: int | None) -> bytes:
+        """The ``size`` bytes at ``off`` of segment ``seg``, checked against ``crc``.
+
+        Raises
+        ------
+        SegmentError
+            When the segment is missing, shorter than the row says, or the bytes' CRC differs.
+        """
+        try:
+            fd = self._fds.get(seg)
+            if fd is None:
+                fd = self._open(seg)
+            data = os.pread(fd, size, off)
+        except FileNotFoundError:
+            raise SegmentError(f"vectors segment {self.path(seg).name} is missing") from None
+        if len(data) != size:
+            raise SegmentError(f"vectors segment {self.path(seg).name} is truncated")
+        if crc is not None and zlib.crc32(data) != crc:
+            raise SegmentError(f"vectors segment {self.path(seg).name} is damaged (checksum)")
+        return data
+
+    def _open(self, seg: int) -> int:
+        with self._lock:
+            fd = self._fds.get(seg)
+            if fd is None:
+                flags = os.O_RDONLY if self.readonly else os.O_RDWR
+                fd = self._fds[seg] = os.open(self.path(seg), flags | getattr(os, "O_CLOEXEC", 0))
+            return fd
+
+    # -- writing -------------------------------------------------------------------------
+
+    def append(self, blobs: Sequence[bytes]) -> list[tuple[int, int, int]]:
+        """Write ``blobs`` at the end of the current segment; ``(seg, offset, crc)`` of each.
+
+        Only inside the store's write transaction (its lock makes this the one appender),
+        and followed by :meth:`sync` before that transaction commits.
+        """
+        if self.readonly:
+            raise PermissionError("the store was opened read-only")
+        seg = self._appender()
+        fd = self._fds[seg]
+        off = os.fstat(fd).st_size  # past anything written before, committed or not
+        out = []
+        for blob in blobs:
+            out.append((seg, off, zlib.crc32(blob)))
+            off += len(blob)
+        data = b"".join(blobs)
+        pos, view = out[0][1] if out else off, memoryview(data)
+        while view:
+            n = os.pwrite(fd, view, pos)
+            pos, view = pos + n, view[n:]
+        self._unsynced.add(seg)
+        return out
+
+    def sync(self) -> None:
+        """Flush what was appended since the last sync to disk (before the store commits)."""
+        for seg in sorted(self._unsynced):
+            fd = self._fds.get(seg)
+            if fd is not None:
+                os.fdatasync(fd) if hasattr(os, "fdatasync") else os.fsync(fd)
+        self._unsynced.clear()
+        if self._new_file:
+            # The new file's directory entry, so the file itself survives a power loss.
+            with contextlib.suppress(OSError):
+                dfd = os.open(self.folder, os.O_RDONLY)
+                try:
+                    os.fsync(dfd)
+                finally:
+                    os.close(dfd)
+            self._new_file = False
+
+    def rotate(self) -> None:
+        """Append to a new segment from now on (compaction's output never shares a file
+        with what it compacts)."""
+        self._append = None
+        existing = self.numbers()
+        self._start(max([*existing, *self._fds], default=0) + 1)
+
+    def _appender(self) -> int:
+        seg = self._append
+        if seg is not None and os.fstat(self._fds[seg]).st_size < SEGMENT_BYTES:
+            return seg
+        existing = self.numbers()
+        last = existing[-1] if existing else None
+        if seg is None and last is not None and self.path(last).stat().st_size < SEGMENT_BYTES:
+            self._open(last)
+            self._append = last
+            return last
+        return self._start(max([*existing, *self._fds], default=0) + 1)
+
+    def _start(self, seg: int) -> int:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path(seg), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        with self._lock:
+            self._fds[seg] = fd
+        self._append = seg
+        self._new_file = True
+        return seg
+
+    # -- space ---------------------------------------------------------------------------
+
+    def sizes(self) -> dict[int, int]:
+        """Segment number -> bytes on disk."""
+        out = {}
+        for seg in self.numbers():
+            with contextlib.suppress(FileNotFoundError):
+                out[seg] = self.path(seg).stat().st_size
+        return out
+
+    def remove(self, segs: Sequence[int]) -> None:
+        """Unlink segments no committed row refers to (readers that opened them keep reading)."""
+        for seg in segs:
+            if seg == self._append:
+                self._append = None
+            with contextlib.suppress(OSError):
+                self.path(seg).unlink()
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._fds.clear()
+            self._append = None
