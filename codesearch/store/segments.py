@@ -31,7 +31,7 @@ import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["SEGMENT_BYTES", "Segments", "SegmentError"]
+__all__ = ["SEGMENT_BYTES", "SegmentError", "Segments"]
 
 #: A new segment starts once the current one holds this many bytes.
 SEGMENT_BYTES = 1 << 30
@@ -43,7 +43,7 @@ class SegmentError(Exception):
 
 
 def _number(name: str) -> int | None:
-    stem, dot, suffix = name.partition(".")
+    stem, _, suffix = name.partition(".")
     if "." + suffix != _SUFFIX or not stem.isdigit():
         return None
     return int(stem)

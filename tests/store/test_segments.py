@@ -123,7 +123,7 @@ CHILD = textwrap.dedent(
 
 def test_a_writer_killed_between_append_and_commit_keeps_every_committed_array(tmp_path):
     _store(tmp_path).close()
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "store.sqlite")], capture_output=True)
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "store.sqlite")], capture_output=True, check=False)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
     with Store(tmp_path / "store.sqlite") as s:
         assert sorted(s.cached_hashes("m@1", "colbert")) == [f"k{i}" for i in range(6)]
@@ -156,9 +156,8 @@ def test_damaged_segments_are_a_one_line_error_and_a_rebuild_drops_just_those(tm
     else:
         path.unlink()
         _folder(tmp_path).rmdir()
-    with Store(tmp_path / "store.sqlite", readonly=True) as reader:
-        with pytest.raises(IndexCorruptError) as err:
-            reader.get_vectors("m@1", "colbert", list(arrays))
+    with Store(tmp_path / "store.sqlite", readonly=True) as reader, pytest.raises(IndexCorruptError) as err:
+        reader.get_vectors("m@1", "colbert", list(arrays))
     message = str(err.value)
     assert "\n" not in message and "vectors segment 000001.f16" in message
     assert "run 'codesearch index --rebuild'" in message
@@ -177,7 +176,7 @@ def test_compaction_reclaims_dead_space_and_never_reuses_a_number(tmp_path):
         _put(s, second)
         full = _segment_bytes(tmp_path)
         with s.transaction():  # most of the segment's arrays lose their last reference
-            s.conn.execute("DELETE FROM vectors WHERE text_hash IN (%s)" % ",".join("?" * 30), list(first))
+            s.conn.execute(f"DELETE FROM vectors WHERE text_hash IN ({','.join('?' * 30)})", list(first))
         freed = s.compact_segments()
         live = sum(v.size * 2 for v in second.values())
         assert freed == full - live and _segment_bytes(tmp_path) == live
@@ -196,14 +195,13 @@ def test_a_reader_keeps_its_snapshot_while_a_compaction_unlinks_its_segment(tmp_
     """A searcher rebuilding PLAID in memory reads every ColBERT array in one cursor while
     an index run may prune and compact: its snapshot's segment stays readable."""
     chunks = _arrays(0, 12)
-    with _store(tmp_path) as s:
-        with s.transaction():
-            for i, h in enumerate(chunks):
-                fid = s.upsert_file(f"f{i}.py", hash=f"file{i}", size=1, mtime_ns=1, language="python", n_lines=1)
-                s.conn.execute(
-                    "INSERT INTO chunks(file_id, start_line, end_line, start_byte, end_byte, language, kind,"
-                    " header, text, text_hash) VALUES (?, 1, 1, 0, 1, 'python', 'function', '', '', ?)", (fid, h))
-            s.put_vectors("m@1", "colbert", chunks.items())
+    with _store(tmp_path) as s, s.transaction():
+        for i, h in enumerate(chunks):
+            fid = s.upsert_file(f"f{i}.py", hash=f"file{i}", size=1, mtime_ns=1, language="python", n_lines=1)
+            s.conn.execute(
+                "INSERT INTO chunks(file_id, start_line, end_line, start_byte, end_byte, language, kind,"
+                " header, text, text_hash) VALUES (?, 1, 1, 0, 1, 'python', 'function', '', '', ?)", (fid, h))
+        s.put_vectors("m@1", "colbert", chunks.items())
     reader = Store(tmp_path / "store.sqlite", readonly=True)
     writer = Store(tmp_path / "store.sqlite")
     try:
