@@ -172,8 +172,12 @@ class Segments:
 
     def _appender(self) -> int:
         seg = self._append
-        if seg is not None and os.fstat(self._fds[seg]).st_size < SEGMENT_BYTES:
-            return seg
+        if seg is not None:
+            st = os.fstat(self._fds[seg])
+            # st_nlink 0: another process's compaction unlinked it since (a store kept open
+            # across index runs); bytes written there would be lost.
+            if st.st_nlink and st.st_size < SEGMENT_BYTES:
+                return seg
         existing = self.numbers()
         last = existing[-1] if existing else None
         if seg is None and last is not None and self.path(last).stat().st_size < SEGMENT_BYTES:

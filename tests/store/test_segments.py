@@ -255,3 +255,20 @@ def test_schema_3_columns_exist_after_migration(tmp_path):
         pass
     cols = {r[1] for r in sqlite3.connect(tmp_path / "store.sqlite").execute("PRAGMA table_info(vectors)")}
     assert {"seg", "off", "crc"} <= cols
+
+
+def test_a_store_kept_open_never_appends_to_a_segment_another_writer_compacted_away(tmp_path):
+    """A long-lived process (a server) keeps its store open across index runs; a run in
+    another process compacts the segment that store was appending to. The next append must
+    go to a file on disk, not to the unlinked one."""
+    with _store(tmp_path) as kept:
+        _put(kept, _arrays(0, 6))
+        with Store(tmp_path / "store.sqlite") as other:
+            with other.transaction():
+                other.conn.execute("DELETE FROM vectors")
+            other.compact_segments()
+        later = _arrays(1, 3, start=50)
+        _put(kept, later)
+    with Store(tmp_path / "store.sqlite", readonly=True) as reader:
+        got = reader.get_vectors("m@1", "colbert", list(later))
+        assert all(np.array_equal(got[h], _f16(v)) for h, v in later.items())
