@@ -154,13 +154,15 @@ class Segments:
                 os.fdatasync(fd) if hasattr(os, "fdatasync") else os.fsync(fd)
         self._unsynced.clear()
         if self._new_file:
-            # The new file's directory entry, so the file itself survives a power loss.
-            with contextlib.suppress(OSError):
-                dfd = os.open(self.folder, os.O_RDONLY)
-                try:
-                    os.fsync(dfd)
-                finally:
-                    os.close(dfd)
+            # The new file's directory entry (and the folder's own, when it is new too), so
+            # the file itself survives a power loss.
+            for folder in (self.folder, self.folder.parent):
+                with contextlib.suppress(OSError):
+                    dfd = os.open(folder, os.O_RDONLY)
+                    try:
+                        os.fsync(dfd)
+                    finally:
+                        os.close(dfd)
             self._new_file = False
 
     def rotate(self) -> None:
