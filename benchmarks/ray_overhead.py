@@ -77,7 +77,8 @@ def writer_ceiling(payload_mb: int = 384, grouped: bool = True) -> list[tuple[st
     commit per batch (every batch before grouping).
 
     Steady state: each kind writes ``payload_mb`` (several of SQLite's WAL checkpoints, which
-    copy every page a second time) and the timing includes the last checkpoint, on close.
+    copy every page a second time; ColBERT arrays go to the store's segment files, once, and
+    are flushed before each commit) and the timing includes the last checkpoint, on close.
     Vectors come as float32, as encoders return them, in a process that has torch (as one that
     made them has)."""
     import torch  # noqa: F401  (the store's float16 cast uses it when loaded)
