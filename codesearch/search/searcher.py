@@ -227,7 +227,7 @@ class Searcher:
             conn = self._store.conn
             if conn.in_transaction:
                 return True
-            conn.execute("BEGIN")
+            self._store.begin_read()
             if self._store.generation == self._generation:  # the snapshot starts at this read
                 return True
             conn.execute("ROLLBACK")

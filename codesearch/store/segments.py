@@ -64,7 +64,10 @@ class Segments:
         self.folder = folder
         self.readonly = readonly
         self._lock = threading.Lock()
-        self._fds: dict[int, int] = {}  # segment number -> descriptor (read; the appender's is rw)
+        # Segment number -> descriptor of the file at that number when last looked at (the
+        # appender's is read-write). A descriptor of an unlinked file stays until `release`.
+        self._fds: dict[int, int] = {}
+        self._stale: list[int] = []  # descriptors of files replaced at their number
         self._append: int | None = None  # the segment this process appends to
         self._unsynced: set[int] = set()
         self._new_file = False
@@ -78,19 +81,30 @@ class Segments:
         """The segment numbers on disk, ascending."""
         try:
             names = os.listdir(self.folder)
-        except FileNotFoundError:
+        except OSError:
             return []
         return sorted(n for n in map(_number, names) if n is not None)
 
     # -- reading -------------------------------------------------------------------------
 
-    def open_all(self) -> None:
-        """Open every segment on disk that is not open yet. Call before reading rows: a
-        segment a later compaction unlinks then stays readable for this reader."""
-        for seg in self.numbers():
-            if seg not in self._fds:
-                with contextlib.suppress(FileNotFoundError):
-                    self._open(seg)
+    def open_all(self, *, release: bool = False) -> None:
+        """Open every segment on disk that is not open yet. Call before a read's snapshot
+        begins: a segment that a later compaction unlinks then stays readable for it.
+
+        ``release``: no read of this store is under way, so descriptors of files no longer
+        on disk are closed (their space goes back to the file system).
+        """
+        on_disk = self.numbers()
+        for seg in on_disk:
+            with contextlib.suppress(OSError):
+                self._current(seg)
+        if release:
+            with self._lock:
+                gone = [seg for seg in self._fds if seg not in on_disk and seg != self._append]
+                for fd in [*self._stale, *(self._fds.pop(seg) for seg in gone)]:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+                self._stale.clear()
 
     def read(self, seg: int, off: int, size: int, crc: int | None) -> bytes:
         """The ``size`` bytes at ``off`` of segment ``seg``, checked against ``crc``.
@@ -98,27 +112,40 @@ class Segments:
         Raises
         ------
         SegmentError
-            When the segment is missing, shorter than the row says, or the bytes' CRC differs.
+            When the segment is missing or unreadable, shorter than the row says, or the
+            bytes' CRC differs.
         """
+        name = self.path(seg).name
         try:
             fd = self._fds.get(seg)
             if fd is None:
-                fd = self._open(seg)
+                fd = self._current(seg)
             data = os.pread(fd, size, off)
         except FileNotFoundError:
-            raise SegmentError(f"vectors segment {self.path(seg).name} is missing") from None
+            raise SegmentError(f"vectors segment {name} is missing") from None
+        except OSError as exc:
+            raise SegmentError(f"vectors segment {name} cannot be read ({exc.strerror or exc})") from None
         if len(data) != size:
-            raise SegmentError(f"vectors segment {self.path(seg).name} is truncated")
+            raise SegmentError(f"vectors segment {name} is truncated")
         if crc is not None and zlib.crc32(data) != crc:
-            raise SegmentError(f"vectors segment {self.path(seg).name} is damaged (checksum)")
+            raise SegmentError(f"vectors segment {name} is damaged (checksum)")
         return data
 
-    def _open(self, seg: int) -> int:
+    def _current(self, seg: int) -> int:
+        """A descriptor of the file now at number ``seg`` (a descriptor kept from a file that
+        was unlinked, and whose number a new file took, is set aside, not reused)."""
+        st = os.stat(self.path(seg))
         with self._lock:
             fd = self._fds.get(seg)
-            if fd is None:
-                flags = os.O_RDONLY if self.readonly else os.O_RDWR
-                fd = self._fds[seg] = os.open(self.path(seg), flags | getattr(os, "O_CLOEXEC", 0))
+            if fd is not None:
+                held = os.fstat(fd)
+                if (held.st_ino, held.st_dev) == (st.st_ino, st.st_dev):
+                    return fd
+                self._stale.append(self._fds.pop(seg))
+                if self._append == seg:
+                    self._append = None
+            flags = os.O_RDONLY if self.readonly else os.O_RDWR
+            fd = self._fds[seg] = os.open(self.path(seg), flags | getattr(os, "O_CLOEXEC", 0))
             return fd
 
     # -- writing -------------------------------------------------------------------------
@@ -182,16 +209,20 @@ class Segments:
                 return seg
         existing = self.numbers()
         last = existing[-1] if existing else None
-        if seg is None and last is not None and self.path(last).stat().st_size < SEGMENT_BYTES:
-            self._open(last)
-            self._append = last
-            return last
+        if last is not None:
+            with contextlib.suppress(FileNotFoundError):
+                fd = self._current(last)  # the file on disk now, not a descriptor kept from before
+                if os.fstat(fd).st_size < SEGMENT_BYTES:
+                    self._append = last
+                    return last
         return self._start(max([*existing, *self._fds], default=0) + 1)
 
     def _start(self, seg: int) -> int:
         self.folder.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path(seg), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
         with self._lock:
+            if seg in self._fds:
+                self._stale.append(self._fds[seg])
             self._fds[seg] = fd
         self._append = seg
         self._new_file = True
@@ -203,22 +234,24 @@ class Segments:
         """Segment number -> bytes on disk."""
         out = {}
         for seg in self.numbers():
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):
                 out[seg] = self.path(seg).stat().st_size
         return out
 
     def remove(self, segs: Sequence[int]) -> None:
-        """Unlink segments no committed row refers to (readers that opened them keep reading)."""
+        """Unlink segments no committed row refers to. Readers that opened them keep reading;
+        this store's own descriptors of them close at the next ``open_all(release=True)``."""
         for seg in segs:
             if seg == self._append:
                 self._append = None
             with contextlib.suppress(OSError):
-                self.path(seg).unlink()
+                os.unlink(self.path(seg))
 
     def close(self) -> None:
         with self._lock:
-            for fd in self._fds.values():
+            for fd in [*self._fds.values(), *self._stale]:
                 with contextlib.suppress(OSError):
                     os.close(fd)
             self._fds.clear()
+            self._stale.clear()
             self._append = None

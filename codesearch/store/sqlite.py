@@ -127,6 +127,8 @@ MIGRATIONS: list[str] = [
     ALTER TABLE vectors ADD COLUMN seg INTEGER;     -- segment file number, NULL: in data
     ALTER TABLE vectors ADD COLUMN off INTEGER;     -- byte offset in that segment
     ALTER TABLE vectors ADD COLUMN crc INTEGER;     -- zlib.crc32 of those bytes
+    -- What compaction reads of each segment's rows, without a scan of every vector.
+    CREATE INDEX vectors_seg ON vectors(seg, off, n, dim) WHERE seg IS NOT NULL;
     """,
 ]
 
@@ -326,6 +328,7 @@ class Store:
         # never share it.
         self.segments = None if memory else Segments(Path(self.path + ".vectors"), readonly=readonly)
         self._vec_cols = _VEC_COLS
+        self._cursors = 0  # iter_vectors generators under way (their snapshots need segments)
         if not memory:
             _check_header(Path(self.path))
             if readonly and not Path(self.path).exists():
@@ -660,6 +663,7 @@ class Store:
                 "SELECT v.text_hash, {cols} FROM vectors v WHERE v.model = ? AND v.kind = ?"
                 f" AND v.text_hash IN ({marks})",
                 (model, kind, *part),
+                kind,
             )
             for h, *where in rows:
                 out[h] = self._array(*where)
@@ -684,6 +688,7 @@ class Store:
                 f"SELECT t.id, {{cols}} FROM {table} t JOIN vectors v ON v.text_hash = t.{col}"
                 f" AND v.model = ? AND v.kind = ? WHERE t.id IN ({marks})",
                 (model, kind, *part),
+                kind,
             )
             for i, *where in rows:
                 found[i] = self._array(*where)
@@ -700,16 +705,33 @@ class Store:
             f"SELECT t.id, {{cols}} FROM {table} t JOIN vectors v ON v.text_hash = t.{col}"
             f" AND v.model = ? AND v.kind = ? ORDER BY t.id",
             (model, kind),
+            kind,
         )
-        while rows := cur.fetchmany(batch):
-            yield (np.asarray([r[0] for r in rows], dtype=np.int64), [self._array(*r[1:]) for r in rows])
+        self._cursors += 1
+        try:
+            while rows := cur.fetchmany(batch):
+                yield (np.asarray([r[0] for r in rows], dtype=np.int64), [self._array(*r[1:]) for r in rows])
+        finally:
+            self._cursors -= 1
 
-    def _vector_rows(self, sql: str, params: Sequence[Any]) -> sqlite3.Cursor:
-        """Run a vector read (``{cols}`` in ``sql`` the columns :meth:`_array` takes, table
-        alias ``v``), on any readable schema. Every segment file is opened first, so one
-        that a compaction unlinks after this read's snapshot began stays readable."""
+    def begin_read(self) -> None:
+        """Open a read transaction that holds its snapshot until it ends (a pinned
+        searcher's): segments are opened first, so the snapshot's stay readable."""
         if self.segments is not None:
-            self.segments.open_all()
+            self.segments.open_all(release=self._idle())
+        self._exec("BEGIN")
+
+    def _idle(self) -> bool:
+        """No read of this store holds a snapshot (so no unlinked segment is needed)."""
+        return not self.conn.in_transaction and self._cursors == 0
+
+    def _vector_rows(self, sql: str, params: Sequence[Any], kind: str) -> sqlite3.Cursor:
+        """Run a vector read (``{cols}`` in ``sql`` the columns :meth:`_array` takes, table
+        alias ``v``), on any readable schema. For a kind kept in segments, every segment file
+        is opened first, so one that a compaction unlinks after this read's snapshot began
+        stays readable."""
+        if self.segments is not None and kind in SEGMENT_KINDS:
+            self.segments.open_all(release=self._idle())
         try:
             return self._exec(sql.format(cols=self._vec_cols.format(v="v.")), params)
         except sqlite3.OperationalError as exc:
@@ -833,10 +855,10 @@ class Store:
         empty = [seg for seg, size in sizes.items() if not live.get(seg) and (size or seg != max(sizes))]
         if not sparse and not empty:
             return 0
-        # Copies go to a segment of their own, numbered above every other: the highest
-        # number always stays on disk, so no number is ever used twice (a reader's open
-        # descriptor of an unlinked segment can never be mistaken for a new one).
-        self.segments.rotate()
+        if sparse or max(sizes) in empty:
+            # Copies go to a segment of their own, numbered above every other: the highest
+            # number always stays on disk, so no number is reused while the folder exists.
+            self.segments.rotate()
         moved = []
         for seg in sparse:
             try:
@@ -854,8 +876,23 @@ class Store:
             except SegmentError:
                 continue  # damaged: left for drop_damaged_vectors (a rebuild) to find
             moved.append(seg)
+        # The commits that emptied these segments must be on disk before the files go:
+        # with synchronous=NORMAL a commit is durable only once the WAL is synced, and a
+        # power loss would otherwise keep the unlink and lose the commit.
+        self._sync_wal()
         self.segments.remove([*empty, *moved])
+        self.segments.open_all(release=self._idle())  # this store's descriptors of them close
         return sum(sizes[seg] - live.get(seg, 0) for seg in (*empty, *moved))
+
+    def _sync_wal(self) -> None:
+        """Make every commit so far durable (fsync the WAL; a checkpoint's pages are synced
+        by SQLite itself)."""
+        with contextlib.suppress(FileNotFoundError):
+            fd = os.open(self.path + "-wal", os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def drop_damaged_vectors(self) -> int:
         """Delete cached arrays whose segment bytes are missing, short or fail their CRC, so
@@ -863,15 +900,15 @@ class Store:
         (what a rebuild of the multi-vector index reads anyway)."""
         if self.segments is None:
             return 0
-        self.segments.open_all()
+        self.segments.open_all(release=self._idle())
         try:
             rows = self._exec(
                 "SELECT id, n, dim, seg, off, crc FROM vectors WHERE seg IS NOT NULL ORDER BY seg, off"
-            ).fetchall()
+            )
         except sqlite3.OperationalError:
             return 0  # a store from before segments (a reader's open; a writer migrates)
         bad = []
-        for vid, n, dim, seg, off, crc in rows:
+        for vid, n, dim, seg, off, crc in rows:  # streamed: one array in memory at a time
             try:
                 self.segments.read(seg, off, n * dim * 2, crc)
             except SegmentError:

@@ -191,39 +191,161 @@ def test_compaction_reclaims_dead_space_and_never_reuses_a_number(tmp_path):
         assert s.segments.numbers() == [3]  # above every number used before
 
 
-def test_a_reader_keeps_its_snapshot_while_a_compaction_unlinks_its_segment(tmp_path):
-    """A searcher rebuilding PLAID in memory reads every ColBERT array in one cursor while
-    an index run may prune and compact: its snapshot's segment stays readable."""
-    chunks = _arrays(0, 12)
-    with _store(tmp_path) as s, s.transaction():
+def _with_chunks(tmp_path, chunks: dict[str, np.ndarray], split: int) -> Store:
+    """A store whose chunk i (id i + 1) has array ``chunks[h_i]``: the first ``split`` in
+    segment 1, the rest in segment 2."""
+    s = _store(tmp_path)
+    with s.transaction():
         for i, h in enumerate(chunks):
             fid = s.upsert_file(f"f{i}.py", hash=f"file{i}", size=1, mtime_ns=1, language="python", n_lines=1)
             s.conn.execute(
                 "INSERT INTO chunks(file_id, start_line, end_line, start_byte, end_byte, language, kind,"
                 " header, text, text_hash) VALUES (?, 1, 1, 0, 1, 'python', 'function', '', '', ?)", (fid, h))
-        s.put_vectors("m@1", "colbert", chunks.items())
+    items = list(chunks.items())
+    _put(s, dict(items[:split]))
+    s.segments.rotate()
+    _put(s, dict(items[split:]))
+    assert s.segments.numbers() == [1, 2]
+    return s
+
+
+def _drop_chunks_above(s: Store, last_id: int) -> None:
+    with s.transaction():
+        s.conn.execute("DELETE FROM chunks WHERE id > ?", (last_id,))
+        s.conn.execute("DELETE FROM files WHERE id > ?", (last_id,))
+
+
+def _deleted_segments_open() -> list[str]:
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            continue
+    return [link for link in links if ".vectors/" in link and link.endswith("(deleted)")]
+
+
+def test_a_reader_keeps_its_snapshot_while_a_compaction_unlinks_a_segment_it_had_not_read_yet(tmp_path):
+    """A searcher rebuilding PLAID in memory reads every ColBERT array in one cursor while
+    an index run may prune and compact: the segment its snapshot has not reached yet is
+    unlinked under it, and still reads (it was opened before the snapshot began)."""
+    chunks = _arrays(0, 12)
+    writer = _with_chunks(tmp_path, chunks, split=4)
     reader = Store(tmp_path / "store.sqlite", readonly=True)
-    writer = Store(tmp_path / "store.sqlite")
     try:
         batches = reader.iter_vectors("colbert", batch=4)
-        first_ids, first = next(batches)  # the cursor's snapshot is open
-        with writer.transaction():
-            writer.conn.execute("DELETE FROM chunks WHERE id > 3")
-            writer.conn.execute("DELETE FROM files WHERE id > 3")
-        writer.prune_vectors()  # 8 of 12 arrays unreferenced: the segment is compacted away
-        assert 1 not in writer.segments.numbers()
+        first_ids, first = next(batches)  # ids 1-4: segment 1 only; the cursor's snapshot is open
+        _drop_chunks_above(writer, 4)
+        writer.prune_vectors()  # the 8 arrays of segment 2 lose their chunks: it is unlinked
+        assert 2 not in writer.segments.numbers()
         rest = list(batches)
         got = np.concatenate([first_ids, *[ids for ids, _ in rest]])
         arrays = first + [a for _, arrs in rest for a in arrs]
         assert got.tolist() == list(range(1, 13))  # the whole old generation, read whole
         for i, a in zip(got.tolist(), arrays, strict=True):
             np.testing.assert_array_equal(a, _f16(chunks[f"h{i - 1}"]))
+        # Nothing reads now: the next read closes the unlinked segment (its space comes back).
+        assert reader.vectors_for([1], "colbert")[0].tolist() == [1]
+        assert _deleted_segments_open() == []
     finally:
         reader.close()
         writer.close()
-    with Store(tmp_path / "store.sqlite", readonly=True) as fresh:  # a new reader: the new layout
-        ids, arrays = fresh.vectors_for(range(1, 13), "colbert")
-        assert ids.tolist() == [1, 2, 3]
+
+
+def test_a_pinned_reader_keeps_its_snapshot_across_a_compaction(tmp_path):
+    """A pinned searcher (`Store.begin_read`) holds one snapshot for many reads."""
+    chunks = _arrays(0, 8)
+    writer = _with_chunks(tmp_path, chunks, split=4)
+    reader = Store(tmp_path / "store.sqlite", readonly=True)
+    try:
+        reader.begin_read()
+        gen = reader.generation  # the snapshot starts here
+        _drop_chunks_above(writer, 4)
+        writer.prune_vectors()
+        assert 2 not in writer.segments.numbers()
+        ids, arrays = reader.vectors_for(range(1, 9), "colbert")
+        assert ids.tolist() == list(range(1, 9)) and reader.generation == gen
+        for i, a in zip(ids.tolist(), arrays, strict=True):
+            np.testing.assert_array_equal(a, _f16(chunks[f"h{i - 1}"]))
+        reader.conn.execute("ROLLBACK")
+        assert reader.vectors_for(range(1, 9), "colbert")[0].tolist() == [1, 2, 3, 4]
+    finally:
+        reader.close()
+        writer.close()
+
+
+def test_compaction_makes_its_commits_durable_before_it_unlinks(tmp_path, monkeypatch):
+    """With synchronous=NORMAL a commit is durable once the WAL is synced; a power loss
+    must never keep an unlink and lose the commit that emptied the file (the real calls,
+    recorded in order)."""
+    writer = _with_chunks(tmp_path, _arrays(0, 8), split=4)
+    events: list[str] = []
+    real_fsync, real_unlink = os.fsync, os.unlink
+
+    def fsync(fd):
+        events.append("fsync " + os.readlink(f"/proc/self/fd/{fd}").rsplit("/", 1)[-1])
+        return real_fsync(fd)
+
+    def unlink(path, *a, **kw):
+        events.append("unlink " + os.fspath(path).rsplit("/", 1)[-1])
+        return real_unlink(path, *a, **kw)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "unlink", unlink)
+    try:
+        _drop_chunks_above(writer, 4)
+        writer.prune_vectors()
+    finally:
+        monkeypatch.undo()
+        writer.close()
+    assert "unlink 000002.f16" in events
+    assert events.index("fsync store.sqlite-wal") < events.index("unlink 000002.f16")
+
+
+def test_compaction_of_a_lower_segment_makes_no_new_file(tmp_path):
+    writer = _with_chunks(tmp_path, _arrays(0, 8), split=4)
+    with writer, writer.transaction():
+        writer.conn.execute("DELETE FROM vectors WHERE seg = 1")
+    with Store(tmp_path / "store.sqlite") as s:
+        s.compact_segments()
+        assert s.segments.numbers() == [2]
+
+
+def test_a_store_kept_open_follows_a_segment_folder_made_anew(tmp_path):
+    """The folder deleted (by hand, or a rebuild of an unreadable store) and numbers start
+    again at 1: a store kept open must neither read the new 000001 through its descriptor
+    of the old one nor append to the old one."""
+    kept = _store(tmp_path)
+    try:
+        _put(kept, _arrays(0, 3))
+        kept.get_vectors("m@1", "colbert", ["h0"])  # holds a descriptor of the first 000001
+        for p in _folder(tmp_path).iterdir():
+            p.unlink()
+        _folder(tmp_path).rmdir()
+        with kept.transaction():
+            kept.conn.execute("DELETE FROM vectors")
+        with Store(tmp_path / "store.sqlite") as other:
+            _put(other, _arrays(1, 3, start=10))  # a new 000001
+        got = kept.get_vectors("m@1", "colbert", ["h10"])
+        np.testing.assert_array_equal(got["h10"], _f16(_arrays(1, 3, start=10)["h10"]))
+        _put(kept, {"later": np.ones((2, DIM), np.float32)})
+    finally:
+        kept.close()
+    with Store(tmp_path / "store.sqlite", readonly=True) as reader:
+        assert reader.get_vectors("m@1", "colbert", ["later"])["later"].shape == (2, DIM)
+
+
+def test_a_segment_that_cannot_be_read_is_a_one_line_error_and_a_rebuild_drops_it(tmp_path):
+    with _store(tmp_path) as s:
+        _put(s, _arrays(0, 3))
+    (path,) = _folder(tmp_path).iterdir()
+    path.unlink()
+    path.mkdir()  # stands for an unreadable file (EISDIR here; EIO, EACCES elsewhere)
+    with Store(tmp_path / "store.sqlite", readonly=True) as reader, pytest.raises(IndexCorruptError) as err:
+        reader.get_vectors("m@1", "colbert", ["h0"])
+    assert "\n" not in str(err.value) and "cannot be read" in str(err.value) and "--rebuild" in str(err.value)
+    with Store(tmp_path / "store.sqlite") as s:
+        assert s.drop_damaged_vectors() == 3 and s.count("vectors") == 0
 
 
 def test_an_in_memory_store_keeps_arrays_in_rows(tmp_path):
