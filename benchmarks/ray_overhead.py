@@ -216,12 +216,61 @@ def main() -> None:
               f"{colbert_ceiling * 300 / rate:,.1f} ColBERT (48-dim) workers")
 
 
+class InstantEncoder:
+    """A real encoder's identity and shapes, with vectors made without running the model:
+    what the driver of an index run (store writes, commits, publications to the vector
+    indexes, progress) costs per text when the workers are arbitrarily fast. As on a Ray
+    run, the driver does not tokenize: counts are estimated at 4 characters a token."""
+
+    def __init__(self, inner, seed: int = 0):
+        self.inner = inner
+        rng = np.random.default_rng(seed)
+        pool = rng.standard_normal((64, inner.max_length, inner.dim)).astype(np.float32)
+        self.pool = pool / np.linalg.norm(pool, axis=-1, keepdims=True)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def count_tokens(self, texts):
+        return [max(1, min(len(t) // 4, self.inner.max_length)) for t in texts]
+
+    def encode(self, texts, kind="document", batch_tokens=None):
+        # ColBERT skips punctuation tokens; ~ 0.8 of the tokens keep a vector
+        return [self.pool[i % 64][: max(1, n * 4 // 5)] for i, n in enumerate(self.count_tokens(texts))]
+
+
+def driver_ceiling(root: Path, model: Path) -> None:
+    """Index ``root`` with ``InstantEncoder`` over the ColBERT checkpoint at ``model``, and
+    print the encode stage's rate: the ceiling the driver puts on any number of workers."""
+    from codesearch.build.encoders import Encoders
+    from codesearch.build.pipeline import build_index
+    from codesearch.encoder import load
+
+    enc = InstantEncoder(load(str(model), device="cpu"))
+    with tempfile.TemporaryDirectory() as d:
+        events = {"published": 0}
+
+        def progress(ev):
+            if ev.stage == "published":
+                events["published"] += 1
+
+        summary = build_index(root, index_dir=Path(d) / "ix", encoders=Encoders(None, enc), progress=progress)
+        st = summary.stage_seconds
+        print(f"{summary.files_indexed:,} files, {summary.chunks_total:,} chunks, {summary.chunks_encoded:,} texts "
+              f"encoded, {summary.tokens_encoded:,} tokens (estimated), {events['published']} publications")
+        print("stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in st.items()))
+        print(f"encode stage (writes, commits, publications): {summary.chunks_encoded / st['encode']:,.0f} texts/s, "
+              f"{summary.tokens_encoded / st['encode']:,.0f} tok/s")
+
+
 def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--writer"]:  # the writer's ceiling alone, as committed before and now
+    if sys.argv[1:2] == ["--driver"]:  # the whole driver side of a run: --driver ROOT MODEL
+        driver_ceiling(Path(sys.argv[2]), Path(sys.argv[3]))
+    elif sys.argv[1:] == ["--writer"]:  # the writer's ceiling alone, as committed before and now
         for grouped in (False, True):
             print("grouped commits (the pipeline)" if grouped else "one commit per batch of 64")
             for kind, vps, mbps in writer_ceiling(grouped=grouped):

@@ -684,8 +684,11 @@ class Store:
         found: dict[int, np.ndarray] = {}
         for part in _chunked(ids):
             marks = ",".join("?" * len(part))
+            # CROSS JOIN: SQLite then looks the ids up first and each one's vector by its key.
+            # Left to itself (no statistics) it chose, for a long IN list, to walk every vector
+            # of the model and probe the ids: 11 s per 900 ids at 60k vectors, 6.5 ms this way.
             rows = self._vector_rows(
-                f"SELECT t.id, {{cols}} FROM {table} t JOIN vectors v ON v.text_hash = t.{col}"
+                f"SELECT t.id, {{cols}} FROM {table} t CROSS JOIN vectors v ON v.text_hash = t.{col}"
                 f" AND v.model = ? AND v.kind = ? WHERE t.id IN ({marks})",
                 (model, kind, *part),
                 kind,
