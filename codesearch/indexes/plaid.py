@@ -60,6 +60,10 @@ _FILE_NAME = "index.npz"
 _BLOCK_TOKENS = 1 << 16
 _EMPTY_IDS = np.empty(0, dtype=np.int64)
 _EMPTY_SCORES = np.empty(0, dtype=np.float32)
+#: Tokens per step of the per-token passes (assign, compress, reconstruction error): their
+#: float32 temporaries stay ~200 MB at 48 dims, not several copies of every token. A 60k-text
+#: index (15M tokens) took 24 GB in one publication before.
+_STEP = 1_000_000
 
 
 def _corrupt(path: Path, why: str) -> IndexCorruptError:
@@ -218,11 +222,13 @@ class ResidualCodec:
         kmeans.train(vectors[np.sort(order[:n_train])])
         centroids = _normalise(kmeans.centroids.astype(np.float32))
         codes = _assign(centroids, vectors)
-        residuals = vectors - centroids[codes]
-        sample = residuals.reshape(-1)
-        if len(sample) > 4_000_000:  # quantiles of a few million values are plenty
-            rng = np.random.default_rng(seed)
-            sample = sample[rng.integers(0, len(sample), 4_000_000)]
+        dim = vectors.shape[1]
+        if n * dim > 4_000_000:  # quantiles of a few million residual values are plenty
+            at = np.random.default_rng(seed).integers(0, n * dim, 4_000_000)
+            rows, cols = np.divmod(at, dim)
+            sample = vectors[rows, cols] - centroids[codes[rows], cols]
+        else:
+            sample = (vectors - centroids[codes]).reshape(-1)
         n_buckets = 1 << nbits
         cutoffs = np.quantile(sample, np.arange(1, n_buckets) / n_buckets).astype(np.float32)
         buckets = np.searchsorted(cutoffs, sample, side="right")
@@ -240,10 +246,26 @@ class ResidualCodec:
         return _assign(self.centroids, vectors).astype(self.code_dtype)
 
     def compress(self, vectors: np.ndarray, codes: np.ndarray | None = None):
-        """``(codes, packed residuals)`` of ``vectors`` under this codec."""
+        """``(codes, packed residuals)`` of ``vectors`` under this codec (in steps of
+        :data:`_STEP` tokens, so the temporaries stay small)."""
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         if codes is None:
             codes = self.assign(vectors)
+        if len(vectors) > _STEP:
+            parts = [self._compress(vectors[i : i + _STEP], codes[i : i + _STEP])[1]
+                     for i in range(0, len(vectors), _STEP)]
+            return codes, np.concatenate(parts)
+        return self._compress(vectors, codes)
+
+    def error(self, vectors: np.ndarray, codes: np.ndarray, packed: np.ndarray) -> np.ndarray:
+        """Each vector's distance to its reconstruction, in steps of :data:`_STEP` tokens."""
+        out = np.empty(len(vectors), np.float32)
+        for i in range(0, len(vectors), _STEP):
+            part = slice(i, i + _STEP)
+            out[part] = np.linalg.norm(vectors[part] - self.decompress(codes[part], packed[part]), axis=1)
+        return out
+
+    def _compress(self, vectors: np.ndarray, codes: np.ndarray):
         residuals = vectors - self.centroids[codes]
         buckets = np.searchsorted(self.cutoffs, residuals, side="right").astype(np.uint8)
         per_byte = 8 // self.nbits
@@ -281,8 +303,11 @@ def _assign(centroids: np.ndarray, vectors: np.ndarray) -> np.ndarray:
 
     index = faiss.IndexFlatIP(centroids.shape[1])
     index.add(np.ascontiguousarray(centroids, dtype=np.float32))
-    _, nearest = index.search(np.ascontiguousarray(vectors, dtype=np.float32), 1)
-    return nearest[:, 0]
+    nearest = np.empty(len(vectors), np.int64)
+    for i in range(0, len(vectors), _STEP):
+        _, best = index.search(np.ascontiguousarray(vectors[i : i + _STEP], dtype=np.float32), 1)
+        nearest[i : i + len(best)] = best[:, 0]
+    return nearest
 
 
 # -- the index -----------------------------------------------------------------------------
@@ -483,7 +508,7 @@ class PlaidIndex:
         base = len(self._codes) if self._codec is not None else self._payload_len()
         if self._codec is not None:
             codes, packed = self._codec.compress(flat)
-            err = np.linalg.norm(flat - self._codec.decompress(codes, packed), axis=1)
+            err = self._codec.error(flat, codes, packed)
             self._added_error_sum += float(err.sum())
             self._added_tokens += len(flat)
             self._codes = np.concatenate([self._codes, codes])
@@ -795,7 +820,7 @@ class PlaidIndex:
     def _build(self, ids: np.ndarray, docs: list[np.ndarray]) -> None:
         """Train the codec on ``docs`` and store them compressed (replaces the contents)."""
         lens = np.array([len(d) for d in docs], dtype=np.int64)
-        flat = np.concatenate([d for d in docs if len(d)]).astype(np.float32)
+        flat = np.concatenate([d for d in docs if len(d)], dtype=np.float32)
         codec, codes, held_out = ResidualCodec.train(
             flat,
             nbits=self.nbits,
@@ -804,7 +829,7 @@ class PlaidIndex:
             seed=self.seed,
         )
         codes, packed = codec.compress(flat, codes)
-        err = np.linalg.norm(flat - codec.decompress(codes, packed), axis=1)
+        err = codec.error(flat, codes, packed)
         self._vectors = None
         self._codec, self._codes, self._residuals = codec, codes, packed
         self._build_error = float(err[held_out].mean())
