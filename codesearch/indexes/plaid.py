@@ -493,17 +493,17 @@ class PlaidIndex:
                 raise ValueError(f"document {i} has shape {d.shape}, expected (n_tokens, {self._dim})")
         self.remove(ids)
         lens = np.array([len(d) for d in docs], dtype=np.int64)
+        if self._codec is None and self._should_be_plaid(self.n_tokens + int(lens.sum())):
+            # Crossing the threshold: train PLAID on everything, the new documents included
+            # (before this call makes a flat copy of them: _build makes its own).
+            old_ids, old_docs = self._live_documents()
+            self._build(np.concatenate([old_ids, ids]), old_docs + docs)
+            return
         flat = (
             np.concatenate([d for d in docs if len(d)])
             if lens.sum()
             else np.empty((0, self._dim), np.float32)
         )
-
-        if self._codec is None and self._should_be_plaid(self.n_tokens + len(flat)):
-            # Crossing the threshold: train PLAID on everything, the new documents included.
-            old_ids, old_docs = self._live_documents()
-            self._build(np.concatenate([old_ids, ids]), old_docs + docs)
-            return
 
         base = len(self._codes) if self._codec is not None else self._payload_len()
         if self._codec is not None:
