@@ -6,6 +6,7 @@ against brute-force float32 MaxSim, and source@1 (the query's own document ranke
 
     python benchmarks/plaid_bench.py                     # 10,000 docs x ~100 tokens x 48 dims
     python benchmarks/plaid_bench.py --docs 2000 --queries 50
+    python benchmarks/plaid_bench.py --memory            # peak memory of one 4M-token add
 
 The data: ``--topics`` random directions; each document mixes 4 of them, each token is a
 topic plus Gaussian noise, L2-normalised; each query is 32 noisy tokens of one document.
@@ -14,6 +15,7 @@ topic plus Gaussian noise, L2-normalised; each query is 32 noisy tokens of one d
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import numpy as np
@@ -110,5 +112,24 @@ def main() -> None:
         )
 
 
+def build_memory(n_docs: int = 16_000, n_tokens: int = 250, dim: int = 48) -> None:
+    """Peak memory that one ``add`` of ``n_docs x n_tokens`` random tokens crossing into
+    PLAID (1,024 centroids, 2 bits) takes above its inputs (a first index's publication)."""
+    import resource
+
+    rng = np.random.default_rng(0)
+    docs = [rng.standard_normal((n_tokens, dim)).astype(np.float32) for _ in range(n_docs)]
+    docs = [d / np.linalg.norm(d, axis=1, keepdims=True) for d in docs]
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+    t = time.perf_counter()
+    PlaidIndex(dim, nbits=2, mode="plaid", n_centroids=1024).add(np.arange(n_docs), docs)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+    print(f"{n_docs * n_tokens / 1e6:.0f}M tokens ({n_docs * n_tokens * dim * 4 / 1e9:.2f} GB float32): "
+          f"peak RSS +{peak - base:.2f} GB above the inputs, {time.perf_counter() - t:.1f} s")
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--memory"]:
+        build_memory()
+    else:
+        main()
