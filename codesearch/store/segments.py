@@ -14,7 +14,7 @@ The rules that keep the store the source of truth:
 - Before the store commits, the segment is flushed to disk (``fdatasync``), so a commit
   that survives a power loss never points at bytes that did not. A rolled-back or killed
   transaction leaves unreferenced bytes at the end: dead space, never read.
-- Dead space is reclaimed by :meth:`Segments.compact` (after the store drops vectors): a
+- Dead space is reclaimed by ``Store.compact_segments`` (after the store drops vectors): a
   segment that is mostly dead has its live arrays copied to a new segment, the rows are
   moved in one transaction, and the old file is unlinked after the commit.
 - A reader opens every segment file before it reads rows (:meth:`Segments.open_all`): a
@@ -55,7 +55,7 @@ class Segments:
     Parameters
     ----------
     folder
-        Where the segments live: ``vectors/`` beside the store file.
+        Where the segments live: ``<store file>.vectors/`` beside the store file.
     readonly
         Never create or write anything.
     """
@@ -160,13 +160,12 @@ class Segments:
             raise PermissionError("the store was opened read-only")
         seg = self._appender()
         fd = self._fds[seg]
-        off = os.fstat(fd).st_size  # past anything written before, committed or not
+        pos = off = os.fstat(fd).st_size  # past anything written before, committed or not
         out = []
         for blob in blobs:
             out.append((seg, off, zlib.crc32(blob)))
             off += len(blob)
-        data = b"".join(blobs)
-        pos, view = out[0][1] if out else off, memoryview(data)
+        view = memoryview(b"".join(blobs))
         while view:
             n = os.pwrite(fd, view, pos)
             pos, view = pos + n, view[n:]
@@ -195,9 +194,7 @@ class Segments:
     def rotate(self) -> None:
         """Append to a new segment from now on (compaction's output never shares a file
         with what it compacts)."""
-        self._append = None
-        existing = self.numbers()
-        self._start(max([*existing, *self._fds], default=0) + 1)
+        self._start(self._next_number())
 
     def _appender(self) -> int:
         seg = self._append
@@ -208,14 +205,17 @@ class Segments:
             if st.st_nlink and st.st_size < SEGMENT_BYTES:
                 return seg
         existing = self.numbers()
-        last = existing[-1] if existing else None
-        if last is not None:
+        if existing:
             with contextlib.suppress(FileNotFoundError):
-                fd = self._current(last)  # the file on disk now, not a descriptor kept from before
+                fd = self._current(existing[-1])  # the file on disk now, not one kept from before
                 if os.fstat(fd).st_size < SEGMENT_BYTES:
-                    self._append = last
-                    return last
-        return self._start(max([*existing, *self._fds], default=0) + 1)
+                    self._append = existing[-1]
+                    return self._append
+        return self._start(self._next_number())
+
+    def _next_number(self) -> int:
+        """Above every segment on disk and every one this process holds open."""
+        return max([*self.numbers(), *self._fds], default=0) + 1
 
     def _start(self, seg: int) -> int:
         self.folder.mkdir(parents=True, exist_ok=True)

@@ -140,9 +140,9 @@ READABLE_FROM = 1
 
 _CORRUPT_MARKERS = ("not a database", "malformed", "disk image", "file is encrypted")
 
-#: The columns a vector read selects, ``{v}`` the table's alias, on schema 3 and before it.
-_VEC_COLS = "{v}n, {v}dim, {v}data, {v}seg, {v}off, {v}crc"
-_VEC_COLS_BEFORE_3 = "{v}n, {v}dim, {v}data, NULL, NULL, NULL"
+#: The columns a vector read selects (table alias ``v``), on schema 3 and before it.
+_VEC_COLS = "v.n, v.dim, v.data, v.seg, v.off, v.crc"
+_VEC_COLS_BEFORE_3 = "v.n, v.dim, v.data, NULL, NULL, NULL"
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,7 +267,7 @@ def _cast(a: np.ndarray, dtype: type) -> np.ndarray:
     if not hasattr(torch, "from_numpy") or a.dtype == dtype or a.dtype not in (np.float32, np.float16):
         return np.ascontiguousarray(a, dtype=dtype)
     a = np.ascontiguousarray(a)
-    if not a.flags.writeable:  # a blob read from SQLite: torch takes only writable memory
+    if not a.flags.writeable:  # bytes read from SQLite or a segment: torch takes only writable memory
         a = a.copy()
     return torch.from_numpy(a).to(torch.float16 if dtype is np.float16 else torch.float32).numpy()
 
@@ -327,7 +327,6 @@ class Store:
         # The segment folder is named after the store file, so two stores in one folder
         # never share it.
         self.segments = None if memory else Segments(Path(self.path + ".vectors"), readonly=readonly)
-        self._vec_cols = _VEC_COLS
         self._cursors = 0  # iter_vectors generators under way (their snapshots need segments)
         if not memory:
             _check_header(Path(self.path))
@@ -736,23 +735,21 @@ class Store:
         if self.segments is not None and kind in SEGMENT_KINDS:
             self.segments.open_all(release=self._idle())
         try:
-            return self._exec(sql.format(cols=self._vec_cols.format(v="v.")), params)
+            return self._exec(sql.format(cols=_VEC_COLS), params)
         except sqlite3.OperationalError as exc:
             # A read-only open of a store from before schema 3 (a writer may migrate it
             # later; the columns then exist and the first form works again).
             if "no such column" not in str(exc):
                 raise
-            return self._exec(sql.format(cols=_VEC_COLS_BEFORE_3.format(v="v.")), params)
+            return self._exec(sql.format(cols=_VEC_COLS_BEFORE_3), params)
 
     def _array(self, n: int, dim: int, data: bytes, seg: int | None, off: int | None,
                crc: int | None) -> np.ndarray:
         """The float32 array of one vectors row, from the row or from its segment."""
-        if seg is None:
+        if seg is None or self.segments is None:  # (an in-memory store never writes segments)
             return decode_array(n, dim, data)
-        if self.segments is None:
-            raise _corrupt(self.path, "a vector row points to a segment file, but the store is in memory")
         try:
-            return decode_array(n, dim, self.segments.read(seg, off or 0, n * dim * 2, crc))
+            return decode_array(n, dim, self.segments.read(seg, off, n * dim * 2, crc))
         except SegmentError as exc:
             raise _corrupt(self.path, exc) from None
 
@@ -904,18 +901,15 @@ class Store:
         if self.segments is None:
             return 0
         self.segments.open_all(release=self._idle())
-        try:
-            rows = self._exec(
-                "SELECT id, n, dim, seg, off, crc FROM vectors WHERE seg IS NOT NULL ORDER BY seg, off"
-            )
-        except sqlite3.OperationalError:
-            return 0  # a store from before segments (a reader's open; a writer migrates)
+        rows = self._exec("SELECT id, n, dim, seg, off, crc FROM vectors WHERE seg IS NOT NULL ORDER BY seg, off")
         bad = []
         for vid, n, dim, seg, off, crc in rows:  # streamed: one array in memory at a time
             try:
                 self.segments.read(seg, off, n * dim * 2, crc)
             except SegmentError:
                 bad.append(vid)
+        if not bad:
+            return 0
         with self.transaction():
             for part in _chunked(bad):
                 self._exec(f"DELETE FROM vectors WHERE id IN ({','.join('?' * len(part))})", part)
