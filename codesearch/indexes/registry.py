@@ -238,13 +238,19 @@ def load_derived(index_dir: str | os.PathLike[str], store: Store, *, wait_s: flo
             gen = store.generation
         out = {}
         stale: list[str] = []
+        encoding = IndexLock.writer_active(idir)
         for name in _wanted(store):
             path = idir / DERIVED[name].filename
             index = None
             if store.get_meta(f"gen.{name}") == str(gen) and path.exists():
                 with contextlib.suppress(IndexCorruptError):
                     index = _load_index(name, path)
-                if index is not None and len(index) != _expected_len(name, store):
+                # A run that is encoding commits vectors between its publications: a vector
+                # index then holds fewer than the store, and is still its run's latest
+                # word. Rebuilding it here would cost a search what the run's next
+                # publication does anyway (minutes for PLAID at millions of tokens).
+                vectors_in_flight = encoding and DERIVED[name].kind is not None
+                if index is not None and not vectors_in_flight and len(index) != _expected_len(name, store):
                     index = None
             if index is None:
                 index = _rebuild_index(name, store)

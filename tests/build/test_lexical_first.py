@@ -125,6 +125,40 @@ def test_vectors_are_published_while_encoding(tmp_path, dense_encoder, monkeypat
     check_consistent(idir, complete=True)
 
 
+def test_a_search_during_a_run_uses_the_published_vectors_and_rebuilds_nothing(tmp_path, dense_encoder, monkeypatch):
+    from codesearch.indexes import registry
+
+    repo = _repo(tmp_path / "repo")
+    idir = default_index_dir(repo)
+    monkeypatch.setattr(pipeline, "ENCODE_BATCH", 2)
+    monkeypatch.setattr(pipeline, "PUBLISH_EVERY_S", 1e9)  # no publication until the end
+    real, rebuilt = registry._rebuild_index, []
+    seen: list[tuple[int, int, int, list[str]]] = []
+
+    def progress(event):
+        # Committed batches the run has not published yet: a searcher must not rebuild the
+        # vector indexes in memory to take them in (for PLAID at millions of tokens that is
+        # k-means inside a search); it answers from what the run published.
+        if event.stage == "encode" and 0 < event.done < event.total:
+            monkeypatch.setattr(registry, "_rebuild_index", lambda n, s: rebuilt.append(n) or real(n, s))
+            try:
+                with Store(idir / STORE_FILE, readonly=True) as st:
+                    committed = st.count_with_vectors("dense")
+                with Searcher(idir, encoders=Encoders(dense=dense_encoder)) as s:
+                    result = s.search("engine plans query", 3, mode="hybrid")
+                    seen.append((committed, len(s._dense), len(result.hits), result.notices))
+            finally:
+                monkeypatch.setattr(registry, "_rebuild_index", real)
+
+    build_index(repo, encoders=Encoders(dense=dense_encoder), progress=progress)
+    assert seen and rebuilt == []
+    assert any(committed > 0 for committed, *_ in seen)
+    for committed, published, hits, notices in seen:
+        assert published == 0 < hits  # what the "searchable" sync published: no vectors yet
+        assert any("semantic vectors for 0% of chunks" in n for n in notices)
+    check_consistent(idir, complete=True)
+
+
 def test_a_chunk_without_a_vector_keeps_its_lexical_place():
     # Rows 0-3 are lexical candidates; rows 0 and 1 have vectors and row 0 was a vector hit.
     norm = np.array([1.0, 0.0, 0.0, 0.0, 0.0], np.float32)
