@@ -30,6 +30,7 @@ import dataclasses
 import json
 import os
 import shutil
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -54,7 +55,7 @@ from codesearch.errors import (
     NothingToIndexError,
     PathError,
 )
-from codesearch.indexes.registry import DERIVED, Delta, sync_derived
+from codesearch.indexes.registry import DERIVED, Delta, record_generation, sync_derived
 from codesearch.store import IndexLock, Store
 from codesearch.store.files import decode_source
 from codesearch.types import (
@@ -633,6 +634,102 @@ class _Commits:
 PUBLISH_EVERY_S = 20.0
 
 
+def _encodes_elsewhere(enc: Any) -> bool:
+    """Whether ``enc`` computes off this process's CPU (a pool of workers, codesearch[ray],
+    or a GPU): then a publication runs beside its batches, not between them."""
+    return hasattr(enc, "encode_batches") or str(getattr(enc, "device", "cpu")).startswith("cuda")
+
+
+class _Publisher:
+    """The publications of a run's vectors: each makes the vector indexes' files from the
+    committed vectors, then commits the new generation with them (`sync_derived` with
+    ``gen``, then `record_generation`), so a search never finds the store ahead of its
+    index files.
+
+    For an encoder that computes elsewhere (:func:`_encodes_elsewhere`) a publication runs
+    in a thread that reads a snapshot of the store through a read-only connection of its
+    own, while the writer goes on taking batches: on a large first index the PLAID build
+    takes minutes, and the workers would wait that long. The writer alone writes the store:
+    it records a finished publication when it next looks (:meth:`poll`), and tells the
+    publication's progress events then, on its own thread.
+    """
+
+    def __init__(self, run: _Run, commits: _Commits, *, background: bool) -> None:
+        self.run, self.commits, self.background = run, commits, background
+        self.pending: dict[str, set[str]] = defaultdict(set)  # encoded, not yet in the indexes
+        self.last, self.cost = time.monotonic(), 0.0  # when the last one ended, what it took
+        self._thread: threading.Thread | None = None
+        self._done: tuple[int, list[str], dict[str, set[str]], float, list, BaseException | None] | None = None
+
+    def add(self, kind: str, hashes: Iterable[str]) -> None:
+        self.pending[kind].update(hashes)
+
+    def due(self) -> bool:
+        return (self._thread is None and bool(self.pending)
+                and time.monotonic() - self.last >= max(PUBLISH_EVERY_S, 3 * self.cost))
+
+    def start(self, *, background: bool | None = None) -> None:
+        """Publish what is pending: what is published is committed first."""
+        self.commits.commit()
+        encoded, self.pending = dict(self.pending), defaultdict(set)
+        prev, started = self.run.store.generation, time.monotonic()
+        delta = Delta([], [], [], [], encoded)
+        if not (self.background if background is None else background):
+            names = sync_derived(self.run.idir, self.run.store, prev, delta, self.run.report, gen=prev + 1)
+            self._record(prev, names, encoded, started)
+            return
+
+        def publish() -> None:
+            events: list[tuple[tuple, dict]] = []
+            names: list[str] = []
+            error: BaseException | None = None
+            try:
+                with Store(self.run.store.path, readonly=True) as snapshot:
+                    snapshot.begin_read()  # one snapshot: counts and vectors agree
+                    names = sync_derived(self.run.idir, snapshot, prev, delta,
+                                         lambda *a, **kw: events.append((a, kw)), gen=prev + 1)
+            except BaseException as exc:  # noqa: BLE001 (told on the writer's thread, by poll)
+                error = exc
+            self._done = (prev, names, encoded, started, events, error)
+
+        # A daemon: a second Ctrl-C, which interrupts the writer's wait for it, ends the process.
+        self._thread = threading.Thread(target=publish, name="codesearch-publish", daemon=True)
+        self._thread.start()
+
+    def poll(self) -> None:
+        """Record a background publication that has ended (raising its error, if it failed)."""
+        if self._thread is None or self._thread.is_alive():
+            return
+        self._thread.join()
+        self._thread, done, self._done = None, self._done, None
+        assert done is not None
+        prev, names, encoded, started, events, error = done
+        for args, kw in events:
+            self.run.report(*args, **kw)
+        if error is not None:
+            raise error
+        self.commits.commit()  # its batches first: 'published' must mean committed
+        self._record(prev, names, encoded, started)
+
+    def finish(self) -> None:
+        """Wait for the publication in flight (if any) and record it."""
+        if self._thread is not None:
+            self._thread.join()
+            self.poll()
+
+    def _record(self, prev: int, names: list[str], encoded: dict[str, set[str]], started: float) -> None:
+        store = self.run.store
+        if store.generation != prev:  # only this writer moves the generation, and not while it publishes
+            raise RuntimeError(f"store generation moved from {prev} to {store.generation} during a publication")
+        record_generation(store, prev + 1, names)
+        self.last = time.monotonic()
+        self.cost = self.last - started
+        self.run.report(
+            "published", store.generation, store.generation, files=len(self.run.work), chunks=self.run.chunks_made,
+            message=f"vectors of {sum(len(h) for h in encoded.values()):,} texts are searchable",
+        )
+
+
 def _encode(run: _Run) -> None:
     """Encode what the vector cache lacks for the committed chunks and files, in batches that
     are each committed whole (a killed run loses the batch in flight, and at most one group
@@ -695,20 +792,24 @@ def _encode(run: _Run) -> None:
     if not total:
         return
     commits = _Commits(store)
+    publisher = _Publisher(run, commits, background=any(_encodes_elsewhere(enc) for enc, _ in streams))
     try:
-        _encode_streams(run, streams, roles, total, commits)
+        _encode_streams(run, streams, roles, total, commits, publisher)
     except BaseException:
-        # The batches of an open group are whole: a failed run keeps them. If the store
-        # itself failed, the run's own error is the one to tell.
+        # The batches of an open group are whole: a failed run keeps them, and a publication
+        # in flight ends (its files are written whole) before the run lets go of the index.
+        # If the store itself failed, the run's own error is the one to tell.
         with contextlib.suppress(Exception):
             commits.commit(report=False)
+        with contextlib.suppress(Exception):
+            publisher.finish()
         raise
 
 
-def _encode_streams(run: _Run, streams: list, roles: dict[str, Any], total: int, commits: _Commits) -> None:
+def _encode_streams(
+    run: _Run, streams: list, roles: dict[str, Any], total: int, commits: _Commits, publisher: _Publisher
+) -> None:
     store = run.store
-    pending: dict[str, set[str]] = defaultdict(set)  # encoded, not yet in the vector indexes
-    last_publish, publish_cost = time.monotonic(), 0.0
     enc_t0 = time.perf_counter()
     kinds = [""]  # the kinds of the last batch, for the progress message
 
@@ -724,7 +825,11 @@ def _encode_streams(run: _Run, streams: list, roles: dict[str, Any], total: int,
         batches = list(_batches([(kind, h, t) for _, kind, h, t in items], _batch_size(enc)))
         texts_of = ([t for _, _, t in b] for b in batches)
         if hasattr(enc, "encode_batches"):  # a pool of workers (codesearch[ray]) streams them
-            outputs = enc.encode_batches(texts_of, kind="document", idle=commits.commit_if_older)
+            def idle() -> None:  # while it waits for its workers
+                commits.commit_if_older()
+                publisher.poll()
+
+            outputs = enc.encode_batches(texts_of, kind="document", idle=idle)
         else:
             outputs = (enc.encode(t, kind="document") for t in texts_of)
         for batch, out in zip(batches, outputs):
@@ -740,22 +845,19 @@ def _encode_streams(run: _Run, streams: list, roles: dict[str, Any], total: int,
                 run.tokens_encoded += tokens
                 kinds[0] = "/".join(by_kind)
             for kind, pairs in by_kind.items():
-                pending[kind].update(h for h, _ in pairs)
-            now = time.monotonic()
-            if run.texts_encoded < total and now - last_publish >= max(PUBLISH_EVERY_S, 3 * publish_cost):
-                commits.commit()  # what is published is committed first
-                _publish(run, pending)
-                pending = defaultdict(set)
-                last_publish = time.monotonic()
-                publish_cost = last_publish - now
+                publisher.add(kind, (h for h, _ in pairs))
+            publisher.poll()
+            if run.texts_encoded < total and publisher.due():
+                publisher.start()
         # How this model was embedded, for 'status': recorded as its stream ends, so that a
         # run that fails in the next model's stream still tells how this one's were made.
         embedded = {role: _embedded_by(enc) for role, e in roles.items() if e is enc}
         commits.commit()
         with store.transaction():
             store.set_meta(EMBEDDED_KEY, json.dumps(json.loads(store.get_meta(EMBEDDED_KEY) or "{}") | embedded))
-    if pending:
-        _publish(run, pending)
+    publisher.finish()
+    if publisher.pending:
+        publisher.start(background=False)  # the last one: nothing left to run beside
 
 
 def _embedded_by(enc: Any) -> str:
@@ -764,19 +866,6 @@ def _embedded_by(enc: Any) -> str:
     if describe is not None:
         return describe()
     return f"local {getattr(enc, 'device', '?')} ({str(getattr(enc, 'dtype', '?')).removeprefix('torch.')})"
-
-
-def _publish(run: _Run, encoded: dict[str, set[str]]) -> None:
-    """A new generation whose only change is vectors: the vector indexes take them in."""
-    store = run.store
-    prev = store.generation
-    with store.transaction():
-        store.set_meta("generation", prev + 1)
-    sync_derived(run.idir, store, prev, Delta([], [], [], [], dict(encoded)), run.report)
-    run.report(
-        "published", store.generation, store.generation, files=len(run.work), chunks=run.chunks_made,
-        message=f"vectors of {sum(len(h) for h in encoded.values()):,} texts are searchable",
-    )
 
 
 def _current_text(root: Path, path: str, expected_hash: str, texts: dict[str, tuple[str, str]]) -> str | None:

@@ -171,12 +171,26 @@ def _touches(name: str, delta: Delta) -> bool:
     return bool(delta.removed_chunks or delta.added_chunks)
 
 
-def sync_derived(idir: Path, store: Store, prev_gen: int, delta: Delta, report: Callable[..., None]) -> None:
-    """Bring every wanted index from generation ``prev_gen`` to the store's, by ``delta`` where
-    it was at ``prev_gen`` (rebuilt from the store's vectors otherwise, or when it drifted);
-    an index the delta does not touch only has its generation recorded."""
-    gen = store.generation
+def sync_derived(
+    idir: Path, store: Store, prev_gen: int, delta: Delta, report: Callable[..., None], *, gen: int | None = None
+) -> list[str]:
+    """Bring every wanted index from generation ``prev_gen`` to ``gen`` (the store's when
+    None), by ``delta`` where it was at ``prev_gen`` (rebuilt from the store's vectors
+    otherwise, or when it drifted); an index the delta does not touch only has its
+    generation recorded.
+
+    With ``gen`` None the store has committed ``gen`` already, and each index's generation
+    is recorded as its file is written. With ``gen`` given (a publication of vectors: the
+    store stays at ``prev_gen`` while the files are made, and ``store`` may be a read-only
+    snapshot), nothing is written to the store: the names of the indexes to mark come back,
+    for :func:`record_generation` to commit with ``gen`` in one transaction. A search in
+    between loads files newer than their recorded generation, which for vectors is only
+    more of them: committed ones.
+    """
+    record = gen is None
+    gen = store.generation if gen is None else gen
     names = _wanted(store)
+    marked: list[str] = []
     for i, name in enumerate(names):
         path = idir / DERIVED[name].filename
         saved = store.get_meta(f"gen.{name}")
@@ -184,8 +198,10 @@ def sync_derived(idir: Path, store: Store, prev_gen: int, delta: Delta, report: 
         if saved == str(gen) and path.exists():
             report("sync", i + 1, len(names), message=f"{name}: up to date")
             continue
+        marked.append(name)
         if saved == str(prev_gen) and path.exists() and not _touches(name, delta):
-            store.set_meta(f"gen.{name}", gen)
+            if record:
+                store.set_meta(f"gen.{name}", gen)
             report("sync", i + 1, len(names), message=f"{name}: unchanged")
             continue
         if saved == str(prev_gen) and path.exists():
@@ -199,8 +215,11 @@ def sync_derived(idir: Path, store: Store, prev_gen: int, delta: Delta, report: 
         if index is None:
             index = _rebuild_index(name, store)
         _save_index(index, path)
-        store.set_meta(f"gen.{name}", gen)
+        if record:
+            store.set_meta(f"gen.{name}", gen)
         report("sync", i + 1, len(names), message=name)
+    if not record:
+        return marked
     for name in set(DERIVED) - set(names):
         # A model the index no longer records (after a rebuild): its index file goes too.
         store.delete_meta(f"gen.{name}")
@@ -209,6 +228,16 @@ def sync_derived(idir: Path, store: Store, prev_gen: int, delta: Delta, report: 
             shutil.rmtree(stale, ignore_errors=True)
         else:
             stale.unlink(missing_ok=True)
+    return marked
+
+
+def record_generation(store: Store, gen: int, names: Sequence[str]) -> None:
+    """Commit ``gen`` as the store's generation and as that of the indexes ``names``, at once:
+    the end of a publication made by ``sync_derived(..., gen=gen)``."""
+    with store.transaction():
+        store.set_meta("generation", gen)
+        for name in names:
+            store.set_meta(f"gen.{name}", gen)
 
 
 def load_derived(index_dir: str | os.PathLike[str], store: Store, *, wait_s: float = 5.0) -> dict[str, Any]:

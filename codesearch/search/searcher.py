@@ -189,7 +189,7 @@ class Searcher:
             shares = [f"{int(100 * self._covered[k].mean())}% of chunks" for k in used_kinds]
             notices.append(f"semantic vectors for {' and '.join(shares)} so far ({self._still_embedding()}); lexical for all")
         covered = dict(self._covered)
-        if covered and file_dense is not None and "dense_files" in used and long_context:
+        if "file_vectors" in covered and file_dense is not None and "dense_files" in used and long_context:
             covered["files"] = covered["file_vectors"]
         total, sources = self._ranker.score(
             q, use_lexical=use_lex, dense=dense, file_dense=file_dense, colbert=colbert, mask=mask,
