@@ -19,6 +19,7 @@ projection of 100M tokens on 1, 4 and 16 GPU workers.
 
     python benchmarks/ray_overhead.py              # a few minutes on 2 busy cores
     python benchmarks/ray_overhead.py --texts 640 --batch 64 --rounds 3
+    python benchmarks/ray_overhead.py --driver ROOT MODEL [--rate TOK_S]   # the driver side of a run
 """
 
 from __future__ import annotations
@@ -222,8 +223,9 @@ class InstantEncoder:
     indexes, progress) costs per text when the workers are arbitrarily fast. As on a Ray
     run, the driver does not tokenize: counts are estimated at 4 characters a token."""
 
-    def __init__(self, inner, seed: int = 0):
+    def __init__(self, inner, seed: int = 0, rate: float | None = None):
         self.inner = inner
+        self.rate = rate  # tokens/s of the stand-in cluster (None: instant)
         rng = np.random.default_rng(seed)
         pool = rng.standard_normal((64, inner.max_length, inner.dim)).astype(np.float32)
         self.pool = pool / np.linalg.norm(pool, axis=-1, keepdims=True)
@@ -238,21 +240,39 @@ class InstantEncoder:
         # ColBERT skips punctuation tokens; ~ 0.8 of the tokens keep a vector
         return [self.pool[i % 64][: max(1, n * 4 // 5)] for i, n in enumerate(self.count_tokens(texts))]
 
+    def encode_batches(self, batches, kind="document", idle=None, rate: float | None = None):
+        """As a pool of workers streams them (the driver takes this path for RayEncoder):
+        at ``rate`` tokens/s across the cluster, or as fast as the driver takes them. While
+        it waits the driver's thread sleeps, as it does in ``ray.wait``."""
+        rate = rate or self.rate
+        due = time.monotonic()
+        for texts in batches:
+            due += sum(self.count_tokens(texts)) / rate if rate else 0.0
+            while (left := due - time.monotonic()) > 0:
+                if idle is not None:
+                    idle()
+                time.sleep(min(left, 0.05))
+            yield self.encode(texts, kind=kind)
 
-def driver_ceiling(root: Path, model: Path) -> None:
+
+def driver_ceiling(root: Path, model: Path, rate: float | None = None) -> None:
     """Index ``root`` with ``InstantEncoder`` over the ColBERT checkpoint at ``model``, and
-    print the encode stage's rate: the ceiling the driver puts on any number of workers."""
+    print the encode stage's rate: the ceiling the driver puts on any number of workers.
+    With ``rate`` (--rate TOK_S), the stand-in cluster makes vectors at that many tokens/s,
+    and the encode stage is compared with the time the workers alone would take."""
     from codesearch.build.encoders import Encoders
     from codesearch.build.pipeline import build_index
     from codesearch.encoder import load
 
-    enc = InstantEncoder(load(str(model), device="cpu"))
+    enc = InstantEncoder(load(str(model), device="cpu"), rate=rate)
     with tempfile.TemporaryDirectory() as d:
         events = {"published": 0}
+        t0 = time.monotonic()
 
         def progress(ev):
             if ev.stage == "published":
                 events["published"] += 1
+                print(f"  published at {time.monotonic() - t0:6.1f} s: {ev.message}", flush=True)
 
         summary = build_index(root, index_dir=Path(d) / "ix", encoders=Encoders(None, enc), progress=progress)
         st = summary.stage_seconds
@@ -261,6 +281,10 @@ def driver_ceiling(root: Path, model: Path) -> None:
         print("stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in st.items()))
         print(f"encode stage (writes, commits, publications): {summary.chunks_encoded / st['encode']:,.0f} texts/s, "
               f"{summary.tokens_encoded / st['encode']:,.0f} tok/s")
+        if rate:
+            alone = summary.tokens_encoded / rate
+            print(f"the workers alone: {alone:.1f} s at {rate:,.0f} tok/s; the encode stage took "
+                  f"{st['encode'] / alone:.2f}x that")
 
 
 def _hours(seconds: float) -> str:
@@ -268,8 +292,9 @@ def _hours(seconds: float) -> str:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--driver"]:  # the whole driver side of a run: --driver ROOT MODEL
-        driver_ceiling(Path(sys.argv[2]), Path(sys.argv[3]))
+    if sys.argv[1:2] == ["--driver"]:  # the whole driver side of a run: --driver ROOT MODEL [--rate TOK_S]
+        rate = float(sys.argv[sys.argv.index("--rate") + 1]) if "--rate" in sys.argv else None
+        driver_ceiling(Path(sys.argv[2]), Path(sys.argv[3]), rate)
     elif sys.argv[1:] == ["--writer"]:  # the writer's ceiling alone, as committed before and now
         for grouped in (False, True):
             print("grouped commits (the pipeline)" if grouped else "one commit per batch of 64")
