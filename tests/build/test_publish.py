@@ -54,6 +54,20 @@ def _count_rebuilds(monkeypatch) -> list[str]:
     return rebuilt
 
 
+def _in_background(monkeypatch, before) -> None:
+    """Publications run in the background (as with workers), and ``before(path)`` runs in
+    the publication's thread before each index file it saves."""
+    monkeypatch.setattr(pipeline, "_encodes_elsewhere", lambda enc: True)
+    real_save = registry._save_index
+
+    def save(index, path):
+        if threading.current_thread().name == PUBLISHER:
+            before(path)
+        real_save(index, path)
+
+    monkeypatch.setattr(registry, "_save_index", save)
+
+
 def _complete_on_disk(idir: Path, monkeypatch) -> None:
     """Every index file holds what the store has, as written (a search rebuilds nothing)."""
     rebuilt = _count_rebuilds(monkeypatch)
@@ -102,17 +116,13 @@ def test_a_search_while_a_publication_writes_its_files_waits_for_nothing(repo, e
 
 def test_a_background_publication_runs_beside_the_batches(repo, encoders, publish_often, monkeypatch):
     idir = default_index_dir(repo)
-    monkeypatch.setattr(pipeline, "_encodes_elsewhere", lambda enc: True)
-    real_save = registry._save_index
     in_flight = threading.Event()
 
-    def slow_save(index, path):  # a publication that takes a while, as PLAID's does at scale
-        if threading.current_thread().name == PUBLISHER:
-            in_flight.set()
-            time.sleep(0.3)
-        real_save(index, path)
+    def slow(path):  # a publication that takes a while, as PLAID's does at scale
+        in_flight.set()
+        time.sleep(0.3)
 
-    monkeypatch.setattr(registry, "_save_index", slow_save)
+    _in_background(monkeypatch, slow)
     events: list[tuple[str, str, bool]] = []
 
     def progress(event):
@@ -131,27 +141,23 @@ def test_a_background_publication_runs_beside_the_batches(repo, encoders, publis
     assert {thread for _, thread, _ in events} == {threading.main_thread().name}
     # The writer committed batches while a publication was in flight.
     assert any(stage == "encode" and busy for stage, _, busy in events)
-    monkeypatch.setattr(registry, "_save_index", real_save)
+    monkeypatch.undo()
     _complete_on_disk(idir, monkeypatch)
 
 
 def test_a_failed_background_publication_fails_the_run_and_loses_nothing(repo, encoders, publish_often, monkeypatch):
     idir = default_index_dir(repo)
-    monkeypatch.setattr(pipeline, "_encodes_elsewhere", lambda enc: True)
-    real_save = registry._save_index
 
-    def full_disk(index, path):
-        if threading.current_thread().name == PUBLISHER:
-            raise OSError(28, "No space left on device")
-        real_save(index, path)
+    def full_disk(path):
+        raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(registry, "_save_index", full_disk)
+    _in_background(monkeypatch, full_disk)
     with pytest.raises(OSError, match="No space left"):
         build_index(repo, encoders=encoders)
     with Store(idir / STORE_FILE, readonly=True) as s:
         kept = s.count_with_vectors("dense")
     assert kept > 0  # the committed batches stay
-    monkeypatch.setattr(registry, "_save_index", real_save)
+    monkeypatch.undo()
     build_index(repo, encoders=encoders)  # the next run completes it
     _complete_on_disk(idir, monkeypatch)
 
