@@ -8,32 +8,33 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any, Literal
 
 from codesearch.errors import QueryError
 
 __all__ = [
-    "Chunk",
     "DEFAULT_MAX_FILE_BYTES",
     "INDEX_DIR_NAME",
-    "IndexSummary",
     "MODES",
+    "ROLES",
+    "SCHEMA_VERSION",
+    "Chunk",
+    "IndexSummary",
     "Mode",
     "ProgressEvent",
-    "ROLES",
     "Role",
-    "SCHEMA_VERSION",
     "SearchHit",
     "SearchRequest",
     "SearchResult",
+    "canonical_languages",
     "default_index_dir",
-    "path_kind",
     "hit_document",
+    "path_kind",
     "result_document",
 ]
 
@@ -147,7 +148,7 @@ class SearchRequest:
         except ValueError:
             raise QueryError(f"unknown mode {self.mode!r} (use one of: {', '.join(MODES)})") from None
         _check_int(self.k, "k", 1, "pass k=10 for example")
-        put(self, "languages", tuple(lang.lower() for lang in _strings(self.languages, "a language")))
+        put(self, "languages", canonical_languages(_strings(self.languages, "a language")))
         globs = _strings(self.globs, "a glob")
         if globs:
             from codesearch.search.globs import check_globs
@@ -210,6 +211,23 @@ class SearchRequest:
     def from_dict(cls, doc: Mapping[str, Any]) -> SearchRequest:
         """The inverse of `to_dict` (``language``/``glob`` single values accepted too)."""
         return cls.of(**dict(doc))
+
+
+def canonical_languages(names: Iterable[str]) -> tuple[str, ...]:
+    """Each name as the language it means; a name that is no language is a `QueryError`.
+
+    A real language that an index lacks is not an error: it filters that index to nothing,
+    as a glob that matches nothing does (and as it must across several served roots).
+    """
+    from codesearch.build.languages import canonical_language
+
+    out: list[str] = []
+    for name in names:
+        lang = canonical_language(name)
+        if lang is None:
+            raise QueryError(f"unknown language {name!r} (use a language name such as python, go, rust, typescript)")
+        out.append(lang)
+    return tuple(dict.fromkeys(out))
 
 
 def _check_int(value: Any, name: str, least: int, fix: str) -> None:

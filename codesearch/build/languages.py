@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import PurePosixPath
 
-__all__ = ["CPP_HINTS", "detect_language"]
+__all__ = ["CPP_HINTS", "LANGUAGES", "canonical_language", "detect_language"]
 
 
 
@@ -72,6 +72,30 @@ _INTERPRETERS = {
 
 
 _SHEBANG = re.compile(r"^#!\s*(\S+)(?:\s+(.*))?")
+
+
+#: Every name `detect_language` can give a file: what ``--lang`` accepts.
+LANGUAGES = frozenset({*_EXTENSIONS.values(), *_FILENAMES.values(), *_INTERPRETERS.values(), "text"})
+
+# What people type for a language besides its name: its file extension ("py", "rs", "js")
+# is taken as an alias too.
+_ALIASES = {
+    "golang": "go", "shell": "bash", "sh": "bash", "c#": "csharp", "cs": "csharp",
+    "objective-c": "objc", "objectivec": "objc", "jsx": "javascript", "node": "javascript",
+    "docker": "dockerfile", "make": "makefile", "rst": "restructuredtext", "hs": "haskell",
+}
+
+
+def canonical_language(name: str) -> str | None:
+    """The language ``--lang NAME`` means (``"Python"``, ``"py"`` -> ``"python"``), or None.
+
+    >>> canonical_language("Py"), canonical_language("golang"), canonical_language("klingon")
+    ('python', 'go', None)
+    """
+    key = name.strip().lower()
+    if key in LANGUAGES:
+        return key
+    return _ALIASES.get(key) or _EXTENSIONS.get("." + key.lstrip("."))
 
 
 def detect_language(path: str, first_line: str = "") -> str:

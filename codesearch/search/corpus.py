@@ -10,12 +10,12 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from codesearch.types import path_kind
 from codesearch.indexes.lexical import (
     split_identifier,
     stem_word,
     tokenize,
 )
+from codesearch.types import path_kind
 
 #: The version of centrality's definition in CENTRALITY_FILE (Searcher._cached_centrality):
 #: bump it when the definition changes, so copies written by an older release are recomputed.
@@ -58,7 +58,10 @@ class Corpus:
     start: np.ndarray  # (n,) int32
     end: np.ndarray  # (n,) int32
     language: np.ndarray  # (n,) object
-    symbols: list[frozenset[str]]  # lower-cased names a chunk defines (a block may define several)
+    # Lower-cased names a chunk defines (a block may define several). A piece cut from a long
+    # definition is labelled with that definition's name (its `symbol`) but does not define
+    # it: it gets no names here, so the symbol signal picks the definition, not its pieces.
+    symbols: list[frozenset[str]]
     exact_symbols: list[frozenset[str]]  # the same names, case kept, whole entries only
     files: list[str]  # file paths
     file_ids: np.ndarray  # (n_files,) int64 store file ids
@@ -70,7 +73,7 @@ class Corpus:
 
     @classmethod
     def build(cls, rows: list[tuple]) -> Corpus:
-        """From ``(chunk_id, file_id, path, start, end, language, symbol[, kind])`` tuples."""
+        """From ``(chunk_id, file_id, path, start, end, language, symbol[, kind[, scope]])`` tuples."""
         file_index: dict[int, int] = {}
         files: list[str] = []
         fids: list[int] = []
@@ -88,7 +91,8 @@ class Corpus:
         for r in rows:
             if r[6] not in names:
                 names[r[6]] = (_symbol_names(r[6]), _exact_names(r[6]))
-        pairs = [names[r[6]] for r in rows]
+        nothing = (frozenset(), frozenset())
+        pairs = [nothing if len(r) > 8 and _labels_owner(r[6], r[8]) else names[r[6]] for r in rows]
         return cls(
             ids=np.array([r[0] for r in rows], dtype=np.int64),
             file_idx=fidx,
@@ -122,6 +126,19 @@ def _symbol_names(symbol: str | None) -> frozenset[str]:
             out.add(re.split(r"::|\.", name)[-1])
     out.discard("")
     return frozenset(out)
+
+
+def _labels_owner(symbol: str | None, scope: str | None) -> bool:
+    """Whether ``symbol`` is the enclosing definition's name, given to a piece cut from it.
+
+    The chunker labels a piece that defines nothing with its innermost enclosing definition
+    (``symbol="Plug.Session"``, scope ``"defmodule Plug.Session"``): that name is defined by
+    the definition's head chunk, not by this piece.
+    """
+    if not symbol or not scope or "," in symbol:
+        return False
+    inner = scope.rsplit(" > ", 1)[-1]
+    return re.search(rf"(?<![\w$]){re.escape(symbol)}(?![\w$])", inner) is not None
 
 
 def _exact_names(symbol: str | None) -> frozenset[str]:

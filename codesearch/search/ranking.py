@@ -15,8 +15,7 @@ A query is scored against every chunk by a few signals, each normalised to [0, 1
 
 The fused score is a weighted sum, multiplied by a demotion for tests, docs, examples and
 benchmarks when the query does not ask for them. Hits are then picked greedily with a
-per-file decay (so the top 10 spans several files), overlapping chunks dropped and a hard
-cap on hits per file. Every weight was chosen on the dev split of the semble benchmark
+per-file decay (so the top 10 spans several files) and overlapping chunks dropped. Every weight was chosen on the dev split of the semble benchmark
 (``benchmarks/quality.py``); see BENCHMARKS.md "Search quality" for the ablations.
 """
 
@@ -59,7 +58,10 @@ class RankingParams:
     demote: float = 0.3  # multiplier for tests/docs/examples/benchmarks not asked for
     demote_imports: float = 0.3  # multiplier for an import-only chunk (kind "imports") not asked for
     file_decay: float = 0.2  # each further hit from one file is multiplied by this
-    max_per_file: int = 3  # hard cap on hits from one file
+    # Hard cap on hits from one file (0: none, the default). The decay already puts a
+    # file's 4th hit at 0.008x, and a cap left fewer than k hits for a query whose matches
+    # sit in few files (a glob naming one file gave 3 hits for k=1000).
+    max_per_file: int = 0
     dense_candidates: int = 100  # chunks taken from the dense / colbert indexes
     vector_symbol_scale: float = 0.3  # vector weights on a bare-identifier query
     vector_norm: str = "minmax"  # fusion="score": "minmax" over the candidates, or "z" (z-score / 3, clipped)
@@ -320,12 +322,19 @@ class Ranker:
             factor[1] = 1.0 if q.wants_tests else p.demote
             factor[2] = 1.0 if q.wants_docs else p.demote
             factor[3] = 1.0 if q.wants_bench else p.demote
-            total *= factor[c.file_kind][c.file_idx]
+            row_factor = factor[c.file_kind][c.file_idx]
             if not q.wants_tests:
                 # Test code inside a source file (a Rust `#[cfg(test)] mod tests`, Zig `test`
                 # blocks) repeats the names of the code it tests, as a test file does, and
                 # is demoted the same way (once: a test file's chunks already are).
-                total[c.test_code & (c.file_kind[c.file_idx] == 0)] *= p.demote
+                row_factor[c.test_code & (c.file_kind[c.file_idx] == 0)] *= p.demote
+            if q.is_symbol:
+                # A bare name asks for its definition: where every definition of it sits in
+                # a test, doc or benchmark file, that is the answer, not something to demote.
+                defs = lookup(self._by_exact, q.exact)
+                if len(defs) and (row_factor[defs] < 1.0).all():
+                    row_factor[defs] = 1.0
+            total *= row_factor
         if p.demote_imports < 1.0 and not q.wants_imports:
             # An import block names what a file uses, not what it does: it matches a query
             # through the same names as the code that uses them, which is the better answer.
@@ -337,31 +346,50 @@ class Ranker:
     def select(
         self, total: np.ndarray, k: int, *, files_only: bool = False, params: RankingParams | None = None
     ) -> list[tuple[int, float]]:
-        """Greedy top-k with per-file decay, overlap removal and a per-file cap."""
+        """The best ``k`` hits: greedy over chunks by fused score, with per-file decay and
+        overlap removal (and one hit per file with ``files_only``).
+
+        Exact, whatever ``k``: the answer for ``k`` is the first ``k`` of the answer for any
+        larger ``k``, and ``k`` hits come back whenever ``k`` chunks score above 0 (no chunk
+        overlaps another of its file). Greedy acceptance depends only on the order of the
+        raw scores, and decay only lowers a score, so once the ``k``-th best decayed score
+        beats the next raw score nothing further can enter. Only the top of the order is
+        sorted: a pool that grows when decay, overlaps or the per-file cap exhaust it.
+        """
         p = params or self.params
         c = self.corpus
         pos = np.flatnonzero(total > 0)
-        if not len(pos):
-            return []
-        pool = max(k * 8, 64)
-        if len(pos) > pool:
-            pos = pos[np.argpartition(-total[pos], pool - 1)[:pool]]
-        order = pos[np.lexsort((pos, -total[pos]))]
-        cap = 1 if files_only else p.max_per_file
-        taken: dict[int, list[int]] = {}
-        chosen: list[tuple[float, int]] = []
-        for r in order.tolist():
-            s = float(total[r])
-            # Decay only lowers scores, so once the k-th best beats the next raw score, stop.
-            if len(chosen) >= k and s <= chosen[k - 1][0]:
-                break
-            f = int(c.file_idx[r])
-            prev = taken.setdefault(f, [])
-            if len(prev) >= cap:
-                continue
-            if any(c.start[r] <= c.end[o] and c.start[o] <= c.end[r] for o in prev):
-                continue
-            prev.append(r)
-            chosen.append((s * p.file_decay ** (len(prev) - 1), r))
-            chosen.sort(key=lambda t: -t[0])
-        return [(r, s) for s, r in chosen[:k]]
+        cap = 1 if files_only else (p.max_per_file or len(pos))
+        pool = max(4 * k, 64)
+        while True:
+            order = _top_rows(total, pos, pool)
+            taken: dict[int, list[int]] = {}
+            chosen: list[tuple[float, int]] = []
+            done = False
+            for r in order.tolist():
+                s = float(total[r])
+                if len(chosen) >= k and s <= chosen[k - 1][0]:
+                    done = True
+                    break
+                f = int(c.file_idx[r])
+                prev = taken.setdefault(f, [])
+                if len(prev) >= cap:
+                    continue
+                if any(c.start[r] <= c.end[o] and c.start[o] <= c.end[r] for o in prev):
+                    continue
+                prev.append(r)
+                bisect.insort(chosen, (s * p.file_decay ** (len(prev) - 1), r), key=lambda t: -t[0])
+            if done or len(order) == len(pos):
+                return [(r, s) for s, r in chosen[:k]]
+            pool *= 4
+
+
+def _top_rows(total: np.ndarray, pos: np.ndarray, n: int) -> np.ndarray:
+    """The ``n`` rows of ``pos`` with the highest ``total``, best first; ties by row, so
+    every pool is a prefix of any larger one."""
+    if len(pos) > n:
+        cut = np.partition(total[pos], len(pos) - n)[len(pos) - n]  # the n-th highest score
+        above = pos[total[pos] > cut]
+        at = pos[total[pos] == cut]  # pos is sorted: the lowest rows of the tie come first
+        pos = np.concatenate([above, at[: n - len(above)]])
+    return pos[np.lexsort((pos, -total[pos]))]

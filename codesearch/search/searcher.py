@@ -24,12 +24,11 @@ from codesearch.errors import CodeSearchError, NotIndexedError, QueryError
 from codesearch.indexes.lexical import (
     LexicalIndex,
 )
-from codesearch.store import IndexLock
 from codesearch.search.corpus import CENTRALITY_VERSION, Corpus
 from codesearch.search.query import analyse
 from codesearch.search.ranking import FILE_VECTOR_MIN_TOKENS, Ranker, RankingParams
-from codesearch.store import atomic_write
-from codesearch.types import CENTRALITY_FILE, MODES, STORE_FILE, SearchHit, SearchResult
+from codesearch.store import IndexLock, atomic_write
+from codesearch.types import CENTRALITY_FILE, MODES, STORE_FILE, SearchHit, SearchResult, canonical_languages
 
 
 class Searcher:
@@ -339,14 +338,10 @@ class Searcher:
     def _mask(self, language: str | Sequence[str] | None, glob: str | Sequence[str] | None) -> np.ndarray | None:
         c = self._ranker.corpus
         mask = None
-        languages = [language] if isinstance(language, str) else list(language or ())
-        languages = [lang.lower() for lang in languages if lang]
+        languages = canonical_languages([language] if isinstance(language, str) else [x for x in language or () if x])
         if languages:
+            # A language this index lacks keeps nothing; a name that is no language raised.
             mask = np.isin(c.language, languages)
-            if not mask.any():
-                known = ", ".join(sorted(set(c.language.tolist()))) or "none"
-                asked = " or ".join(repr(lang) for lang in languages)
-                raise QueryError(f"no indexed chunk is in language {asked} (indexed: {known})")
         globs = [glob] if isinstance(glob, str) else list(glob or ())
         if globs:
             from codesearch.search.globs import GlobFilter

@@ -562,15 +562,15 @@ class Store:
         for r in self._exec(f"{_CHUNK_RECORD_SQL} ORDER BY c.id"):
             yield ChunkRecord(*r)
 
-    def iter_chunk_meta(self) -> Iterator[tuple[int, int, str, int, int, str, str | None, str]]:
-        """Every chunk's ``(id, file_id, path, start_line, end_line, language, symbol, kind)``, by id.
+    def iter_chunk_meta(self) -> Iterator[tuple[int, int, str, int, int, str, str | None, str, str | None]]:
+        """Every chunk's ``(id, file_id, path, start_line, end_line, language, symbol, kind, scope)``, by id.
 
         What a searcher keeps in memory, read without the chunk text and header (SQLite
         then skips the text's overflow pages): a fraction of :meth:`iter_chunk_records`'s
         cost on a large index. Fetch text for the few chunks shown with :meth:`chunk_records`.
         """
         rows = self._exec(
-            "SELECT c.id, c.file_id, f.path, c.start_line, c.end_line, c.language, c.symbol, c.kind"
+            "SELECT c.id, c.file_id, f.path, c.start_line, c.end_line, c.language, c.symbol, c.kind, c.scope"
             " FROM chunks c JOIN files f ON f.id = c.file_id ORDER BY c.id"
         ).fetchall()
         return iter(rows)

@@ -138,8 +138,19 @@ def test_language_and_glob_filters(lexical_index):
     py = lexical_index.search("parse config connection", k=10, glob="src/storage/*")
     assert py.hits and all(h.path.startswith("src/storage/") for h in py.hits)
     assert all(h.path.endswith(".py") for h in lexical_index.search("config", k=10, glob="*.py").hits)
-    with pytest.raises(QueryError, match="cobol"):
+    with pytest.raises(QueryError, match="unknown language 'cobol'"):
         lexical_index.search("x", language="cobol")
+
+
+def test_a_language_the_index_lacks_filters_to_nothing(lexical_index):
+    """A real language with no chunk here is a filter, like a glob that matches nothing
+    (so one request can span several roots); its extension is an alias ("py", "golang")."""
+    assert lexical_index.search("parse config", k=5, language="rust").hits == []
+    assert lexical_index.search("parse config", k=5, language="javascript").hits == []
+    py = lexical_index.search("open database connection", k=10, language="py").hits
+    assert py and {h.language for h in py} == {"python"}
+    both = lexical_index.search("parse config", k=10, language=["golang", "rust"]).hits
+    assert both and {h.language for h in both} == {"go"}
 
 
 @pytest.mark.parametrize(
@@ -164,8 +175,9 @@ def test_repeated_languages_mean_any_of_them(lexical_index):
     words = "config parse connection client requests guide"
     found = {h.language for h in lexical_index.search(words, k=50, language=["go", "markdown"]).hits}
     assert found == {"go", "markdown"}
-    with pytest.raises(QueryError, match="'cobol' or 'zig'"):
-        lexical_index.search("x", language=["cobol", "zig"])
+    assert lexical_index.search(words, k=50, language=["zig", "rust"]).hits == []  # languages, none here
+    with pytest.raises(QueryError, match="unknown language 'cobol'"):
+        lexical_index.search("x", language=["zig", "cobol"])
 
 
 def test_an_invalid_glob_is_a_one_line_query_error(lexical_index):
@@ -173,14 +185,15 @@ def test_an_invalid_glob_is_a_one_line_query_error(lexical_index):
         lexical_index.search("config", glob=["*.py", "*.{rs,md"])
 
 
-def test_no_overlap_cap_per_file_and_files_only(lexical_index):
+def test_no_overlap_scores_in_order_and_files_only(lexical_index):
     result = lexical_index.search("conn rows sqlite transaction", k=10)
     seen: dict[str, list[tuple[int, int]]] = {}
     for h in result.hits:
         for s, e in seen.get(h.path, []):
             assert h.end_line < s or h.start_line > e, "overlapping hits from one file"
         seen.setdefault(h.path, []).append((h.start_line, h.end_line))
-    assert all(len(v) <= lexical_index._ranker.params.max_per_file for v in seen.values())
+    scores = [h.score for h in result.hits]
+    assert scores == sorted(scores, reverse=True)
     files = lexical_index.search("HttpClient retries send", k=10, files_only=True)
     assert len(_paths(files)) == len(set(_paths(files)))
     assert len(lexical_index.search("HttpClient", k=1).hits) == 1
@@ -534,3 +547,45 @@ def test_import_blocks_are_demoted_unless_asked_for(rules_index):
     assert (hits[0].path, hits[0].symbol) == ("src/store/cache.py", "Cache")
     asked = rules_index.search("which imports does the cache eviction policy need", k=5, mode="lexical").hits
     assert asked[0].kind == "imports"
+
+
+def _long_function(name: str, lines: int) -> str:
+    """A function long enough to be cut into pieces that define nothing themselves (each
+    labelled with the function's name); its later lines name the function most."""
+    body = "".join(f"    step_{i} = compute({i})\n" for i in range(20))
+    body += "".join(f"    retry_{i} = {name}(attempt={i}) or {name}.cached({i})\n" for i in range(lines))
+    return f"def {name}(attempt=0):\n{body}    return step_0\n"
+
+
+@pytest.fixture(scope="module")
+def definitions_index(tmp_path_factory):
+    root = tmp_path_factory.mktemp("defs")
+    (root / "src").mkdir()
+    (root / "tests").mkdir()
+    (root / "src" / "session.py").write_text(_long_function("refresh_session", 160))
+    # A name defined only in a test helper, and source names that share its words.
+    (root / "tests" / "helpers.py").write_text("def build_widget_registry():\n    return {}\n")
+    (root / "src" / "widgets.py").write_text("".join(
+        f"def build_widget_registry_{s}(widget, registry):\n    return build(widget, registry)\n\n"
+        for s in ("cache", "loader", "index", "store", "view", "proxy", "table")
+    ))
+    pipeline.build_index(root)
+    searcher = Searcher(root / ".codesearch")
+    yield searcher
+    searcher.close()
+
+
+def test_a_piece_of_a_long_definition_does_not_count_as_defining_it(definitions_index):
+    result = definitions_index.search("refresh_session", k=5, mode="lexical")
+    first = result.hits[0]
+    assert first.path == "src/session.py" and first.start_line == 1  # the chunk holding `def refresh_session`
+    pieces = [h for h in result.hits if h.path == "src/session.py" and h.start_line > 1]
+    assert pieces and {h.symbol for h in pieces} == {"refresh_session"}  # still labelled, for the reader
+
+
+def test_a_name_defined_only_in_a_test_file_ranks_its_definition_first(definitions_index):
+    result = definitions_index.search("build_widget_registry", k=5, mode="lexical")
+    assert (result.hits[0].path, result.hits[0].symbol) == ("tests/helpers.py", "build_widget_registry")
+    # A name defined in source keeps source first: the exemption is only for names that
+    # nothing but tests define.
+    assert definitions_index.search("build_widget_registry_cache", k=1).hits[0].path == "src/widgets.py"

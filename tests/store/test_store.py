@@ -67,7 +67,7 @@ def test_chunk_meta_matches_the_records_without_text():
         s.insert_chunk(fb, FakeChunk(3, 9, 11, 90, symbol="g", language="go"), "t2")
         s.insert_chunk(fa, FakeChunk(4, 5, 20, 30, symbol=None, kind="block"), "t3")
     meta = list(s.iter_chunk_meta())
-    assert meta == [(r.id, r.file_id, r.path, r.start_line, r.end_line, r.language, r.symbol, r.kind)
+    assert meta == [(r.id, r.file_id, r.path, r.start_line, r.end_line, r.language, r.symbol, r.kind, r.scope)
                     for r in s.iter_chunk_records()]
     assert meta[0][2:7] == ("src/b.py", 3, 9, "go", "g") and meta[1][6] is None and meta[1][7] == "block"
 
