@@ -18,6 +18,7 @@ import time
 import numpy as np
 import pytest
 from fixtures.sample_repo import write_sample_repo
+from fixtures.vectors import assert_stored_close
 
 from codesearch.build import pipeline
 from codesearch.errors import ClusterError, MissingDependencyError
@@ -208,7 +209,7 @@ def _assert_same_index(ray_dir, reference):
     assert chunks == ref_chunks  # same ids, same order, same text
     assert vectors.keys() == ref_vectors.keys()
     for key, v in vectors.items():
-        np.testing.assert_allclose(v, ref_vectors[key], rtol=1e-5, atol=1e-6, err_msg=str(key))
+        assert_stored_close(v, ref_vectors[key], err_msg=str(key))
 
 
 @needs_ray
