@@ -219,9 +219,10 @@ def main(argv: list[str] | None = None) -> int:
                 hits = [(prefix + h.path, h.start_line, h.end_line) for h in res.hits]
                 n_rel = indexed_targets(all_chunks, t.targets)
                 score = ndcg_at_10(hits, t.targets, n_rel)
+                top1 = bool(hits) and any(covers(hits[0], tg) for tg in t.targets)
                 results.append(
                     {"repo": name, "language": t.language, "category": t.category, "mode": mode, "query": t.query,
-                     "ndcg": score, "hits": [h[0] for h in hits]}
+                     "ndcg": score, "top1": top1, "hits": [h[0] for h in hits]}
                 )
             row[f"{mode}_ndcg"] = statistics.mean(r["ndcg"] for r in results if r["repo"] == name and r["mode"] == mode)
             row[f"{mode}_p50_ms"] = 1000 * statistics.median(lat)
