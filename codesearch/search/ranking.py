@@ -162,6 +162,9 @@ class Ranker:
         self._by_path_token = invert(corpus.path_tokens)
         self._path_words = sorted(self._by_path_token)
         self._by_stem = invert([frozenset((st,)) for st in corpus.stems])
+        # Files with chunks that overlap (none from today's chunkers, but an index may hold
+        # them): only their chunks need the sequential overlap check in `select`.
+        self._overlapping = _overlapping_files(corpus)
 
     @property
     def centrality(self) -> np.ndarray:
@@ -346,42 +349,73 @@ class Ranker:
     def select(
         self, total: np.ndarray, k: int, *, files_only: bool = False, params: RankingParams | None = None
     ) -> list[tuple[int, float]]:
-        """The best ``k`` hits: greedy over chunks by fused score, with per-file decay and
-        overlap removal (and one hit per file with ``files_only``).
+        """The best ``k`` hits, as ``(row, score)``, best first.
 
-        Exact, whatever ``k``: the answer for ``k`` is the first ``k`` of the answer for any
-        larger ``k``, and ``k`` hits come back whenever ``k`` chunks score above 0 (no chunk
-        overlaps another of its file). Greedy acceptance depends only on the order of the
-        raw scores, and decay only lowers a score, so once the ``k``-th best decayed score
-        beats the next raw score nothing further can enter. Only the top of the order is
-        sorted: a pool that grows when decay, overlaps or the per-file cap exhaust it.
+        The rule: take chunks by fused score (ties by row); skip one that overlaps a chunk
+        already taken from its file, or past the per-file cap (one with ``files_only``);
+        the m-th chunk taken from a file scores ``score * file_decay ** (m - 1)``; answer
+        the ``k`` best of those.
+
+        Exact whatever ``k``: the answer for ``k`` is the first ``k`` of the answer for any
+        larger ``k``, and ``k`` hits come back whenever ``k`` chunks score above 0. Only the
+        top of the order is looked at: a pool of the best raw scores, grown until the
+        ``k``-th decayed score is at least the best raw score outside it (decay only lowers
+        a score, and a chunk never changes what was taken before it).
         """
         p = params or self.params
-        c = self.corpus
         pos = np.flatnonzero(total > 0)
-        cap = 1 if files_only else (p.max_per_file or len(pos))
-        pool = max(4 * k, 64)
+        cap = 1 if files_only else p.max_per_file
+        pool = max(16 * k, 256)
         while True:
-            order = _top_rows(total, pos, pool)
-            taken: dict[int, list[int]] = {}
-            chosen: list[tuple[float, int]] = []
-            done = False
-            for r in order.tolist():
-                s = float(total[r])
-                if len(chosen) >= k and s <= chosen[k - 1][0]:
-                    done = True
-                    break
-                f = int(c.file_idx[r])
-                prev = taken.setdefault(f, [])
-                if len(prev) >= cap:
-                    continue
-                if any(c.start[r] <= c.end[o] and c.start[o] <= c.end[r] for o in prev):
-                    continue
-                prev.append(r)
-                bisect.insort(chosen, (s * p.file_decay ** (len(prev) - 1), r), key=lambda t: -t[0])
-            if done or len(order) == len(pos):
-                return [(r, s) for s, r in chosen[:k]]
+            order = _top_rows(total, pos, pool + 1)  # one more: the best raw score outside
+            inside, outside = order[:pool], order[pool:]
+            rows, scores = self._taken(inside, total, cap, p.file_decay)
+            best = np.argsort(-scores, kind="stable")[:k]  # equal scores: taken first, first
+            if not len(outside) or (len(best) == k and scores[best[-1]] >= total[outside[0]]):
+                return [(int(rows[i]), float(scores[i])) for i in best]
             pool *= 4
+
+    def _taken(self, order: np.ndarray, total: np.ndarray, cap: int, decay: float) -> tuple[np.ndarray, np.ndarray]:
+        """The rows of ``order`` (best first) that the rule takes, in that order, and their
+        decayed scores (float64)."""
+        c = self.corpus
+        files = c.file_idx[order]
+        keep = np.ones(len(order), dtype=bool)
+        if self._overlapping[files].any():  # sequential, for those files' chunks only
+            taken: dict[int, list[int]] = {}
+            for i in np.flatnonzero(self._overlapping[files]).tolist():
+                r = int(order[i])
+                prev = taken.setdefault(int(files[i]), [])
+                if any(c.start[r] <= c.end[o] and c.start[o] <= c.end[r] for o in prev):
+                    keep[i] = False
+                else:
+                    prev.append(r)
+        order, files = order[keep], files[keep]
+        # Place of each row among its file's rows taken so far (0 for the first).
+        by_file = np.argsort(files, kind="stable")
+        sorted_files = files[by_file]
+        first = np.searchsorted(sorted_files, sorted_files, side="left")
+        place = np.empty(len(order), dtype=np.int64)
+        place[by_file] = np.arange(len(order)) - first
+        if cap:
+            order, place = order[place < cap], place[place < cap]
+        return order, total[order].astype(np.float64) * decay ** place
+
+
+def _overlapping_files(corpus: Corpus) -> np.ndarray:
+    """Per file: whether two of its chunks share a line."""
+    out = np.zeros(len(corpus.files), dtype=bool)
+    if len(corpus) < 2:
+        return out
+    order = np.lexsort((corpus.start, corpus.file_idx))
+    files = corpus.file_idx[order].astype(np.int64)
+    # Running max of end within each file: offset by file so the max restarts per file.
+    span = int(corpus.end.max()) + 2
+    ends = np.maximum.accumulate(files * span + corpus.end[order])
+    prev_end = np.concatenate([[-1], ends[:-1] - files[1:] * span])
+    same = np.concatenate([[False], files[1:] == files[:-1]])
+    out[files[same & (corpus.start[order] <= prev_end)]] = True
+    return out
 
 
 def _top_rows(total: np.ndarray, pos: np.ndarray, n: int) -> np.ndarray:
