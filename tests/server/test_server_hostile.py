@@ -236,3 +236,20 @@ def test_mcp_refuses_a_hostile_glob_with_one_line(server):
         assert "expand to more than 64 rules" in text and "\n" not in text
 
     anyio.run(main)
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_body_past_the_limit_is_413_before_it_is_parsed(server, chunked):
+    body = b'{"query": "x", "glob": [' + b'"*.py",' * 200_000 + b'"*.md"]}'  # 1.4 MB
+
+    def pieces():
+        for i in range(0, len(body), 65536):
+            yield body[i : i + 65536]
+
+    with server.client() as http:
+        response = http.post("/search", content=pieces() if chunked else body,
+                             headers={"Content-Type": "application/json"})
+        assert "larger than 1024 KiB" in _one_line_error(response, 413, "TooLarge")
+        # Just under the limit is parsed as before (and the glob list counts once per glob).
+        ok = http.post("/search", json={"query": "parseConfigFile", "mode": "lexical", "glob": ["*.js"] * 90_000})
+        assert ok.status_code == 200 and ok.json()["results"][0]["path"] == "src/config.js"
