@@ -17,9 +17,8 @@ import time
 
 import httpx
 import pytest
-from serverkit import LEXICAL, server_env, start_server
-
 from fixtures.sample_repo import write_sample_repo
+from serverkit import LEXICAL, server_env, start_server
 
 LONG_NAME = "a" * 41 + ".txt"  # 45 characters, as in the issue
 ISSUE_GLOB = "*?" * 22 + "Z"
