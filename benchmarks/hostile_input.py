@@ -58,11 +58,12 @@ WORST = ["*?" * 15 + "Z", "{a*,b?}" * 6, "**/" * 30 + "*a" * 15 + "/**", "*?" * 
 def _start(root: Path, log: Path) -> tuple[subprocess.Popen, str]:
     env = {k: v for k, v in os.environ.items() if k != "CODESEARCH_TOKEN"}
     env.update(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "codesearch.server", str(root), "--model", "none", "--multi-model", "none",
-         "--no-watch", "--no-index-on-start", "--port", "0"],
-        stdout=subprocess.PIPE, stderr=open(log, "w"), text=True, env=env,
-    )
+    with open(log, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "codesearch.server", str(root), "--model", "none", "--multi-model", "none",
+             "--no-watch", "--no-index-on-start", "--port", "0"],
+            stdout=subprocess.PIPE, stderr=err, text=True, env=env,
+        )
     return proc, json.loads(proc.stdout.readline())["url"]
 
 
