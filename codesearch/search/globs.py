@@ -39,16 +39,29 @@ Example
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import re
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
 from codesearch.errors import QueryError
 
-__all__ = ["GLOB_LIMITS", "MAX_EXPANDED_RULES", "GlobFilter", "GlobLimits", "check_globs", "escape_glob", "expand_braces", "scope_globs"]
+__all__ = [
+    "GLOB_LIMITS",
+    "MAX_EXPANDED_RULES",
+    "GlobFilter",
+    "GlobLimits",
+    "check_globs",
+    "escape_glob",
+    "expand_braces",
+    "glob_deadline",
+    "scope_globs",
+]
 
 _FIX = "fix the pattern, e.g. --glob '*.{rs,md}' or --glob '!tests/**'"
 
@@ -489,6 +502,40 @@ class GlobFilter:
             if matches(path) is not None:
                 return keep
         return not self._has_include
+
+    def matches(self, paths: Iterable[str]) -> Iterator[bool]:
+        """`match` of each path, stopping at the deadline of `glob_deadline` if one is set.
+
+        Raises
+        ------
+        QueryError
+            The deadline passed (a server's search timed out: its thread stops here).
+        """
+        deadline = _DEADLINE.get()
+        for n, path in enumerate(paths):
+            if deadline is not None and n % 1024 == 0 and time.monotonic() > deadline:
+                raise QueryError(f"the glob filter ran past the search's time limit after {n:,} paths "
+                                 "(narrow the globs, or search a folder with path)")
+            yield self.match(path)
+
+
+_DEADLINE: ContextVar[float | None] = ContextVar("codesearch_glob_deadline", default=None)
+
+
+@contextlib.contextmanager
+def glob_deadline(deadline: float | None) -> Iterator[None]:
+    """Within this block (this thread), `GlobFilter.matches` gives up at ``deadline``
+    (``time.monotonic()`` seconds).
+
+    Why: a search in a server thread cannot be killed when its request times out; the glob
+    filter is the one part of it whose cost the request chooses (up to `GLOB_LIMITS`: a few
+    seconds per 100,000 paths), so it is the part that looks at the clock.
+    """
+    token = _DEADLINE.set(deadline)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
 
 
 @functools.lru_cache(maxsize=256)

@@ -55,7 +55,7 @@ class Limits:
         Searches running or waiting; one more is answered 503 at once.
     timeout_s:
         Per-search limit; past it the request gets 504 (the thread finishes its search
-        in the background and its slot frees then).
+        in the background and its slot frees then; its glob filter stops at the limit).
     """
 
     workers: int = 8
@@ -279,8 +279,11 @@ class Service:
                 )
             self._pending += 1
         loop = asyncio.get_running_loop()
+        # The filter's deadline comes just after the request's, so that the client always
+        # sees the 504, never the filter's own error.
+        deadline = time.monotonic() + self.limits.timeout_s + 0.25
         try:
-            future = self._pool.submit(lambda: self.search_sync(**request))
+            future = self._pool.submit(lambda: self._search_by(deadline, request))
         except BaseException:
             self._release_slot()
             raise
@@ -294,6 +297,15 @@ class Service:
                 f"search took longer than {self.limits.timeout_s:g}s (narrow it with k, lang or glob, "
                 "or start the server with a larger --search-timeout)"
             ) from None
+
+    def _search_by(self, deadline: float, request: dict[str, Any]) -> dict[str, Any]:
+        """`search_sync` in a pool thread; its glob filter gives up at ``deadline``, when the
+        request has been answered 504 (the rest of a search is bounded by the request's
+        limits, the filter by the clock)."""
+        from codesearch.api import glob_deadline
+
+        with glob_deadline(deadline):
+            return self.search_sync(**request)
 
     def _release_slot(self) -> None:
         with self._pending_lock:

@@ -253,3 +253,23 @@ def test_growing_globs_are_matched_in_linear_time_or_refused():
     assert out["star-any/8"] == [False, True, False, False, False, False]  # 16 wildcards: kept, and right
     assert out["stars/16"] == [False, False, False, False, False, True]
     assert out["globstar/4"] == [False, False, False, False, True, False]
+
+
+def test_matching_stops_at_the_deadline_of_its_thread():
+    import threading
+    import time
+
+    from codesearch.search.globs import glob_deadline
+
+    f = GlobFilter.of(["*.{rs,md}", "!tests/**"])
+    paths = PATHS * 1000
+    assert list(f.matches(paths)) == [f.match(p) for p in paths]  # no deadline: every path
+    with glob_deadline(time.monotonic() - 1), pytest.raises(QueryError, match="ran past the search's time limit"):
+        list(f.matches(paths))
+    with glob_deadline(time.monotonic() + 3600):
+        assert sum(f.matches(paths)) == 6000
+        seen: list[int] = []  # another thread has no deadline of its own
+        other = threading.Thread(target=lambda: seen.append(sum(f.matches(paths))))
+        other.start()
+        other.join()
+        assert seen == [6000]

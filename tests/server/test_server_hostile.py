@@ -252,3 +252,35 @@ def test_a_body_past_the_limit_is_413_before_it_is_parsed(server, chunked):
         # Just under the limit is parsed as before (and the glob list counts once per glob).
         ok = http.post("/search", json={"query": "parseConfigFile", "mode": "lexical", "glob": ["*.js"] * 90_000})
         assert ok.status_code == 200 and ok.json()["results"][0]["path"] == "src/config.js"
+
+
+def test_a_timed_out_search_stops_filtering_at_its_deadline(hostile_repo):
+    """The thread of a search that timed out stops in its glob filter, instead of matching
+    every path it was given (here a hundred million: about forty seconds of work)."""
+    import asyncio
+    import itertools
+
+    from codesearch.search.globs import GlobFilter
+    from codesearch.server.repos import RepoOptions, RepoSet
+    from codesearch.server.service import Limits, SearchTimeoutError, Service
+
+    repos = RepoSet([hostile_repo], RepoOptions(model=None, multi_model=None))
+    repos.start(index_now=False, watch=False)
+    service = Service(repos, Limits(workers=1, max_pending=4, timeout_s=0.2))
+    outcome: list[BaseException] = []
+
+    def endless_filter(*args, **kwargs):
+        try:
+            return sum(GlobFilter.of(["*.{rs,md}"]).matches(itertools.repeat("src/main.rs", 100_000_000)))
+        except BaseException as exc:
+            outcome.append(exc)
+            raise
+
+    repos.repos[0].query = endless_filter
+    try:
+        with pytest.raises(SearchTimeoutError):
+            asyncio.run(service.search(query="x", mode="lexical"))
+        assert service._pool.wait_idle(20)  # bounded wait: without the deadline, ~40 s
+        assert "ran past the search's time limit" in str(outcome[0])
+    finally:
+        service.close(5)
