@@ -29,7 +29,7 @@ from codesearch.build.pipeline import WALK_EXCLUDE_KEY, WALK_INCLUDE_KEY, build_
 from codesearch.build.walk import quiet_skips
 from codesearch.build.status import Staleness, index_info, staleness
 from codesearch.search import snippets
-from codesearch.search.globs import scope_globs
+from codesearch.search.globs import escape_glob, glob_deadline, scope_globs
 from codesearch.search.snippets import fit as fit_result
 from codesearch.search.snippets import shape as shape_result
 from codesearch.search.snippets import with_context as widen_result
@@ -59,7 +59,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "CodeSearch",
+    "escape_glob",
     "fit_result",
+    "glob_deadline",
     "scope_globs",
     "shape_result",
     "widen_result",

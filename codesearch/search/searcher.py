@@ -347,7 +347,7 @@ class Searcher:
             from codesearch.search.globs import GlobFilter
 
             spec = GlobFilter.of(globs)
-            fmask = np.fromiter((spec.match(f) for f in c.files), dtype=bool, count=len(c.files))
+            fmask = np.fromiter(spec.matches(c.files), dtype=bool, count=len(c.files))
             gm = fmask[c.file_idx]
             mask = gm if mask is None else mask & gm
         return mask

@@ -3,9 +3,9 @@
 
 Errors are JSON ``{"error": <class>, "detail": <one line>}`` with a status that says whose
 fault it is: 400 bad request, 401 no or wrong token, 403 path outside the served roots,
-404 a path or repo that is not served, 409 not indexed yet, 503 too busy, 504 search timed
-out. On a loopback bind every route also refuses a foreign ``Host`` (421) or ``Origin``
-(403) header: DNS-rebinding protection, see `HostGuard`.
+404 a path or repo that is not served, 409 not indexed yet, 413 a body over 1 MiB, 503 too
+busy, 504 search timed out. On a loopback bind every route also refuses a foreign ``Host``
+(421) or ``Origin`` (403) header: DNS-rebinding protection, see `HostGuard`.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from codesearch import __version__
-from codesearch import types as search_request
 from codesearch.errors import (
     CodeSearchError,
     IndexLockedError,
@@ -29,7 +29,8 @@ from codesearch.errors import (
     PathError,
     QueryError,
 )
-from codesearch.server.repos import AmbiguousPathError, UnknownPathError
+from codesearch.server.discovery import CHALLENGE_HEADER, PROOF_HEADER, token_proof
+from codesearch.server.repos import AmbiguousPathError, InvalidPathError, UnknownPathError
 from codesearch.types import Mode
 from codesearch.server.service import MAX_K, SearchTimeoutError, ServerBusyError, Service
 
@@ -121,6 +122,7 @@ class ErrorBody(BaseModel):
 _STATUS: list[tuple[type[CodeSearchError], int]] = [
     (UnknownPathError, 404),
     (AmbiguousPathError, 400),
+    (InvalidPathError, 400),
     (PathError, 403),
     (QueryError, 400),
     (NotIndexedError, 409),
@@ -128,6 +130,17 @@ _STATUS: list[tuple[type[CodeSearchError], int]] = [
     (ServerBusyError, 503),
     (SearchTimeoutError, 504),
 ]
+
+
+MAX_BODY_BYTES = 1 << 20  # a search is a query and a few options; MCP calls are as small
+
+_HTTP_NAMES = {400: "BadRequest", 404: "NotFound", 405: "MethodNotAllowed", 413: "TooLarge"}
+_HTTP_DETAIL = {
+    # FastAPI's answer to a body json.loads cannot read: invalid UTF-8, nesting past the
+    # recursion limit.
+    "There was an error parsing the body": "the request body is not valid UTF-8 JSON, or nests too deep "
+    "(send a flat JSON object, see GET /openapi.json)",
+}
 
 
 def _error(status: int, name: str, detail: str) -> JSONResponse:
@@ -144,6 +157,8 @@ def status_for(exc: CodeSearchError) -> int:
 
 # -- auth ----------------------------------------------------------------------------------
 
+_CHALLENGE = CHALLENGE_HEADER.lower().encode("latin-1")
+
 
 class BearerAuth:
     """ASGI middleware: every HTTP request must carry ``Authorization: Bearer <token>``.
@@ -155,17 +170,19 @@ class BearerAuth:
 
     def __init__(self, app: Any, token: str):
         self.app = app
-        self._expected = token.encode("utf-8")
+        self._token = token.strip()  # the client strips what it sends; so must the server
+        self._expected = self._token.encode("utf-8")
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":  # lifespan
             await self.app(scope, receive, send)
             return
-        supplied = b""
+        supplied = challenge = b""
         for name, value in scope.get("headers", ()):
             if name == b"authorization":
                 supplied = value
-                break
+            elif name == _CHALLENGE:
+                challenge = value
         scheme, _, token = supplied.partition(b" ")
         if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._expected):
             await self.app(scope, receive, send)
@@ -174,10 +191,66 @@ class BearerAuth:
             "missing or wrong bearer token (send 'Authorization: Bearer <token>' with the token "
             "the server was started with: --token or CODESEARCH_TOKEN)"
         )
-        response = JSONResponse(
-            {"error": "AuthError", "detail": detail}, status_code=401, headers={"WWW-Authenticate": "Bearer"}
-        )
+        headers = {"WWW-Authenticate": "Bearer"}
+        if challenge and len(challenge) <= 128:
+            # A client about to send its token asks first whether this server holds the same
+            # one (see discovery.token_proof); the answer tells nothing about the token.
+            port = (scope.get("server") or ("", 0))[1] or 0
+            headers[PROOF_HEADER] = token_proof(self._token, port, challenge.decode("latin-1"))
+        response = JSONResponse({"error": "AuthError", "detail": detail}, status_code=401, headers=headers)
         await response(scope, receive, send)
+
+
+class BodyLimit:
+    """ASGI middleware: a request body past `MAX_BODY_BYTES` is answered 413 before anything
+    parses it.
+
+    Why: uvicorn reads any body it is sent, and FastAPI parses and validates the JSON on the
+    event loop; a 16 MB body held up ``/health`` for 0.2 s, and the size is the sender's
+    choice. The body is read here (up to the limit) and handed on whole.
+    """
+
+    def __init__(self, app: Any, limit: int | None = None):
+        self.app = app
+        self.limit = MAX_BODY_BYTES if limit is None else limit
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers", ())).get(b"content-length", b"0")
+        chunks: list[bytes] = []
+        size = int(declared) if declared.isdigit() else 0
+        while size <= self.limit:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                await self.app(scope, _replay([message]), send)
+                return
+            chunks.append(message.get("body", b""))
+            size = max(size, sum(map(len, chunks)))
+            if not message.get("more_body", False):
+                break
+        if size > self.limit:
+            detail = (f"the request body is larger than {self.limit // 1024} KiB (send a smaller request: "
+                      "a search needs a query and a few options)")
+            await _error(413, "TooLarge", detail)(scope, receive, send)
+            return
+        await self.app(scope, _replay([{"type": "http.request", "body": b"".join(chunks), "more_body": False}],
+                                      receive), send)
+
+
+def _replay(messages: list[dict], then: Any = None) -> Any:
+    """A `receive` that returns ``messages`` first, then defers to ``then``."""
+    queue = list(messages)
+
+    async def receive() -> dict:
+        if queue:
+            return queue.pop(0)
+        if then is not None:
+            return await then()
+        return {"type": "http.disconnect"}
+
+    return receive
 
 
 class HostGuard:
@@ -251,8 +324,8 @@ def create_app(service: Service, *, token: str | None = None, mcp: bool = True, 
     Returns
     -------
     ASGI app
-        The FastAPI app, wrapped in `BearerAuth` when a token is set and in `HostGuard` on
-        a loopback bind.
+        The FastAPI app, wrapped in `BodyLimit`, in `BearerAuth` when a token is set and
+        in `HostGuard` on a loopback bind.
     """
     mcp_server = None
     mcp_routes: list[Any] = []
@@ -287,6 +360,14 @@ def create_app(service: Service, *, token: str | None = None, mcp: bool = True, 
     async def _codesearch_error(_request: Request, exc: CodeSearchError) -> JSONResponse:
         return _error(status_for(exc), type(exc).__name__, str(exc))
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Starlette's own errors (an unknown route, a body that is not UTF-8 JSON or nests
+        # past the parser's depth) in the documented {"error", "detail"} form too.
+        detail = _HTTP_DETAIL.get(str(exc.detail), str(exc.detail))
+        return JSONResponse({"error": _HTTP_NAMES.get(exc.status_code, "HTTPError"), "detail": detail},
+                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
         # One line, like every other error, instead of FastAPI's nested 422 document.
@@ -301,13 +382,16 @@ def create_app(service: Service, *, token: str | None = None, mcp: bool = True, 
         """Search one served repository; the result schema is ``codesearch query --json``'s."""
         # A Response is sent as is: the document is already the schema's (it is the CLI's),
         # and re-validating every hit through the response model cost more than the search.
+        # The request is checked (QueryError -> 400) in the search pool, not here: how long
+        # its globs take to check is the sender's choice, and this loop answers /health.
         fields = body.model_dump(exclude={"path", "repo", "lang", "glob"})
-        request = search_request.SearchRequest.of(language=body.lang, glob=body.glob, **fields)  # QueryError -> 400
-        return JSONResponse(await service.search(query=request, path=body.path, repo=body.repo))
+        return JSONResponse(await service.search(lang=body.lang, glob=body.glob, path=body.path, repo=body.repo,
+                                                 **fields))
 
     @app.post("/index", status_code=202, response_model=IndexAccepted, responses=errors)
-    async def index(body: IndexRequest | None = None) -> dict[str, Any]:
+    def index(body: IndexRequest | None = None) -> dict[str, Any]:
         """Queue an incremental index run (or a rebuild); returns at once. Progress: GET /status."""
+        # A plain `def`: resolving the path touches the file system, off the event loop.
         body = body or IndexRequest()
         return service.index(body.path, rebuild=body.rebuild)
 
@@ -323,8 +407,10 @@ def create_app(service: Service, *, token: str | None = None, mcp: bool = True, 
         return service.health()
 
     app.router.routes.extend(mcp_routes)
-    from codesearch.server.runner import is_loopback
+    from codesearch.server.discovery import is_loopback
 
-    guarded: Any = BearerAuth(app, token) if token else app
+    guarded: Any = BodyLimit(app)
+    if token:
+        guarded = BearerAuth(guarded, token)
     # Host first: a rebinding page must learn nothing, not even that a token is needed.
     return HostGuard(guarded, host) if is_loopback(host) else guarded

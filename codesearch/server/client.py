@@ -1,9 +1,11 @@
 """Client side of the fast path: ``codesearch query`` asks a running server first.
 
 A warm server answers in milliseconds; loading the models in a fresh process takes seconds.
-Everything here is best effort: any doubt (no discovery file, dead pid, wrong repo, no
-answer within the short timeout, an error status) returns None and the CLI searches on its
-own, so a broken or stale server can never make a query fail.
+Everything here is best effort: any doubt (no discovery file, dead pid, wrong repo, a host
+that is not loopback, a socket or pid that does not match the file, a server that cannot
+prove it holds the token, no answer within the short timeout, an error status) returns None
+and the CLI searches on its own, so a broken, stale or planted discovery file can never make
+a query fail, or take the query and the token elsewhere.
 
 Only the standard library is used (``http.client``): importing httpx would cost more than
 the round trip it makes.
@@ -12,13 +14,23 @@ the round trip it makes.
 from __future__ import annotations
 
 import dataclasses
+import hmac
 import http.client
 import json
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 
-from codesearch.server.discovery import ServerInfo, read_discovery
+from codesearch.server.discovery import (
+    CHALLENGE_HEADER,
+    PROOF_HEADER,
+    ServerInfo,
+    is_loopback,
+    listener_belongs_to,
+    read_discovery,
+    token_proof,
+)
 from codesearch.types import SCHEMA_VERSION  # of the documents this client understands
 
 HEALTH_TIMEOUT_S = 0.3
@@ -35,32 +47,54 @@ def _request(
     body: dict[str, Any] | None,
     token: str | None,
     timeout: float,
-) -> tuple[int, Any]:
+    headers: dict[str, str] | None = None,
+) -> tuple[int, Any, http.client.HTTPMessage]:
     conn = http.client.HTTPConnection(info.host, info.port, timeout=timeout)
     try:
-        headers = {"Accept": "application/json"}
+        sent = {"Accept": "application/json", **(headers or {})}
         data = None
         if body is not None:
             data = json.dumps(body).encode("utf-8")
-            headers["Content-Type"] = "application/json"
+            sent["Content-Type"] = "application/json"
         if token:
-            headers["Authorization"] = f"Bearer {token}"
-        conn.request(method, path, body=data, headers=headers)
+            sent["Authorization"] = f"Bearer {token}"
+        conn.request(method, path, body=data, headers=sent)
         resp = conn.getresponse()
         payload = resp.read()
-        return resp.status, json.loads(payload) if payload else None
+        return resp.status, json.loads(payload) if payload else None, resp.headers
     finally:
         conn.close()
 
 
+def configured_token(token: str | None = None) -> str | None:
+    """``token``, else ``$CODESEARCH_TOKEN``, stripped; None when blank (as the server
+    strips the one it is started with)."""
+    if token is None:
+        token = os.environ.get(TOKEN_ENV)
+    return (token or "").strip() or None
+
+
 def find_server(root: str | os.PathLike[str], *, index_dir: str | os.PathLike[str] | None = None) -> ServerInfo | None:
-    """The live server that serves ``root``, from its discovery file; None when there is none."""
+    """The live server that serves ``root``, from its discovery file; None when there is none
+    or the file cannot be believed: a host that is not loopback, or (where ``/proc`` says)
+    a listening socket that is not the named process's, or not this user's."""
     root_path = Path(root).resolve()
     folder = Path(index_dir) if index_dir is not None else root_path / ".codesearch"
     info = read_discovery(folder)
-    if info is None or Path(info.root) != root_path:
+    if info is None or Path(info.root) != root_path or not is_loopback(info.host):
+        return None
+    if listener_belongs_to(info.port, info.pid) is False:
         return None
     return info
+
+
+def _proves_token(info: ServerInfo, token: str, timeout: float) -> bool:
+    """Ask the server, without the token, to show it holds it (see `token_proof`)."""
+    nonce = secrets.token_hex(16)
+    status, _, headers = _request(info, "GET", "/health", body=None, token=None, timeout=timeout,
+                                  headers={CHALLENGE_HEADER: nonce})
+    proof = headers.get(PROOF_HEADER) or ""
+    return status == 401 and hmac.compare_digest(proof, token_proof(token, info.port, nonce))
 
 
 def try_server_search(
@@ -86,7 +120,10 @@ def try_server_search(
         Where the index lives when not ``<root>/.codesearch``.
     token:
         Bearer token for a server started with one; default ``$CODESEARCH_TOKEN``. A server
-        that needs a token when none is known is skipped without a request.
+        that needs a token when none is known is skipped without a request; the token is
+        sent only to a server whose discovery file says it needs one and that first proves
+        it holds the same token, and never where none is needed. Any server is used only
+        when it reports the pid its discovery file names.
     health_timeout, timeout:
         Seconds for the quick ``/health`` probe and for the search itself.
 
@@ -106,17 +143,20 @@ def try_server_search(
     info = find_server(root, index_dir=index_dir)
     if info is None:
         return None
-    token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+    token = configured_token(token) if info.token_required else None  # never sent where not asked for
     if info.token_required and not token:
         return None
     root_path = str(Path(root).resolve())
     try:
-        status, health = _request(info, "GET", "/health", body=None, token=token, timeout=health_timeout)
-        if status != 200 or not isinstance(health, dict) or root_path not in health.get("roots", []):
+        if token and not _proves_token(info, token, health_timeout):
+            return None
+        status, health, _ = _request(info, "GET", "/health", body=None, token=token, timeout=health_timeout)
+        if (status != 200 or not isinstance(health, dict) or health.get("pid") != info.pid
+                or root_path not in health.get("roots", [])):
             return None
         body = {key: value for key, value in request.items() if value is not None}
         body["path"] = root_path
-        status, doc = _request(info, "POST", "/search", body=body, token=token, timeout=timeout)
+        status, doc, _ = _request(info, "POST", "/search", body=body, token=token, timeout=timeout)
     except (OSError, http.client.HTTPException, ValueError):
         # OSError covers refused connections and timeouts; ValueError a non-JSON answer.
         return None

@@ -1,13 +1,26 @@
-"""The discovery file a running server leaves in each served index folder.
+"""The discovery file a running server leaves in each served index folder, and how a
+client decides whether to believe one.
 
 ``codesearch query`` looks for ``<index_dir>/server.json`` to use a warm server instead of
 loading the models itself. The file says where the server listens and whether a token is
 needed, never the token itself: the index folder is readable by anything that can read the
 repository.
+
+Which is also why the file proves nothing: a cloned repository can carry one, pointing at
+any host and port. A client therefore talks only to a loopback address (`is_loopback`),
+where the listening socket belongs to the pid the file names, and that process to this
+user (`listener_belongs_to`, where ``/proc`` can tell); and it sends a token only to a
+server that has shown it holds the same token, by answering a fresh challenge with
+`token_proof` (the proof binds the port, so another server cannot relay it). Nothing here
+depends on the file living in the index folder: the same checks apply to a per-user
+runtime directory.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import ipaddress
 import json
 import os
 import time
@@ -16,6 +29,10 @@ from pathlib import Path
 
 DISCOVERY_NAME = "server.json"
 SCHEMA_VERSION = 1
+#: A client's nonce, sent without a token; a server that has one answers with
+#: `PROOF_HEADER` (on its 401), and the client sends the token only if the proof is right.
+CHALLENGE_HEADER = "X-Codesearch-Challenge"
+PROOF_HEADER = "X-Codesearch-Proof"
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,3 +141,64 @@ def read_discovery(index_dir: str | os.PathLike[str], *, check_alive: bool = Tru
     if check_alive and not pid_alive(info.pid):
         return None
     return info
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything, so not loopback
+
+
+def token_proof(token: str, port: int, nonce: str) -> str:
+    """HMAC-SHA256 of the nonce and the server's port, keyed with the token (hex).
+
+    The port is in it so that a server that does not hold the token cannot pass a client's
+    challenge on to one that does and return its answer: that one proves its own port.
+    """
+    message = f"codesearch-proof-v1 {int(port)} {nonce}".encode()
+    return hmac.new(token.encode("utf-8"), message, hashlib.sha256).hexdigest()
+
+
+def listener_belongs_to(port: int, pid: int) -> bool | None:
+    """Whether the TCP socket listening on ``port`` is open in process ``pid`` and owned by
+    this user; None where the system does not say (no ``/proc``).
+
+    Read from ``/proc/net/tcp{,6}`` (the listening socket's owner and inode) and
+    ``/proc/<pid>/fd`` (readable only for this user's own processes).
+    """
+    inodes: set[str] = set()
+    readable = False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as fh:
+                lines = fh.read().splitlines()[1:]
+        except OSError:
+            continue
+        readable = True
+        for line in lines:
+            fields = line.split()
+            # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+            if len(fields) < 10 or fields[3] != "0A":  # 0A: LISTEN
+                continue
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and int(fields[7]) == os.getuid():
+                inodes.add(fields[9])
+    if not readable:
+        return None
+    if not inodes or pid <= 0:
+        return False
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:  # not ours (pid 1, another user's), or gone
+        return False
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in wanted:
+                return True
+        except OSError:
+            continue
+    return False

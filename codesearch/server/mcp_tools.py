@@ -17,7 +17,7 @@ from mcp.types import CallToolResult, TextContent
 
 from codesearch import __version__
 from codesearch.errors import CodeSearchError
-from codesearch.types import Mode, SearchRequest
+from codesearch.types import Mode
 from codesearch.server.service import Service
 
 INSTRUCTIONS = (
@@ -98,11 +98,12 @@ def build_mcp(service: Service) -> Any:
         if lang and language and lang != language:
             raise ToolError(f"lang={lang!r} and language={language!r} disagree (pass only lang)")
         try:
-            request = SearchRequest.of(
-                query, k, mode=mode, language=lang or language, glob=glob, files_only=files_only,
+            # Checked in the search pool (as the HTTP route does): never on the event loop.
+            return _compact(await service.search(
+                query=query, k=k, mode=mode, lang=lang or language, glob=glob, files_only=files_only,
                 max_lines=max_lines, no_snippet=no_snippet, min_score=min_score, budget=budget, context=context,
-            )
-            return _compact(await service.search(query=request, path=path, repo=repo))
+                path=path, repo=repo,
+            ))
         except CodeSearchError as exc:
             # ToolError's message reaches the agent; any other exception is hidden by the SDK.
             raise ToolError(str(exc)) from None

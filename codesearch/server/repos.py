@@ -48,6 +48,25 @@ class AmbiguousPathError(PathError):
     """A relative ``path`` found in several served roots (HTTP 400)."""
 
 
+class InvalidPathError(PathError):
+    """A ``path`` or ``repo`` that no file system could hold: a NUL byte, past PATH_MAX (HTTP 400)."""
+
+
+MAX_PATH_CHARS = 4096  # Linux's PATH_MAX: no longer path names anything
+
+
+def _check_path_text(value: str, what: str) -> None:
+    """Refuse what cannot be a path before it reaches the file system (which would answer
+    ``ValueError: embedded null byte``, read as "outside the served roots")."""
+    if "\x00" in value or len(value) > MAX_PATH_CHARS:
+        shown = value if len(value) <= 80 else value[:77] + "..."
+        raise InvalidPathError(
+            f"invalid {what} {shown!r}: " + ("it holds a NUL byte" if "\x00" in value else
+                                             f"longer than {MAX_PATH_CHARS} characters")
+            + " (pass a folder or file path, or leave it out)"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class RepoOptions:
     """How each served root's `CodeSearch` is configured (the `codesearch index` options).
@@ -199,11 +218,18 @@ class ServedRepo:
             else:
                 self.watcher = watcher
 
-    def close(self, timeout: float = 30.0) -> None:
+    def close(self, timeout: float = 30.0) -> bool:
         """Stop watching, stop the indexer (a running run is cancelled), close everything.
 
         A cancelled run leaves the previous index (the pipeline commits in one transaction
-        and replaces derived files atomically).
+        and replaces derived files atomically), so a run that has not noticed the cancel
+        within ``timeout`` (it checks between batches) is left to the process's exit rather
+        than waited for: its store and encoders stay open, as it is using them.
+
+        Returns
+        -------
+        bool
+            False when the index run was still going after ``timeout``.
         """
         if self.watcher is not None:
             self.watcher.stop()
@@ -213,6 +239,10 @@ class ServedRepo:
             self._cond.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("the index run of %s did not stop within %gs; exiting without it "
+                            "(the index keeps its last committed generation)", self.root, timeout)
+                return False
         with self._ref_lock:
             reader, self._reader = self._reader, None
         if reader is not None:
@@ -220,6 +250,7 @@ class ServedRepo:
         self._statuser.close()
         self._snapper.close()
         self._writer.close()
+        return True
 
     @property
     def indexed(self) -> bool:
@@ -460,9 +491,10 @@ class RepoSet:
         for repo in self.repos:
             repo.start(index_now=index_now, watch=watch, quiet_s=quiet_s)
 
-    def close(self) -> None:
+    def close(self, timeout: float = 30.0) -> None:
+        """Close every root (see `ServedRepo.close`; ``timeout`` per root)."""
         for repo in self.repos:
-            repo.close()
+            repo.close(timeout)
 
     def served(self) -> str:
         """The served roots for an error message: ``name (path), ...``."""
@@ -488,11 +520,16 @@ class RepoSet:
         ------
         PathError
             A path outside every served root (HTTP 403).
+        InvalidPathError
+            A path or repo with a NUL byte, or longer than any path (HTTP 400).
         UnknownPathError
             A ``repo`` that is not served, or a ``path`` that does not exist (HTTP 404).
         AmbiguousPathError
             A relative path found in several roots (HTTP 400).
         """
+        for value, what in ((path, "path"), (repo, "repo")):
+            if value:
+                _check_path_text(value, what)
         chosen = self._by_repo(repo) if repo else None
         text = (path or "").strip()
         if text in ("", "."):

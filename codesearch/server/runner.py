@@ -10,7 +10,6 @@ It goes to stdout for HTTP, and to stderr under ``--mcp stdio`` (stdout is the p
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import os
@@ -23,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from codesearch.errors import ServerError
-from codesearch.server.discovery import ServerInfo, remove_discovery, write_discovery
+from codesearch.server.discovery import ServerInfo, is_loopback, remove_discovery, write_discovery
 from codesearch.server.repos import RepoOptions, RepoSet
 from codesearch.server.service import Limits, Service
 
@@ -32,6 +31,8 @@ log = logging.getLogger("codesearch.server")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7420
 TOKEN_ENV = "CODESEARCH_TOKEN"
+GRACEFUL_S = 1.0  # requests in flight at SIGTERM get this long (uvicorn's graceful shutdown)
+SHUTDOWN_WAIT_S = 0.5  # then searches and the indexer this long, before the process exits without them
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,14 +74,27 @@ class ServeOptions:
     query_batching: bool = True
 
 
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a host name: it may resolve to anything, so not loopback
+def normalize_token(token: str | None) -> str | None:
+    """The token every request must carry: stripped of surrounding whitespace (a client
+    strips what it sends, so a padded token would refuse everyone); None when not given.
+
+    Raises
+    ------
+    ServerError
+        A token of only whitespace, or with a character an HTTP header cannot carry as is
+        (a control or non-ASCII character). The message never shows the token.
+    """
+    if not token:
+        return None  # --token '' is no token (refused off loopback by check_bind)
+    stripped = token.strip()
+    if not stripped:
+        raise ServerError(f"the token is blank (only whitespace); pass --token SECRET or set {TOKEN_ENV} "
+                          "to visible characters, or unset it")
+    bad = next((i for i, ch in enumerate(stripped) if not " " <= ch <= "~"), None)
+    if bad is not None:
+        raise ServerError(f"the token has a control or non-ASCII character at position {bad + 1}, which an "
+                          f"Authorization header cannot carry; use printable ASCII in --token or {TOKEN_ENV}")
+    return stripped
 
 
 def check_bind(host: str, token: str | None) -> None:
@@ -147,13 +161,13 @@ def serve(roots: Sequence[str | os.PathLike[str]], repo_options: RepoOptions, op
     Raises
     ------
     ServerError
-        Non-loopback bind without a token, or the port cannot be bound.
+        Non-loopback bind without a token, a blank token, or the port cannot be bound.
     PathError
         A root that does not exist.
     """
     if options.mcp not in ("http", "stdio", "off"):
         raise ServerError(f"unknown --mcp {options.mcp!r} (use http, stdio or off)")
-    token = options.token or None
+    token = normalize_token(options.token)
     if options.mcp != "stdio":
         check_bind(options.host, token)
     repos = RepoSet(roots, repo_options, query_batching=options.query_batching)
@@ -168,7 +182,7 @@ def serve(roots: Sequence[str | os.PathLike[str]], repo_options: RepoOptions, op
     except KeyboardInterrupt:
         pass
     finally:
-        service.close()
+        service.close(SHUTDOWN_WAIT_S)
         signal.signal(signal.SIGTERM, previous)
 
 
@@ -198,7 +212,10 @@ def _serve_http(service: Service, options: ServeOptions, token: str | None) -> N
         access_log=False,
         limit_concurrency=options.max_connections,
         timeout_keep_alive=5,
-        timeout_graceful_shutdown=5,
+        # SIGTERM stops the server within ~2 s: requests in flight get this long to finish
+        # (a search takes milliseconds), then they are cancelled; the pool's threads and the
+        # indexer are not waited for longer than SHUTDOWN_WAIT_S (see Service.close).
+        timeout_graceful_shutdown=GRACEFUL_S,
         lifespan="on",
     )
     server = uvicorn.Server(config)

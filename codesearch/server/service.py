@@ -2,16 +2,26 @@
 
 Searches run on a thread pool of bounded size, never on the event loop, with a per-request
 timeout and a bounded number of waiting requests: a flood of slow queries gets quick 503s
-instead of an ever-growing queue, and one slow search cannot stall the others.
+instead of an ever-growing queue, and one slow search cannot stall the others. A request is
+checked (`SearchRequest`, its globs) in the pool too: validation is work a hostile request
+chooses the size of, and the event loop also answers ``/health``.
+
+A thread cannot be killed, so a timed-out search goes on to its end; what bounds it is the
+request's own limits (linear glob matching, `GlobLimits`, `MAX_K`). What must not wait for
+it is shutdown: the pool's threads are daemon threads, which the interpreter does not join
+at exit (`concurrent.futures.ThreadPoolExecutor` joins its workers, so one stuck search
+kept a stopped server alive).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,12 +55,103 @@ class Limits:
         Searches running or waiting; one more is answered 503 at once.
     timeout_s:
         Per-search limit; past it the request gets 504 (the thread finishes its search
-        in the background and its slot frees then).
+        in the background and its slot frees then; its glob filter stops at the limit).
     """
 
     workers: int = 8
     max_pending: int = 64
     timeout_s: float = 10.0
+
+
+class DaemonPool:
+    """A fixed number of daemon threads running submitted calls, first come first served.
+
+    What `ThreadPoolExecutor` does, less the join at exit: `shutdown` cancels the calls
+    still queued and returns at once, and the process may exit while a call runs.
+
+    Parameters
+    ----------
+    workers:
+        Threads, started on the first `submit`.
+    name:
+        Prefix of the threads' names.
+    """
+
+    def __init__(self, workers: int, name: str):
+        self._workers = workers
+        self._name = name
+        self._queue: queue.SimpleQueue[tuple[Future, Callable[[], Any]] | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self._idle = threading.Condition()
+        self._running = 0
+
+    def submit(self, fn: Callable[[], Any]) -> Future:
+        """Queue ``fn()``; its `Future` holds the result or the exception.
+
+        Raises
+        ------
+        RuntimeError
+            After `shutdown`.
+        """
+        future: Future = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the search pool is shut down")
+            if len(self._threads) < self._workers:
+                thread = threading.Thread(target=self._run, name=f"{self._name}-{len(self._threads)}", daemon=True)
+                thread.start()
+                self._threads.append(thread)
+            self._queue.put((future, fn))
+        return future
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            future, fn = item
+            if not future.set_running_or_notify_cancel():
+                continue  # cancelled while queued (its request timed out or the server stops)
+            with self._idle:
+                self._running += 1
+            try:
+                result = fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting request
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+            finally:
+                with self._idle:
+                    self._running -= 1
+                    self._idle.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the running calls to return; True when none runs."""
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while self._running:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+        return True
+
+    def shutdown(self) -> None:
+        """Cancel every queued call and stop the idle threads; running calls are not waited for."""
+        with self._lock:
+            self._closed = True
+            threads = len(self._threads)
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                item[0].cancel()
+        for _ in range(threads):
+            self._queue.put(None)
 
 
 class Service:
@@ -68,14 +169,23 @@ class Service:
         self.repos = repos
         self.limits = limits
         self.started_at = time.time()
-        self._executor = ThreadPoolExecutor(max_workers=limits.workers, thread_name_prefix="codesearch-search")
+        self._pool = DaemonPool(limits.workers, "codesearch-search")
         self._pending = 0  # searches running or waiting
         self._pending_lock = threading.Lock()
 
-    def close(self) -> None:
-        """Stop the search pool (waits for running searches) and close the repositories."""
-        self._executor.shutdown(wait=True, cancel_futures=True)
-        self.repos.close()
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the search pool and close the repositories, within about ``timeout`` seconds.
+
+        Queued searches are cancelled. Running ones get ``timeout`` to finish; past it the
+        repositories stay open under them (closing an index a thread is reading is how a
+        process crashes) and the process exits without them: the pool's threads are daemon
+        threads.
+        """
+        deadline = time.monotonic() + timeout
+        self._pool.shutdown()
+        if not self._pool.wait_idle(timeout):
+            return
+        self.repos.close(max(deadline - time.monotonic(), 0.0))
 
     # -- search --------------------------------------------------------------------------
 
@@ -109,7 +219,7 @@ class Service:
         QueryError, NotIndexedError
             From the repository (NotIndexedError only when no selected root is ready).
         """
-        from codesearch.api import fit_result, scope_globs, shape_result, widen_result
+        from codesearch.api import escape_glob, fit_result, scope_globs, shape_result, widen_result
         from codesearch.types import result_document
 
         request = query if isinstance(query, SearchRequest) else SearchRequest.of(
@@ -126,7 +236,9 @@ class Service:
             if sub is not None and (served.root / sub).is_file():
                 if request.globs:
                     raise QueryError(f"path {path!r} is a file; a glob applies to folders (drop one of them)")
-                scoped = (sub,)
+                # The file itself: anchored at the root (a bare "setup.py" would match one at
+                # any depth) and escaped (a name with "[" or "{" is not a pattern).
+                scoped = ("/" + escape_glob(sub),)
             try:
                 result = served.query(
                     request.query, request.k, mode=request.mode.value, language=request.languages, glob=scoped,
@@ -150,7 +262,8 @@ class Service:
         return doc
 
     async def search(self, **request: Any) -> dict[str, Any]:
-        """`search_sync` on the pool, bounded and timed out.
+        """`search_sync` on the pool, bounded and timed out; ``request`` is its arguments,
+        checked there (a `SearchRequest` is built in the pool, not on the event loop).
 
         Raises
         ------
@@ -166,8 +279,11 @@ class Service:
                 )
             self._pending += 1
         loop = asyncio.get_running_loop()
+        # The filter's deadline comes just after the request's, so that the client always
+        # sees the 504, never the filter's own error.
+        deadline = time.monotonic() + self.limits.timeout_s + 0.25
         try:
-            future = self._executor.submit(lambda: self.search_sync(**request))
+            future = self._pool.submit(lambda: self._search_by(deadline, request))
         except BaseException:
             self._release_slot()
             raise
@@ -181,6 +297,15 @@ class Service:
                 f"search took longer than {self.limits.timeout_s:g}s (narrow it with k, lang or glob, "
                 "or start the server with a larger --search-timeout)"
             ) from None
+
+    def _search_by(self, deadline: float, request: dict[str, Any]) -> dict[str, Any]:
+        """`search_sync` in a pool thread; its glob filter gives up at ``deadline``, when the
+        request has been answered 504 (the rest of a search is bounded by the request's
+        limits, the filter by the clock)."""
+        from codesearch.api import glob_deadline
+
+        with glob_deadline(deadline):
+            return self.search_sync(**request)
 
     def _release_slot(self) -> None:
         with self._pending_lock:
