@@ -410,7 +410,7 @@ class CodeSearch:
             # each thing once.
             merged = list(dict.fromkeys([*notices, *result.notices]))
             result = dataclasses.replace(result, notices=merged)
-        return snippets.shape(result, request, self.root)
+        return snippets.shape(result, request, self.root, index_dir=self.index_dir)
 
     def search(
         self,
@@ -493,9 +493,10 @@ class CodeSearch:
     def with_context(self, result: SearchResult, lines: int) -> SearchResult:
         """Widen each hit by `lines` lines above and below, read from the current files.
 
-        A hit whose file is gone or shorter than the indexed version is left as it is.
+        A hit whose file is gone, no longer the indexed version, or no regular file inside
+        the root (a symlink out of it, a FIFO) is left as it is.
         """
-        return snippets.with_context(result, self.root, lines)
+        return snippets.with_context(result, self.root, lines, index_dir=self.index_dir)
 
     @property
     def indexed(self) -> bool:

@@ -56,8 +56,9 @@ from codesearch.errors import (
     PathError,
 )
 from codesearch.indexes.registry import DERIVED, Delta, record_generation, sync_derived
+from codesearch.pathnames import text_name
 from codesearch.store import IndexLock, Store
-from codesearch.store.files import decode_source
+from codesearch.store.files import decode_source, read_inside
 from codesearch.types import (
     CENTRALITY_FILE,
     LOCK_FILE,
@@ -109,7 +110,7 @@ def _prepare_index_dir(index_dir: Path) -> None:
 def _file_text_for_encoder(path: str, text: str, max_length: int) -> str:
     # The encoder truncates at its max length anyway; cutting the string first keeps a
     # 1 MB file from being tokenized whole (code runs well under 16 chars per token).
-    return f"{path}\n{text[: max(1, max_length) * 16]}"
+    return f"{text_name(path)}\n{text[: max(1, max_length) * 16]}"
 
 
 def _remove_index_files(index_dir: Path) -> None:
@@ -453,9 +454,9 @@ def _walk_and_read(run: _Run) -> None:
             run.unchanged += 1
             continue
         try:
-            with open(sf.abs_path, "rb") as fh:
-                st = os.fstat(fh.fileno())
-                data = fh.read()
+            # Inside the root and a regular file, as the walk found it: a file swapped since
+            # (for a symlink out of the repository, a FIFO) is not read.
+            data, st = read_inside(run.root, sf.path)
         except OSError:
             run.skipped["unreadable"] = run.skipped.get("unreadable", 0) + 1
             run.seen.discard(sf.path)  # a file that vanished mid-run leaves the index
@@ -487,7 +488,10 @@ def _chunk(run: _Run) -> None:
     from codesearch.build.chunking import chunk_many
 
     n = len(run.work)
-    pieces = chunk_many(((w.path, w.text, w.language) for w in run.work), max_tokens=run.budget, count_tokens=run.counter)
+    # A name that is not UTF-8 goes into each chunk's header (text the store and the
+    # encoder take) as valid Unicode; the file row keeps the name itself.
+    pieces = chunk_many(((text_name(w.path), w.text, w.language) for w in run.work), max_tokens=run.budget,
+                        count_tokens=run.counter)
     for i, (w, chunks) in enumerate(zip(run.work, pieces)):
         w.chunks = list(chunks)
         w.hashes = [_hash_text(c.text) for c in w.chunks]
@@ -874,7 +878,7 @@ def _current_text(root: Path, path: str, expected_hash: str, texts: dict[str, tu
     if path in texts and texts[path][0] == expected_hash:
         return texts[path][1]
     try:
-        data = (root / path).read_bytes()
+        data, _ = read_inside(root, path)
     except OSError:
         return None
     return decode_source(data) if hash_bytes(data) == expected_hash else None

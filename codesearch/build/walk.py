@@ -33,7 +33,8 @@ import pathspec
 
 from codesearch.build.languages import CPP_HINTS, detect_language
 from codesearch.errors import PathError
-from codesearch.store.files import read_source
+from codesearch.pathnames import quote_name
+from codesearch.store.files import read_inside, read_source
 
 __all__ = ["SKIP_REASONS", "SourceFile", "WalkResult", "detect_language", "read_source", "walk"]
 
@@ -257,10 +258,13 @@ class _IgnoreRules:
 
     def add_file(self, rel_dir: str, file: Path, *, low_priority: bool = False) -> None:
         try:
-            lines = file.read_text(encoding="utf-8", errors="replace").splitlines()
+            # (Regular files only: a FIFO in its place would block the walk forever.)
+            text = read_source(file)
         except OSError as exc:
-            log.warning("Cannot read ignore file %s: %s", file, exc)
+            log.warning("Cannot read ignore file %s: %s", quote_name(str(file)), exc)
             return
+        # Lines as git splits them: at \n only (a form feed or U+2028 stays in its pattern).
+        lines = [line.removesuffix("\r") for line in text.split("\n")]
         self.add(rel_dir, lines, low_priority=low_priority)
 
     def ignored(self, rel_path: str, is_dir: bool = False) -> bool:
@@ -398,14 +402,15 @@ class _Walker:
         if os.path.splitext(lower)[1] in _BINARY_SUFFIXES or name == ".DS_Store":
             self.skipped["binary"].add(rel)
             return
-        if st.st_size > self.max_file_bytes:
-            self.skipped["too_large"].add(rel)
-            return
         try:
-            with open(abs_path, "rb") as fh:
-                head = fh.read(_SNIFF_BYTES)
+            # Opened as the pipeline opens it (inside the root, no symlink swapped in, a
+            # regular file): what is kept is what was looked at.
+            head, st = read_inside(self.root, rel, limit=_SNIFF_BYTES)
         except OSError as exc:
             self._unreadable(rel, exc)
+            return
+        if st.st_size > self.max_file_bytes:
+            self.skipped["too_large"].add(rel)
             return
         if _looks_binary(head):
             self.skipped["binary"].add(rel)
@@ -424,7 +429,7 @@ class _Walker:
 
     def _unreadable(self, rel: str, why: object) -> None:
         if not _QUIET_SKIPS.get():
-            log.warning("Skipping unreadable file %s: %s", rel, why)
+            log.warning("Skipping unreadable file %s: %s", quote_name(rel), why)
         self.skipped["unreadable"].add(rel)
 
     # -- filesystem listing (no git): nested .gitignore via pathspec

@@ -272,6 +272,28 @@ def _cast(a: np.ndarray, dtype: type) -> np.ndarray:
     return torch.from_numpy(a).to(torch.float16 if dtype is np.float16 else torch.float32).numpy()
 
 
+def _to_db(text: str) -> str | bytes:
+    """A path (or a meta value) as the store keeps it: as text, or, for a file name that is
+    not valid UTF-8 (which Python holds with surrogate escapes, as ``os.listdir`` returns
+    it), as its bytes in a BLOB. SQLite text must be UTF-8; the bytes keep the name whole,
+    so the file can be opened again by it, and a BLOB never equals any text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape")
+    return text
+
+
+def _from_db(value: str | bytes) -> str:
+    """The path :func:`_to_db` stored, surrogate escapes included."""
+    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else value
+
+
+def _paths_at(rows: list[Any], i: int) -> list[Any]:
+    """``rows`` with the stored path at column ``i`` made a str (rows of text paths as they are)."""
+    return [r if not isinstance(r[i], bytes) else (*r[:i], _from_db(r[i]), *r[i + 1 :]) for r in rows]
+
+
 def _corrupt(path: str, detail: object) -> IndexCorruptError:
     return IndexCorruptError(
         f"Index store {path} cannot be read ({detail}); run 'codesearch index --rebuild' to recreate it"
@@ -464,16 +486,17 @@ class Store:
 
     def get_meta(self, key: str, default: str | None = None) -> str | None:
         row = self._exec("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return default if row is None else row[0]
+        return default if row is None else _from_db(row[0])
 
     def set_meta(self, key: str, value: object) -> None:
-        self._write("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, str(value)))
+        # (The root of a repository whose folder name is not UTF-8 is kept as bytes.)
+        self._write("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, _to_db(str(value))))
 
     def delete_meta(self, key: str) -> None:
         self._write("DELETE FROM meta WHERE key = ?", (key,))
 
     def meta(self) -> dict[str, str]:
-        return dict(self._exec("SELECT key, value FROM meta").fetchall())
+        return {k: _from_db(v) for k, v in self._exec("SELECT key, value FROM meta").fetchall()}
 
     @property
     def generation(self) -> int:
@@ -502,23 +525,32 @@ class Store:
 
     def files(self) -> dict[str, FileRecord]:
         """Path -> file record, for every indexed file."""
-        rows = self._exec("SELECT id, path, hash, size, mtime_ns, language, n_lines FROM files")
+        rows = _paths_at(self._exec("SELECT id, path, hash, size, mtime_ns, language, n_lines FROM files").fetchall(), 1)
         return {r[1]: FileRecord(*r) for r in rows}
 
     def file_paths(self) -> dict[int, str]:
         """File id -> relative path."""
-        return dict(self._exec("SELECT id, path FROM files").fetchall())
+        return {i: _from_db(p) for i, p in self._exec("SELECT id, path FROM files").fetchall()}
 
     def file_record(self, file_id: int) -> FileRecord | None:
         row = self._exec(
             "SELECT id, path, hash, size, mtime_ns, language, n_lines FROM files WHERE id = ?", (file_id,)
         ).fetchone()
-        return FileRecord(*row) if row else None
+        return FileRecord(*_paths_at([row], 1)[0]) if row else None
+
+    def file_hashes(self, paths: Sequence[str]) -> dict[str, str]:
+        """Path -> content hash, for those of ``paths`` that are indexed."""
+        out: dict[str, str] = {}
+        for part in _chunked([_to_db(p) for p in paths]):
+            marks = ",".join("?" * len(part))
+            out.update(_paths_at(self._exec(f"SELECT path, hash FROM files WHERE path IN ({marks})", part).fetchall(), 0))
+        return out
 
     def upsert_file(
         self, path: str, *, hash: str, size: int, mtime_ns: int, language: str, n_lines: int
     ) -> int:
         """Insert or update a file row (keyed by path); returns its id, stable across updates."""
+        path = _to_db(path)
         with self.transaction():
             row = self._exec("SELECT id FROM files WHERE path = ?", (path,)).fetchone()
             if row:
@@ -553,14 +585,14 @@ class Store:
         found: dict[int, ChunkRecord] = {}
         for part in _chunked(ids):
             marks = ",".join("?" * len(part))
-            for r in self._exec(f"{_CHUNK_RECORD_SQL} WHERE c.id IN ({marks})", part):
+            for r in _paths_at(self._exec(f"{_CHUNK_RECORD_SQL} WHERE c.id IN ({marks})", part).fetchall(), 2):
                 found[r[0]] = ChunkRecord(*r)
         return [found[i] for i in ids if i in found]
 
     def iter_chunk_records(self) -> Iterator[ChunkRecord]:
         """Every chunk, by id."""
         for r in self._exec(f"{_CHUNK_RECORD_SQL} ORDER BY c.id"):
-            yield ChunkRecord(*r)
+            yield ChunkRecord(*r) if not isinstance(r[2], bytes) else ChunkRecord(*_paths_at([r], 2)[0])
 
     def iter_chunk_meta(self) -> Iterator[tuple[int, int, str, int, int, str, str | None, str]]:
         """Every chunk's ``(id, file_id, path, start_line, end_line, language, symbol, kind)``, by id.
@@ -573,6 +605,8 @@ class Store:
             "SELECT c.id, c.file_id, f.path, c.start_line, c.end_line, c.language, c.symbol, c.kind"
             " FROM chunks c JOIN files f ON f.id = c.file_id ORDER BY c.id"
         ).fetchall()
+        if self._exec("SELECT 1 FROM files WHERE typeof(path) = 'blob' LIMIT 1").fetchone():
+            rows = _paths_at(rows, 2)  # (only then: a pass over every row costs on a large index)
         return iter(rows)
 
     def file_chunk_ids(self, file_id: int) -> list[int]:
@@ -782,7 +816,7 @@ class Store:
             " WHERE v.model = ? AND v.kind = 'file' AND v.text_hash = f.hash)",
             (model,),
         )
-        return [tuple(r) for r in rows]
+        return [tuple(r) for r in _paths_at(rows.fetchall(), 1)]
 
     def chunk_ids_with_hashes(self, hashes: Iterable[str]) -> list[int]:
         """Ids of the chunks whose text hash is one of ``hashes``."""
