@@ -772,6 +772,10 @@ class CodeSearch:
             # Another process is indexing right now: search what is there rather than fail.
             return [f"{n} file(s) changed since the last run, but another process is updating the index; "
                     "searched the current index"]
+        except IndexWriteError as exc:
+            # A full disk: the last complete index still answers (the run kept it whole).
+            return [f"{n} file(s) changed since the last run, but the index could not be updated ({exc}); "
+                    "searched the current index"]
         what = f"{n} file(s) added, changed or removed since the last run" if n else "vectors of changed code added"
         return [f"index refreshed: {what} ({summary.seconds:.1f}s)", *summary.notices]
 

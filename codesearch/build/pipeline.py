@@ -52,6 +52,7 @@ from codesearch.build.encoders import (
 )
 from codesearch.errors import (
     IndexCorruptError,
+    IndexWriteError,
     NothingToIndexError,
     PathError,
 )
@@ -217,6 +218,9 @@ def build_index(
         Another indexer is writing this index.
     IndexCorruptError
         The store cannot be read (use ``rebuild``).
+    IndexWriteError, OSError
+        The index folder cannot be written (a full disk): the last complete index is kept,
+        and a first run leaves nothing behind.
     """
     t0 = time.perf_counter()
     root_path = check_root(root)
@@ -226,11 +230,37 @@ def build_index(
     dir_existed = idir.is_dir()
     gitignore_existed = (idir / ".gitignore").exists()
     lock_existed = (idir / LOCK_FILE).exists()
-    _prepare_index_dir(idir)
+    try:
+        _prepare_index_dir(idir)
+    except OSError:
+        with contextlib.suppress(OSError):  # (a full disk: the .gitignore may be half written)
+            if not gitignore_existed:
+                (idir / ".gitignore").unlink(missing_ok=True)
+            if not dir_existed:
+                idir.rmdir()
+        raise
     # A searcher may hold the lock for a moment to save an index it rebuilt; wait for that,
     # never for another writer.
     lock = IndexLock(idir).acquire(wait_for_readers=30.0)
     store_existed = (idir / STORE_FILE).is_file()  # under the lock: no writer is between
+
+    def forget_this_run() -> None:
+        # A first run that committed nothing: leaving its empty store would make a query
+        # answer "no results" instead of "not indexed yet". Only what this run wrote goes
+        # (nothing else is written before the first commit).
+        for name in (STORE_FILE, STORE_FILE + "-wal", STORE_FILE + "-shm"):
+            (idir / name).unlink(missing_ok=True)
+        shutil.rmtree(idir / (STORE_FILE + ".vectors"), ignore_errors=True)
+        if not gitignore_existed:
+            (idir / ".gitignore").unlink(missing_ok=True)
+        # Still under the lock: the lock file goes (an unlinked file stays lockable
+        # through our descriptor), then the folder if this run made it.
+        with contextlib.suppress(OSError):
+            if not lock_existed:
+                lock.path.unlink()
+            if not dir_existed:
+                idir.rmdir()
+
     try:
         try:
             store = Store(idir / STORE_FILE)
@@ -241,6 +271,10 @@ def build_index(
             # readers see the old index until the new one commits.)
             _remove_index_files(idir)
             store = Store(idir / STORE_FILE)
+        except (IndexWriteError, OSError):
+            if not store_existed:
+                forget_this_run()
+            raise
         try:
             walk = (include, exclude, max_file_bytes, chunk_tokens)
             if load_encoders is None:
@@ -252,23 +286,16 @@ def build_index(
             loaded = load_encoders()
             quiet = _Progress(_after_searchable(progress))
             return _then(lexical, _build(_Run(store, root_path, idir, loaded, *walk, False, defer_vectors, quiet, t0)))
-        except NothingToIndexError:
+        except (NothingToIndexError, IndexWriteError, OSError) as exc:
+            committed = True
+            if not store_existed and not isinstance(exc, NothingToIndexError):
+                try:
+                    committed = store.generation > 0
+                except Exception:  # noqa: BLE001 (a store that cannot say held no commit of ours)
+                    committed = False
             store.close()
-            if not store_existed:
-                # The store was opened before the walk; leaving it empty would make a query
-                # answer "no results" instead of "not indexed yet". Only what this run
-                # wrote goes (nothing else is written before the walk).
-                for name in (STORE_FILE, STORE_FILE + "-wal", STORE_FILE + "-shm"):
-                    (idir / name).unlink(missing_ok=True)
-                if not gitignore_existed:
-                    (idir / ".gitignore").unlink(missing_ok=True)
-                # Still under the lock: the lock file goes (an unlinked file stays lockable
-                # through our descriptor), then the folder if this run made it.
-                with contextlib.suppress(OSError):
-                    if not lock_existed:
-                        lock.path.unlink()
-                    if not dir_existed:
-                        idir.rmdir()
+            if not store_existed and (isinstance(exc, NothingToIndexError) or not committed):
+                forget_this_run()
             raise
         finally:
             store.close()

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from codesearch.errors import IndexCorruptError
+from codesearch.errors import IndexCorruptError, IndexWriteError
 from codesearch.store.segments import SegmentError, Segments
 
 #: Vector kinds in the cache, and the model role whose identity keys each of them.
@@ -294,6 +294,26 @@ def _paths_at(rows: list[Any], i: int) -> list[Any]:
     return [r if not isinstance(r[i], bytes) else (*r[:i], _from_db(r[i]), *r[i + 1 :]) for r in rows]
 
 
+#: SQLite's primary result codes for a write the disk refused.
+_WRITE_REFUSED = (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR)
+
+
+def _refused(path: str, exc: sqlite3.Error) -> IndexWriteError | None:
+    """The user's error for a write the disk refused (full, or an I/O error), else None.
+
+    Why not `IndexCorruptError`: nothing is damaged (SQLite rolled the transaction back),
+    and its way out, ``--rebuild``, would need more space than the failed run.
+    """
+    code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
+    if code not in _WRITE_REFUSED:
+        return None
+    what = "the disk is full" if code == sqlite3.SQLITE_FULL else f"the disk refused a write ({exc})"
+    return IndexWriteError(
+        f"cannot write the index store {path}: {what} (free some space and run 'codesearch index' again; "
+        "the last complete index still answers searches)"
+    )
+
+
 def _corrupt(path: str, detail: object) -> IndexCorruptError:
     return IndexCorruptError(
         f"Index store {path} cannot be read ({detail}); run 'codesearch index --rebuild' to recreate it"
@@ -356,8 +376,7 @@ class Store:
                 raise _corrupt(self.path, "file does not exist")
         try:
             if readonly and not memory:
-                uri = Path(self.path).resolve().as_uri() + "?mode=ro"
-                self.conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+                self.conn = self._connect_readonly()
             else:
                 self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self.conn.execute("PRAGMA busy_timeout = 10000")
@@ -376,7 +395,28 @@ class Store:
         except sqlite3.DatabaseError as exc:
             with contextlib.suppress(Exception):
                 self.conn.close()
-            raise _corrupt(self.path, exc) from exc
+            raise (_refused(self.path, exc) or _corrupt(self.path, exc)) from exc
+
+    def _connect_readonly(self) -> sqlite3.Connection:
+        """A read-only connection; on a full disk, one that needs no space, when it can.
+
+        A reader of a WAL store creates the ``-shm`` (and ``-wal``) files when the last
+        connection before it removed them: on a full disk it cannot, and every search would
+        fail until space is freed. When no ``-wal`` file holds commits (every commit is in
+        the main file, as the last connection to close leaves it), the main file alone is
+        the index: it is then opened as immutable, which needs neither file.
+        """
+        uri = Path(self.path).resolve().as_uri() + "?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute("PRAGMA user_version").fetchone()
+            return conn
+        except sqlite3.DatabaseError as exc:
+            wal = Path(self.path + "-wal")
+            if _refused(self.path, exc) is None or (wal.exists() and wal.stat().st_size > 0):
+                raise
+            conn.close()
+        return sqlite3.connect(uri + "&immutable=1", uri=True, isolation_level=None, check_same_thread=False)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -439,11 +479,16 @@ class Store:
             yield self
         except BaseException:
             self._depth -= 1
-            if self._depth == 0:
-                self.conn.execute("ROLLBACK")
-            else:
-                self.conn.execute(f"ROLLBACK TO sp{self._depth}")
-                self.conn.execute(f"RELEASE sp{self._depth}")
+            # On a full disk (and a few other errors) SQLite has rolled the whole
+            # transaction back already: a ROLLBACK then fails ("no transaction is active")
+            # and would hide the error that says what happened.
+            if self.conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    if self._depth == 0:
+                        self.conn.execute("ROLLBACK")
+                    else:
+                        self.conn.execute(f"ROLLBACK TO sp{self._depth}")
+                        self.conn.execute(f"RELEASE sp{self._depth}")
             raise
         self._depth -= 1
         if self._depth == 0:
@@ -462,9 +507,16 @@ class Store:
         try:
             return self.conn.execute(sql, params)
         except sqlite3.DatabaseError as exc:
-            if any(m in str(exc).lower() for m in _CORRUPT_MARKERS):
-                raise _corrupt(self.path, exc) from exc
+            self._raise_for(exc)
             raise
+
+    def _raise_for(self, exc: sqlite3.DatabaseError) -> None:
+        """Raise the user's error for ``exc`` (a full disk, a damaged file), if it has one."""
+        refused = _refused(self.path, exc)
+        if refused is not None:
+            raise refused from exc
+        if any(m in str(exc).lower() for m in _CORRUPT_MARKERS):
+            raise _corrupt(self.path, exc) from exc
 
     def _write(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         # Every write goes through a transaction; a bare call opens (and commits) its own.
@@ -478,8 +530,7 @@ class Store:
             try:
                 self.conn.executemany(sql, rows)
             except sqlite3.DatabaseError as exc:
-                if any(m in str(exc).lower() for m in _CORRUPT_MARKERS):
-                    raise _corrupt(self.path, exc) from exc
+                self._raise_for(exc)
                 raise
 
     # -- meta ------------------------------------------------------------------------------
