@@ -33,7 +33,17 @@ def stderr() -> Console:
 
 
 def write_json(doc: Any) -> None:
-    sys.stdout.write(json.dumps(_valid_unicode(doc), ensure_ascii=False, indent=2) + "\n")
+    sys.stdout.write(_dumps(doc, indent=2) + "\n")
+
+
+# Characters json.dumps leaves raw (ensure_ascii=False) that line readers split at
+# (str.splitlines, editors): escaped, a JSON line stays one line. They can only be inside
+# strings, where the escape means the same character.
+_LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+
+
+def _dumps(doc: Any, indent: int | None = None) -> str:
+    return json.dumps(_valid_unicode(doc), ensure_ascii=False, indent=indent).translate(_LINE_BREAKS)
 
 
 def _valid_unicode(doc: Any) -> Any:
@@ -71,7 +81,7 @@ def search_result(result: Any, *, root: Path, as_json: bool, as_jsonl: bool, fil
     if as_jsonl:
         for hit in result.hits:
             line = {"schema_version": SCHEMA_VERSION, **hit_document(hit)}
-            sys.stdout.write(json.dumps(_valid_unicode(line), ensure_ascii=False) + "\n")
+            sys.stdout.write(_dumps(line) + "\n")
         return
     if files_only:
         for hit in result.hits:
