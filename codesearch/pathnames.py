@@ -54,13 +54,14 @@ def text_name(name: str) -> str:
     return _SURROGATES.sub(lambda m: _escape(m.group()), name)
 
 
-def escape_controls(text: str) -> str:
+def escape_controls(text: str, *, keep: str = "") -> str:
     """``text`` with every character a terminal would act on, and every byte that is not
-    UTF-8, written as a C escape (``\\n``, ``\\x1b``, ``\\u2028``). For one-line messages
-    that may carry a file name (notices, errors, log lines); the text is not quoted."""
+    UTF-8, written as a C escape (``\\n``, ``\\x1b``, ``\\u2028``), except those in ``keep``.
+    For one-line messages that may carry a file name (notices, errors, log lines), and
+    (keeping ``"\\n\\t"``) code shown on a terminal; the text is not quoted."""
     if not _UNSAFE.search(text):
         return text
-    return _UNSAFE.sub(lambda m: _escape(m.group()), text)
+    return _UNSAFE.sub(lambda m: m.group() if m.group() in keep else _escape(m.group()), text)
 
 
 def quote_name(name: str) -> str:

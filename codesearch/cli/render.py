@@ -130,9 +130,12 @@ def _rich_hit(console: Console, hit: Any, root: Path) -> None:
     if not hit.text:
         return
     lexer = hit.language if hit.language and hit.language != "text" else "text"
+    # On a terminal, code is shown, not obeyed: an ESC sequence, a lone CR or a
+    # bidirectional override in a file is written as an escape (pipes get the bytes, as grep's).
+    shown = escape_controls(hit.text.rstrip("\n").replace("\r\n", "\n"), keep="\n\t")
     console.print(
         Syntax(
-            hit.text.rstrip("\n"),
+            shown,
             lexer,
             line_numbers=True,
             start_line=hit.start_line,
