@@ -286,6 +286,32 @@ class _IgnoreRules:
         return False
 
 
+def _list_folder(abs_dir: Path) -> list[tuple[str, bool]]:
+    """(name, is a folder) of each entry of ``abs_dir``, sorted by name.
+
+    The folder is opened without following a symlink: one swapped in for it after its
+    parent was listed (pointing at ``/``, say) is not walked. Symlinks inside are entries
+    like any other (`_Walker.consider` decides about them).
+    """
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+    if os.scandir not in os.supports_fd:  # pragma: no cover - every POSIX system has it
+        with os.scandir(abs_dir) as it:
+            return sorted((e.name, _is_folder(e)) for e in it)
+    fd = os.open(abs_dir, flags | getattr(os, "O_CLOEXEC", 0))
+    try:
+        with os.scandir(fd) as it:
+            return sorted((e.name, _is_folder(e)) for e in it)
+    finally:
+        os.close(fd)
+
+
+def _is_folder(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir(follow_symlinks=False)
+    except OSError:
+        return False
+
+
 def _glob_spec(patterns: Iterable[str] | str) -> pathspec.GitIgnoreSpec | None:
     if isinstance(patterns, str):
         patterns = [patterns]
@@ -436,39 +462,34 @@ class _Walker:
 
     def walk_fs(self, abs_dir: Path, rel_dir: str, rules: _IgnoreRules) -> None:
         try:
-            with os.scandir(abs_dir) as it:
-                entries = sorted(it, key=lambda e: e.name)
+            entries = _list_folder(abs_dir)
         except OSError as exc:
             self._unreadable(rel_dir + "/" if rel_dir else ".", exc)
             return
-        names = {e.name for e in entries}
+        names = {name for name, _ in entries}
         if ".gitignore" in names:
             rules.add_file(rel_dir, abs_dir / ".gitignore")
         if _IGNORE_FILE in names:
             self.cs_rules.add_file(rel_dir, abs_dir / _IGNORE_FILE)
-        for entry in entries:
-            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
-            try:
-                is_dir = entry.is_dir(follow_symlinks=False)
-            except OSError:
-                is_dir = False
+        for name, is_dir in entries:
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            path = os.path.join(abs_dir, name)
             if is_dir:
                 if rules.ignored(rel, is_dir=True):
                     continue
-                tagged = os.path.exists(os.path.join(entry.path, "CACHEDIR.TAG"))
-                package = entry.name in _OUTPUT_DIRS and os.path.exists(
-                    os.path.join(entry.path, "__init__.py"))
-                verdict = self.dir_verdict(rel, entry.name, tagged, package)
+                tagged = os.path.exists(os.path.join(path, "CACHEDIR.TAG"))
+                package = name in _OUTPUT_DIRS and os.path.exists(os.path.join(path, "__init__.py"))
+                verdict = self.dir_verdict(rel, name, tagged, package)
                 if verdict is None:
-                    self.walk_fs(Path(entry.path), rel, rules)
+                    self.walk_fs(Path(path), rel, rules)
                 elif verdict != "skip":
                     self.skipped[verdict].add(rel + "/")
                 continue
-            if entry.name == ".git":
+            if name == ".git":
                 continue  # a .git *file*: a worktree or submodule pointer
             if rules.ignored(rel):
                 continue
-            self.consider(rel, Path(entry.path))
+            self.consider(rel, Path(path))
 
     # -- git listing
 

@@ -205,3 +205,17 @@ def test_a_file_swapped_while_its_vector_is_encoded_is_not_read(tmp_path, dense_
 
     guarded(build_index, root, encoders=Encoders(dense=Recording(dense_encoder)), progress=progress)
     assert not any(SECRET in text for text in seen)
+
+
+def test_a_folder_swapped_for_a_symlink_is_not_listed(tmp_path):
+    # The walker lists each folder it enters without following a symlink: a folder swapped
+    # for a link to `/` after its parent was listed is not walked (its files would only be
+    # refused one by one, after an lstat of each).
+    from codesearch.build.walk import _list_folder
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "a.py").write_text("x = 1\n")
+    (tmp_path / "link").symlink_to(tmp_path / "real", target_is_directory=True)
+    assert _list_folder(tmp_path / "real") == [("a.py", False)]
+    with pytest.raises(OSError):
+        _list_folder(tmp_path / "link")
