@@ -77,11 +77,11 @@ def _not_regular(path: object, mode: int) -> OSError:
 
 def _read_fd(fd: int, path: object, limit: int | None) -> tuple[bytes, os.stat_result]:
     """Read an open descriptor (closed here) that must be a regular file."""
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
+    with os.fdopen(fd, "rb", buffering=0) as fh:
+        st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise _not_regular(path, st.st_mode)
-        return (fh.read() if limit is None else fh.read(limit)), st
+        return (fh.readall() if limit is None else fh.read(limit)), st
 
 
 def read_regular(path: str | os.PathLike, *, limit: int | None = None) -> tuple[bytes, os.stat_result]:
@@ -98,16 +98,30 @@ def read_regular(path: str | os.PathLike, *, limit: int | None = None) -> tuple[
     return _read_fd(fd, path, limit)
 
 
+def _open_below(folder: int, parts: list[str]) -> int:
+    """Open ``parts`` (a relative path) below the open folder ``folder`` (closed here), no
+    component followed if it is a symlink (``ELOOP``)."""
+    try:
+        for part in parts[:-1]:
+            inner = os.open(part, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC, dir_fd=folder)
+            os.close(folder)
+            folder = inner
+        return os.open(parts[-1], os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _NOCTTY | _CLOEXEC, dir_fd=folder)
+    finally:
+        os.close(folder)
+
+
 def read_inside(
     root: str | os.PathLike, rel: str, *, limit: int | None = None
 ) -> tuple[bytes, os.stat_result]:
     """The bytes (the first ``limit`` of them) and the stat of the file ``rel`` (``/``
     separators) of the folder ``root``, read only if it is a regular file inside ``root``.
 
-    A symlink in ``rel`` is followed while its target stays inside ``root`` (the walker
-    indexes such links); the real path is then opened one component at a time, none of
-    them followed, so a component swapped for a symlink after the check fails the read
-    instead of leaving the folder.
+    The path is opened one component at a time below ``root``, none of them followed if
+    it is a symlink: a component swapped for one fails the read instead of leaving the
+    folder. A symlink that is part of the repository (the walker indexes a link whose
+    target is inside the root) is then resolved, and its target opened the same way if it
+    lies inside ``root``.
 
     Raises
     ------
@@ -116,24 +130,29 @@ def read_inside(
         symlink while it was opened (``ELOOP``), or is no regular file (a FIFO, a device,
         a folder; a FIFO is never waited on).
     """
+    parts = rel.split("/")
+    if os.open not in os.supports_dir_fd or not _NOFOLLOW:  # pragma: no cover - no openat: check, then open
+        return _read_resolved(root, rel, limit)
+    if "" not in parts and "." not in parts and ".." not in parts:
+        try:
+            return _read_fd(_open_below(os.open(root, os.O_RDONLY | _DIRECTORY | _CLOEXEC), parts), rel, limit)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+    return _read_resolved(root, rel, limit)
+
+
+def _read_resolved(root: str | os.PathLike, rel: str, limit: int | None) -> tuple[bytes, os.stat_result]:
+    """`read_inside` for a path through a symlink: resolved, and read if it is inside ``root``."""
     real_root = os.path.realpath(root)
     target = os.path.realpath(os.path.join(real_root, rel))
     inner = os.path.relpath(target, real_root)
     if inner == os.curdir or inner == os.pardir or inner.startswith(os.pardir + os.sep) or os.path.isabs(inner):
         raise OSError(errno.EXDEV, "outside the repository, not read", str(rel))
-    parts = inner.split(os.sep)
-    if os.open not in os.supports_dir_fd or not _NOFOLLOW:  # no openat: check, then open
+    if os.open not in os.supports_dir_fd or not _NOFOLLOW:  # pragma: no cover
         return read_regular(target, limit=limit)
     folder = os.open(real_root, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
-    try:
-        for part in parts[:-1]:
-            inner_fd = os.open(part, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC, dir_fd=folder)
-            os.close(folder)
-            folder = inner_fd
-        fd = os.open(parts[-1], os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _NOCTTY | _CLOEXEC, dir_fd=folder)
-    finally:
-        os.close(folder)
-    return _read_fd(fd, rel, limit)
+    return _read_fd(_open_below(folder, inner.split(os.sep)), rel, limit)
 
 
 def read_source(abs_path: str | os.PathLike) -> str:

@@ -219,3 +219,14 @@ def test_a_folder_swapped_for_a_symlink_is_not_listed(tmp_path):
     assert _list_folder(tmp_path / "real") == [("a.py", False)]
     with pytest.raises(OSError):
         _list_folder(tmp_path / "link")
+
+
+def test_a_symlink_that_stays_inside_the_repository_is_read_through(tmp_path):
+    root = make_repo(tmp_path / "repo")
+    (root / "alias.py").symlink_to("pkg/m1.py")
+    (root / "up.py").symlink_to("pkg/../m2.py")
+    build_index(root)
+    assert {"alias.py", "up.py"} <= indexed_paths(root)
+    with CodeSearch(root, model=None, multi_model=None) as cs:
+        hits = cs.query("module_1_function", 5, mode="lexical", context=2).hits
+    assert {h.path for h in hits} >= {"alias.py", "pkg/m1.py"}
