@@ -74,8 +74,6 @@ def _indexed_hashes(index_dir: Path, paths: set[str]) -> dict[str, str] | None:
 
 
 def _widen(hit: Any, root: Path, lines: int, hashes: dict[str, str] | None) -> Any:
-    if lines <= 0:
-        return hit
     try:
         data, _ = read_inside(root, hit.path)
     except OSError:
