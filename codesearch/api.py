@@ -412,7 +412,7 @@ class CodeSearch:
             # each thing once.
             merged = list(dict.fromkeys([*notices, *result.notices]))
             result = dataclasses.replace(result, notices=merged)
-        return snippets.shape(result, request, self.root)
+        return snippets.shape(result, request, self.root, index_dir=self.index_dir)
 
     def search(
         self,
@@ -495,9 +495,10 @@ class CodeSearch:
     def with_context(self, result: SearchResult, lines: int) -> SearchResult:
         """Widen each hit by `lines` lines above and below, read from the current files.
 
-        A hit whose file is gone or shorter than the indexed version is left as it is.
+        A hit whose file is gone, no longer the indexed version, or no regular file inside
+        the root (a symlink out of it, a FIFO) is left as it is.
         """
-        return snippets.with_context(result, self.root, lines)
+        return snippets.with_context(result, self.root, lines, index_dir=self.index_dir)
 
     @property
     def indexed(self) -> bool:
@@ -772,6 +773,10 @@ class CodeSearch:
         except IndexLockedError:
             # Another process is indexing right now: search what is there rather than fail.
             return [f"{n} file(s) changed since the last run, but another process is updating the index; "
+                    "searched the current index"]
+        except IndexWriteError as exc:
+            # A full disk: the last complete index still answers (the run kept it whole).
+            return [f"{n} file(s) changed since the last run, but the index could not be updated ({exc}); "
                     "searched the current index"]
         what = f"{n} file(s) added, changed or removed since the last run" if n else "vectors of changed code added"
         return [f"index refreshed: {what} ({summary.seconds:.1f}s)", *summary.notices]

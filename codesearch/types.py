@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from codesearch.errors import QueryError
+from codesearch.pathnames import text_name
 
 __all__ = [
     "DEFAULT_MAX_FILE_BYTES",
@@ -460,7 +461,7 @@ def hit_document(hit: SearchHit) -> dict[str, Any]:
     """One hit as the stable JSON schema: path (relative to the indexed root), start_line,
     end_line (1-based, inclusive), score, language, symbol, kind, text."""
     return {
-        "path": hit.path,
+        "path": text_name(hit.path),  # JSON is UTF-8 text: a name that is not has its bytes as \xNN
         "start_line": hit.start_line,
         "end_line": hit.end_line,
         "score": float(hit.score),
@@ -478,7 +479,7 @@ def result_document(result: SearchResult) -> dict[str, Any]:
         "query": result.query,
         "mode": str(result.mode),
         "indexes_used": list(result.indexes_used),
-        "notices": list(result.notices),
+        "notices": [text_name(n) for n in result.notices],
         "results": [hit_document(h) for h in result.hits],
     }
     if result.left_out is not None:

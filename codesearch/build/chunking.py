@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
+from codesearch.pathnames import quote_name
 from codesearch.types import Chunk
 
 __all__ = [
@@ -841,7 +842,7 @@ def _tree_pieces(
     try:
         tree = parser.parse(doc.data)
     except Exception as exc:  # pragma: no cover - tree-sitter raises only on internal errors
-        log.warning("tree-sitter failed on %s (%s); chunking by lines", path, exc)
+        log.warning("tree-sitter failed on %s (%s); chunking by lines", quote_name(path), exc)
         return None
     root = tree.root_node
     if _error_fraction(root, len(doc.data)) > 0.3:
@@ -850,7 +851,7 @@ def _tree_pieces(
     try:
         return _Splitter(doc, spec, budget).split(root, 0, doc.last, ())
     except RecursionError:  # pragma: no cover - _MAX_DEPTH keeps well below the limit
-        log.warning("%s nests too deeply to split along its syntax; chunking by lines", path)
+        log.warning("%s nests too deeply to split along its syntax; chunking by lines", quote_name(path))
         return None
 
 

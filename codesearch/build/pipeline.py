@@ -52,12 +52,14 @@ from codesearch.build.encoders import (
 )
 from codesearch.errors import (
     IndexCorruptError,
+    IndexWriteError,
     NothingToIndexError,
     PathError,
 )
 from codesearch.indexes.registry import DERIVED, Delta, record_generation, sync_derived
+from codesearch.pathnames import text_name
 from codesearch.store import IndexLock, Store
-from codesearch.store.files import decode_source
+from codesearch.store.files import decode_source, read_inside
 from codesearch.types import (
     CENTRALITY_FILE,
     LOCK_FILE,
@@ -109,7 +111,7 @@ def _prepare_index_dir(index_dir: Path) -> None:
 def _file_text_for_encoder(path: str, text: str, max_length: int) -> str:
     # The encoder truncates at its max length anyway; cutting the string first keeps a
     # 1 MB file from being tokenized whole (code runs well under 16 chars per token).
-    return f"{path}\n{text[: max(1, max_length) * 16]}"
+    return f"{text_name(path)}\n{text[: max(1, max_length) * 16]}"
 
 
 def _remove_index_files(index_dir: Path) -> None:
@@ -216,6 +218,9 @@ def build_index(
         Another indexer is writing this index.
     IndexCorruptError
         The store cannot be read (use ``rebuild``).
+    IndexWriteError, OSError
+        The index folder cannot be written (a full disk): the last complete index is kept,
+        and a first run leaves nothing behind.
     """
     t0 = time.perf_counter()
     root_path = check_root(root)
@@ -225,11 +230,37 @@ def build_index(
     dir_existed = idir.is_dir()
     gitignore_existed = (idir / ".gitignore").exists()
     lock_existed = (idir / LOCK_FILE).exists()
-    _prepare_index_dir(idir)
+    try:
+        _prepare_index_dir(idir)
+    except OSError:
+        with contextlib.suppress(OSError):  # (a full disk: the .gitignore may be half written)
+            if not gitignore_existed:
+                (idir / ".gitignore").unlink(missing_ok=True)
+            if not dir_existed:
+                idir.rmdir()
+        raise
     # A searcher may hold the lock for a moment to save an index it rebuilt; wait for that,
     # never for another writer.
     lock = IndexLock(idir).acquire(wait_for_readers=30.0)
     store_existed = (idir / STORE_FILE).is_file()  # under the lock: no writer is between
+
+    def forget_this_run() -> None:
+        # A first run that committed nothing: leaving its empty store would make a query
+        # answer "no results" instead of "not indexed yet". Only what this run wrote goes
+        # (nothing else is written before the first commit).
+        for name in (STORE_FILE, STORE_FILE + "-wal", STORE_FILE + "-shm"):
+            (idir / name).unlink(missing_ok=True)
+        shutil.rmtree(idir / (STORE_FILE + ".vectors"), ignore_errors=True)
+        if not gitignore_existed:
+            (idir / ".gitignore").unlink(missing_ok=True)
+        # Still under the lock: the lock file goes (an unlinked file stays lockable
+        # through our descriptor), then the folder if this run made it.
+        with contextlib.suppress(OSError):
+            if not lock_existed:
+                lock.path.unlink()
+            if not dir_existed:
+                idir.rmdir()
+
     try:
         try:
             store = Store(idir / STORE_FILE)
@@ -240,6 +271,10 @@ def build_index(
             # readers see the old index until the new one commits.)
             _remove_index_files(idir)
             store = Store(idir / STORE_FILE)
+        except (IndexWriteError, OSError):
+            if not store_existed:
+                forget_this_run()
+            raise
         try:
             walk = (include, exclude, max_file_bytes, chunk_tokens)
             if load_encoders is None:
@@ -251,23 +286,16 @@ def build_index(
             loaded = load_encoders()
             quiet = _Progress(_after_searchable(progress))
             return _then(lexical, _build(_Run(store, root_path, idir, loaded, *walk, False, defer_vectors, quiet, t0)))
-        except NothingToIndexError:
+        except (NothingToIndexError, IndexWriteError, OSError) as exc:
+            committed = True
+            if not store_existed and not isinstance(exc, NothingToIndexError):
+                try:
+                    committed = store.generation > 0
+                except Exception:  # noqa: BLE001 (a store that cannot say held no commit of ours)
+                    committed = False
             store.close()
-            if not store_existed:
-                # The store was opened before the walk; leaving it empty would make a query
-                # answer "no results" instead of "not indexed yet". Only what this run
-                # wrote goes (nothing else is written before the walk).
-                for name in (STORE_FILE, STORE_FILE + "-wal", STORE_FILE + "-shm"):
-                    (idir / name).unlink(missing_ok=True)
-                if not gitignore_existed:
-                    (idir / ".gitignore").unlink(missing_ok=True)
-                # Still under the lock: the lock file goes (an unlinked file stays lockable
-                # through our descriptor), then the folder if this run made it.
-                with contextlib.suppress(OSError):
-                    if not lock_existed:
-                        lock.path.unlink()
-                    if not dir_existed:
-                        idir.rmdir()
+            if not store_existed and (isinstance(exc, NothingToIndexError) or not committed):
+                forget_this_run()
             raise
         finally:
             store.close()
@@ -453,9 +481,9 @@ def _walk_and_read(run: _Run) -> None:
             run.unchanged += 1
             continue
         try:
-            with open(sf.abs_path, "rb") as fh:
-                st = os.fstat(fh.fileno())
-                data = fh.read()
+            # Inside the root and a regular file, as the walk found it: a file swapped since
+            # (for a symlink out of the repository, a FIFO) is not read.
+            data, st = read_inside(run.root, sf.path)
         except OSError:
             run.skipped["unreadable"] = run.skipped.get("unreadable", 0) + 1
             run.seen.discard(sf.path)  # a file that vanished mid-run leaves the index
@@ -487,7 +515,10 @@ def _chunk(run: _Run) -> None:
     from codesearch.build.chunking import chunk_many
 
     n = len(run.work)
-    pieces = chunk_many(((w.path, w.text, w.language) for w in run.work), max_tokens=run.budget, count_tokens=run.counter)
+    # A name that is not UTF-8 goes into each chunk's header (text the store and the
+    # encoder take) as valid Unicode; the file row keeps the name itself.
+    pieces = chunk_many(((text_name(w.path), w.text, w.language) for w in run.work), max_tokens=run.budget,
+                        count_tokens=run.counter)
     for i, (w, chunks) in enumerate(zip(run.work, pieces)):
         w.chunks = list(chunks)
         w.hashes = [_hash_text(c.text) for c in w.chunks]
@@ -874,7 +905,7 @@ def _current_text(root: Path, path: str, expected_hash: str, texts: dict[str, tu
     if path in texts and texts[path][0] == expected_hash:
         return texts[path][1]
     try:
-        data = (root / path).read_bytes()
+        data, _ = read_inside(root, path)
     except OSError:
         return None
     return decode_source(data) if hash_bytes(data) == expected_hash else None

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from codesearch.build.encoders import EMBEDDED_KEY
 from codesearch.build.pipeline import check_root, hash_bytes
 from codesearch.store import KIND_ROLE, Store
+from codesearch.store.files import read_inside
 from codesearch.types import STORE_FILE, default_index_dir
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -104,7 +105,7 @@ def staleness(
             added.append(sf.path)
         elif rec.size != sf.size or rec.mtime_ns != sf.mtime_ns:
             try:
-                digest = hash_bytes(Path(sf.abs_path).read_bytes())
+                digest = hash_bytes(read_inside(root_path, sf.path)[0])
             except OSError:
                 continue
             (touched if digest == rec.hash else changed).append(sf.path)

@@ -33,7 +33,8 @@ import pathspec
 
 from codesearch.build.languages import CPP_HINTS, detect_language
 from codesearch.errors import PathError
-from codesearch.store.files import read_source
+from codesearch.pathnames import quote_name
+from codesearch.store.files import read_inside, read_source
 
 __all__ = ["SKIP_REASONS", "SourceFile", "WalkResult", "detect_language", "read_source", "walk"]
 
@@ -257,10 +258,13 @@ class _IgnoreRules:
 
     def add_file(self, rel_dir: str, file: Path, *, low_priority: bool = False) -> None:
         try:
-            lines = file.read_text(encoding="utf-8", errors="replace").splitlines()
+            # (Regular files only: a FIFO in its place would block the walk forever.)
+            text = read_source(file)
         except OSError as exc:
-            log.warning("Cannot read ignore file %s: %s", file, exc)
+            log.warning("Cannot read ignore file %s: %s", quote_name(str(file)), exc)
             return
+        # Lines as git splits them: at \n only (a form feed or U+2028 stays in its pattern).
+        lines = [line.removesuffix("\r") for line in text.split("\n")]
         self.add(rel_dir, lines, low_priority=low_priority)
 
     def ignored(self, rel_path: str, is_dir: bool = False) -> bool:
@@ -279,6 +283,32 @@ class _IgnoreRules:
                 include = spec.check_file(local).include
                 if include is not None:
                     return include
+        return False
+
+
+def _list_folder(abs_dir: Path) -> list[tuple[str, bool]]:
+    """(name, is a folder) of each entry of ``abs_dir``, sorted by name.
+
+    The folder is opened without following a symlink: one swapped in for it after its
+    parent was listed (pointing at ``/``, say) is not walked. Symlinks inside are entries
+    like any other (`_Walker.consider` decides about them).
+    """
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+    if os.scandir not in os.supports_fd:  # pragma: no cover - every POSIX system has it
+        with os.scandir(abs_dir) as it:
+            return sorted((e.name, _is_folder(e)) for e in it)
+    fd = os.open(abs_dir, flags | getattr(os, "O_CLOEXEC", 0))
+    try:
+        with os.scandir(fd) as it:
+            return sorted((e.name, _is_folder(e)) for e in it)
+    finally:
+        os.close(fd)
+
+
+def _is_folder(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir(follow_symlinks=False)
+    except OSError:
         return False
 
 
@@ -398,14 +428,15 @@ class _Walker:
         if os.path.splitext(lower)[1] in _BINARY_SUFFIXES or name == ".DS_Store":
             self.skipped["binary"].add(rel)
             return
-        if st.st_size > self.max_file_bytes:
-            self.skipped["too_large"].add(rel)
-            return
         try:
-            with open(abs_path, "rb") as fh:
-                head = fh.read(_SNIFF_BYTES)
+            # Opened as the pipeline opens it (inside the root, no symlink swapped in, a
+            # regular file): what is kept is what was looked at.
+            head, st = read_inside(self.root, rel, limit=_SNIFF_BYTES)
         except OSError as exc:
             self._unreadable(rel, exc)
+            return
+        if st.st_size > self.max_file_bytes:
+            self.skipped["too_large"].add(rel)
             return
         if _looks_binary(head):
             self.skipped["binary"].add(rel)
@@ -424,46 +455,41 @@ class _Walker:
 
     def _unreadable(self, rel: str, why: object) -> None:
         if not _QUIET_SKIPS.get():
-            log.warning("Skipping unreadable file %s: %s", rel, why)
+            log.warning("Skipping unreadable file %s: %s", quote_name(rel), why)
         self.skipped["unreadable"].add(rel)
 
     # -- filesystem listing (no git): nested .gitignore via pathspec
 
     def walk_fs(self, abs_dir: Path, rel_dir: str, rules: _IgnoreRules) -> None:
         try:
-            with os.scandir(abs_dir) as it:
-                entries = sorted(it, key=lambda e: e.name)
+            entries = _list_folder(abs_dir)
         except OSError as exc:
             self._unreadable(rel_dir + "/" if rel_dir else ".", exc)
             return
-        names = {e.name for e in entries}
+        names = {name for name, _ in entries}
         if ".gitignore" in names:
             rules.add_file(rel_dir, abs_dir / ".gitignore")
         if _IGNORE_FILE in names:
             self.cs_rules.add_file(rel_dir, abs_dir / _IGNORE_FILE)
-        for entry in entries:
-            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
-            try:
-                is_dir = entry.is_dir(follow_symlinks=False)
-            except OSError:
-                is_dir = False
+        for name, is_dir in entries:
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            path = os.path.join(abs_dir, name)
             if is_dir:
                 if rules.ignored(rel, is_dir=True):
                     continue
-                tagged = os.path.exists(os.path.join(entry.path, "CACHEDIR.TAG"))
-                package = entry.name in _OUTPUT_DIRS and os.path.exists(
-                    os.path.join(entry.path, "__init__.py"))
-                verdict = self.dir_verdict(rel, entry.name, tagged, package)
+                tagged = os.path.exists(os.path.join(path, "CACHEDIR.TAG"))
+                package = name in _OUTPUT_DIRS and os.path.exists(os.path.join(path, "__init__.py"))
+                verdict = self.dir_verdict(rel, name, tagged, package)
                 if verdict is None:
-                    self.walk_fs(Path(entry.path), rel, rules)
+                    self.walk_fs(Path(path), rel, rules)
                 elif verdict != "skip":
                     self.skipped[verdict].add(rel + "/")
                 continue
-            if entry.name == ".git":
+            if name == ".git":
                 continue  # a .git *file*: a worktree or submodule pointer
             if rules.ignored(rel):
                 continue
-            self.consider(rel, Path(entry.path))
+            self.consider(rel, Path(path))
 
     # -- git listing
 

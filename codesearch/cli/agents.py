@@ -168,8 +168,11 @@ def merge_toml(path: Path, key: str, entry: dict[str, Any]) -> bool:
     text = path.read_text(encoding="utf-8") if path.exists() else ""
     _check_toml(path, text)
     table = _toml_table(f"{key}.{SERVER_NAME}", entry)
-    header = table.splitlines()[0]
-    lines = text.splitlines(keepends=True)
+    header = table.split("\n", 1)[0]
+    # TOML's lines end at \n only: splitlines() would also cut inside a string value at a
+    # U+2028 or a form feed, and a piece starting with "[" would pass for a table.
+    pieces = text.split("\n")
+    lines = [line + "\n" for line in pieces[:-1]] + ([pieces[-1]] if pieces[-1] else [])
     start = next((i for i, line in enumerate(lines) if line.strip() == header), None)
     if start is None:
         kept = text.rstrip("\n")

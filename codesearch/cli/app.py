@@ -17,6 +17,7 @@ from typer.core import TyperGroup
 
 from codesearch.cli.options import Device, model_option
 from codesearch.errors import CodeSearchError
+from codesearch.pathnames import escape_controls
 from codesearch.types import Mode
 
 
@@ -32,7 +33,8 @@ class _Group(TyperGroup):
         try:
             return super().invoke(ctx)
         except CodeSearchError as exc:
-            typer.echo(f"Error: {exc}", err=True)
+            # One line, whatever file name the message carries (a newline, an ESC).
+            typer.echo(f"Error: {escape_controls(str(exc))}", err=True)
             raise typer.Exit(1) from None
         except KeyboardInterrupt:
             # Index writes are atomic: Ctrl-C leaves the previous index or a resumable one.

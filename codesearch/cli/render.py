@@ -3,6 +3,10 @@ JSON otherwise. Results go to stdout; progress, summaries and notices go to stde
 
 Consoles are created per call (not at import time) so that CliRunner's captured streams and
 a changed `sys.stdout` are honoured.
+
+File names are printed as git prints them (`codesearch.pathnames.quote_name`): a name with
+a newline, an ESC or a byte that is not UTF-8 is quoted and escaped, so one hit stays one
+line and no name drives the terminal. JSON keeps each name (as valid Unicode).
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from codesearch.pathnames import escape_controls, quote_name, text_name
+
 
 def stdout() -> Console:
     # soft_wrap: long paths and JSON are printed as they are, never folded at 80 columns.
@@ -27,13 +33,35 @@ def stderr() -> Console:
 
 
 def write_json(doc: Any) -> None:
-    sys.stdout.write(json.dumps(doc, ensure_ascii=False, indent=2) + "\n")
+    sys.stdout.write(_dumps(doc, indent=2) + "\n")
+
+
+# Characters json.dumps leaves raw (ensure_ascii=False) that line readers split at
+# (str.splitlines, editors): escaped, a JSON line stays one line. They can only be inside
+# strings, where the escape means the same character.
+_LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+
+
+def _dumps(doc: Any, indent: int | None = None) -> str:
+    return json.dumps(_valid_unicode(doc), ensure_ascii=False, indent=indent).translate(_LINE_BREAKS)
+
+
+def _valid_unicode(doc: Any) -> Any:
+    """``doc`` with every string valid Unicode (a root or path whose name is not UTF-8 has
+    its bytes written ``\\xNN``): JSON is UTF-8 text, which a surrogate escape is not."""
+    if isinstance(doc, str):
+        return text_name(doc)
+    if isinstance(doc, dict):
+        return {_valid_unicode(k): _valid_unicode(v) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [_valid_unicode(v) for v in doc]
+    return doc
 
 
 def notices(lines: list[str]) -> None:
     """Notices (index refreshed, lexical-only fallback, ...) as one stderr line each."""
     for line in lines:
-        sys.stderr.write(f"Notice: {line}\n")
+        sys.stderr.write(f"Notice: {escape_controls(line)}\n")
 
 
 # -- query -------------------------------------------------------------------------------
@@ -53,11 +81,11 @@ def search_result(result: Any, *, root: Path, as_json: bool, as_jsonl: bool, fil
     if as_jsonl:
         for hit in result.hits:
             line = {"schema_version": SCHEMA_VERSION, **hit_document(hit)}
-            sys.stdout.write(json.dumps(line, ensure_ascii=False) + "\n")
+            sys.stdout.write(_dumps(line) + "\n")
         return
     if files_only:
         for hit in result.hits:
-            sys.stdout.write(f"{hit.path}\n")
+            sys.stdout.write(f"{quote_name(hit.path)}\n")
         return
     console = stdout()
     if not console.is_terminal:
@@ -68,7 +96,7 @@ def search_result(result: Any, *, root: Path, as_json: bool, as_jsonl: bool, fil
 
 
 def _location(hit: Any) -> str:
-    return f"{hit.path}:{hit.start_line}-{hit.end_line}"
+    return f"{quote_name(hit.path)}:{hit.start_line}-{hit.end_line}"
 
 
 def _describe(hit: Any) -> str:
@@ -77,7 +105,7 @@ def _describe(hit: Any) -> str:
         bits.append(f"{hit.symbol} ({hit.kind})" if hit.kind else hit.symbol)
     elif hit.kind:
         bits.append(hit.kind)
-    return "  ".join(bits)
+    return escape_controls("  ".join(bits))  # a Markdown heading's symbol is the file's text
 
 
 def _plain_hits(hits: list[Any]) -> None:
@@ -102,9 +130,12 @@ def _rich_hit(console: Console, hit: Any, root: Path) -> None:
     if not hit.text:
         return
     lexer = hit.language if hit.language and hit.language != "text" else "text"
+    # On a terminal, code is shown, not obeyed: an ESC sequence, a lone CR or a
+    # bidirectional override in a file is written as an escape (pipes get the bytes, as grep's).
+    shown = escape_controls(hit.text.rstrip("\n").replace("\r\n", "\n"), keep="\n\t")
     console.print(
         Syntax(
-            hit.text.rstrip("\n"),
+            shown,
             lexer,
             line_numbers=True,
             start_line=hit.start_line,
@@ -203,7 +234,8 @@ _SUMMARY_ROWS = [
 def index_summary(summary: Any) -> None:
     """The summary table of an index run, on stderr (stdout stays free for results)."""
     d = summary.to_dict()
-    table = Table(title=f"codesearch index {d.get('root', '')}", show_header=False, title_justify="left")
+    title = f"codesearch index {quote_name(str(d.get('root', '')))}"
+    table = Table(title=escape(title), show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column(overflow="fold")  # long model paths wrap, never get cut
     for key, label in _SUMMARY_ROWS:
@@ -225,7 +257,7 @@ def _cell(value: Any) -> str:
         return ", ".join(f"{k}: {_cell(v)}" for k, v in value.items()) or "-"
     if isinstance(value, (list, tuple)):
         return ", ".join(map(str, value)) or "-"
-    return escape("-" if value is None else str(value))
+    return escape(escape_controls("-" if value is None else str(value)))
 
 
 # -- status ------------------------------------------------------------------------------
@@ -238,11 +270,12 @@ def index_status(info: Any, *, as_json: bool) -> None:
         write_json(doc)
         return
     if not info.indexed:
-        sys.stdout.write(f"{info.root}: not indexed (run 'codesearch index {info.root}')\n")
+        root = quote_name(info.root)
+        sys.stdout.write(f"{root}: not indexed (run 'codesearch index {root}')\n")
         return
     rows = [
-        ("root", info.root),
-        ("index", info.index_dir),
+        ("root", quote_name(info.root)),
+        ("index", quote_name(info.index_dir)),
         ("files", _cell(info.files)),
         ("chunks", _cell(info.chunks)),
         ("languages", _cell(info.languages)),

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import os
 import shutil
+import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,6 +28,8 @@ from codesearch.errors import (
 from codesearch.indexes.base import Index
 from codesearch.store import KIND_ROLE, IndexLock, Store
 from codesearch.types import STORE_FILE
+
+log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class IndexSpec:
@@ -309,6 +313,17 @@ def _wait_for_writer(idir: Path, store: Store, deadline: float) -> None:
 
 
 def _persist_rebuilt(idir: Path, store: Store, gen: int, indexes: dict[str, Any]) -> None:
+    """Save indexes a search rebuilt, when it can: saving spares the next search the
+    rebuild, and nothing more. A search answers from the rebuilt indexes in memory
+    whether or not they could be saved (a full disk, a read-only folder): it never fails
+    for want of space."""
+    try:
+        _save_rebuilt(idir, store, gen, indexes)
+    except (OSError, sqlite3.Error, CodeSearchError) as exc:
+        log.debug("rebuilt indexes of %s not saved: %s", idir, exc)
+
+
+def _save_rebuilt(idir: Path, store: Store, gen: int, indexes: dict[str, Any]) -> None:
     if not os.access(idir, os.W_OK):
         return
     if IndexLock.writer_active(idir):

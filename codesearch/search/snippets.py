@@ -10,8 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sqlite3
 from pathlib import Path
 from typing import Any
+
+import xxhash
+
+from codesearch.store.files import decode_source, read_inside, split_lines
+from codesearch.types import STORE_FILE, default_index_dir
 
 __all__ = ["CHARS_PER_TOKEN", "HIT_TOKENS", "approx_tokens", "fit", "hit_tokens", "shape", "with_context"]
 
@@ -35,34 +41,61 @@ def hit_tokens(hit: Any) -> int:
     return approx_tokens(hit.text) + approx_tokens(hit.path) + HIT_TOKENS
 
 
-def with_context(result: Any, root: Path, lines: int) -> Any:
+def with_context(result: Any, root: Path, lines: int, *, index_dir: str | Path | None = None) -> Any:
     """Widen each hit by `lines` lines above and below, read from the current files.
 
-    A hit whose file is gone or shorter than the indexed version is left as it is.
+    A hit is widened only from the file the index holds: a regular file inside ``root``
+    (never through a symlink that leads out of it, never a FIFO or a device), whose
+    content hash is the one the store in ``index_dir`` (default ``root/.codesearch``)
+    records, and whose lines at the hit are the hit's text. Any other hit (its file gone,
+    edited since the index run, or swapped for something else) is left as it is.
     """
     if lines <= 0:
         return result
-    return dataclasses.replace(result, hits=[_widen(hit, Path(root), lines) for hit in result.hits])
+    root = Path(root)
+    hashes = _indexed_hashes(Path(index_dir) if index_dir is not None else default_index_dir(root),
+                             {hit.path for hit in result.hits})
+    return dataclasses.replace(result, hits=[_widen(hit, root, lines, hashes) for hit in result.hits])
 
 
-def _widen(hit: Any, root: Path, lines: int) -> Any:
+def _indexed_hashes(index_dir: Path, paths: set[str]) -> dict[str, str] | None:
+    """Path -> content hash the store records, for ``paths``; None when no store can be read
+    (the lines at each hit are still checked)."""
+    from codesearch.errors import CodeSearchError
+    from codesearch.store import Store
+
+    if not paths or not (index_dir / STORE_FILE).is_file():
+        return None
     try:
-        source = (root / hit.path).read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+        with Store(index_dir / STORE_FILE, readonly=True) as store:
+            return store.file_hashes(sorted(paths))
+    except (CodeSearchError, sqlite3.Error, OSError):
+        return None
+
+
+def _widen(hit: Any, root: Path, lines: int, hashes: dict[str, str] | None) -> Any:
+    try:
+        data, _ = read_inside(root, hit.path)
     except OSError:
         return hit
-    if hit.end_line > len(source) or lines <= 0:
+    if hashes is not None and hashes.get(hit.path) != xxhash.xxh3_128_hexdigest(data):
+        return hit  # not the file the index holds: its lines would not be the hit's
+    source = split_lines(decode_source(data))
+    if hit.end_line > len(source) or hit.start_line < 1:
         return hit
+    if "".join(source[hit.start_line - 1 : hit.end_line]).removesuffix("\n") != hit.text:
+        return hit  # a newer generation's file under an older hit: the lines moved
     start = max(1, hit.start_line - lines)
     end = min(len(source), hit.end_line + lines)
     text = "".join(source[start - 1 : end])
     if not hit.text.endswith("\n"):  # keep the chunker's convention for the last newline
-        text = text.removesuffix("\n").removesuffix("\r")
+        text = text.removesuffix("\n")
     return dataclasses.replace(hit, start_line=start, end_line=end, text=text)
 
 
 def _cut(text: str, n_lines: int) -> str:
     """The first `n_lines` lines of `text` and a marker saying how many were cut."""
-    lines = text.splitlines(keepends=True)
+    lines = split_lines(text)
     if len(lines) <= n_lines:
         return text
     kept = "".join(lines[:n_lines])
@@ -73,7 +106,7 @@ def _cut(text: str, n_lines: int) -> str:
 
 def _cut_to_tokens(hit: Any, tokens: int) -> Any | None:
     """The hit with as many whole lines of its snippet as fit in `tokens`; None if none do."""
-    lines = hit.text.splitlines(keepends=True)
+    lines = split_lines(hit.text)
     fixed = approx_tokens(hit.path) + HIT_TOKENS + approx_tokens("... (0000 more lines)")
     room, used, n = tokens - fixed, 0, 0
     for line in lines:
@@ -130,8 +163,9 @@ def fit(result: Any, request: Any) -> Any:
     return dataclasses.replace(result, hits=hits, notices=notices, left_out=left_out)
 
 
-def shape(result: Any, request: Any, root: Path) -> Any:
-    """`with_context` (``request.context`` lines from the files under ``root``), then `fit`."""
+def shape(result: Any, request: Any, root: Path, *, index_dir: str | Path | None = None) -> Any:
+    """`with_context` (``request.context`` lines from the files under ``root`` that the index
+    in ``index_dir`` holds), then `fit`."""
     if not request.shapes_output:
         return result
-    return fit(with_context(result, root, request.context), request)
+    return fit(with_context(result, root, request.context, index_dir=index_dir), request)

@@ -250,8 +250,8 @@ class Service:
                 not_ready.append(exc)  # search the roots that are ready, and say so
                 continue
             if not several:
-                return result_document(shape_result(result, request, served.root))
-            results.append((served.name, widen_result(result, served.root, request.context)))
+                return result_document(shape_result(result, request, served.root, index_dir=served.index_dir))
+            results.append((served.name, widen_result(result, served.root, request.context, index_dir=served.index_dir)))
         if not results:
             raise not_ready[0]
         merged, names = _merge(request.query, request.k, results, [str(exc) for exc in not_ready])

@@ -13,6 +13,7 @@ does that, so a missed or spurious event costs at most one cheap run, never a wr
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -141,7 +142,7 @@ class RepoWatcher:
 
     def relevant(self, path: str | bytes) -> bool:
         """False for events inside the index folder, VCS folders, caches and editor temp files."""
-        p = Path(path.decode() if isinstance(path, bytes) else path)
+        p = Path(os.fsdecode(path))  # (a name that is not UTF-8 keeps its bytes as surrogate escapes)
         if p == self.index_dir or self.index_dir in p.parents:
             return False
         try:

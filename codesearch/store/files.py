@@ -1,15 +1,33 @@
 """Files of an index folder written so that a crash leaves the old file or the new one, and
-source files read the one way every stage reads them."""
+source files read the one way every stage reads them.
+
+Source files are read by their indexed path at index time (walk, read, refresh) and at
+query time (context lines), while a user, a ``git checkout`` or someone hostile may swap
+any of them: for a symlink to a file outside the repository, a FIFO (an ``open`` would
+block forever), a device or a folder. `read_inside` is the one way to read them: it opens
+the path component by component without following a symlink swapped in after the check,
+and reads regular files only.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write", "decode_source", "read_source", "read_text"]
+__all__ = ["atomic_write", "decode_source", "read_inside", "read_regular", "read_source", "read_text", "split_lines"]
+
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+# A FIFO opened for reading blocks until a writer comes; non-blocking, the open returns at
+# once and fstat says what it is. (No effect on a regular file's reads.)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_NOCTTY = getattr(os, "O_NOCTTY", 0)
 
 
 @contextlib.contextmanager
@@ -37,6 +55,106 @@ def decode_source(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
 
 
+def split_lines(text: str) -> list[str]:
+    """``text``'s lines, each with its ``\\n``: the chunker's line rule, which every line
+    number of an index counts by.
+
+    Why not ``str.splitlines``: it also splits at ``\\r``, form feeds, ``\\x1c``-``\\x1e``,
+    U+0085, U+2028 and U+2029, which the chunker (and git, and editors' line numbers) keep
+    inside a line; a file with a form feed would then be shown lines off its hit.
+    """
+    lines = text.split("\n")
+    out = [line + "\n" for line in lines[:-1]]
+    if lines[-1]:
+        out.append(lines[-1])
+    return out
+
+
+def _not_regular(path: object, mode: int) -> OSError:
+    what = "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+    return OSError(errno.EINVAL, f"{what}, not read", str(path))
+
+
+def _read_fd(fd: int, path: object, limit: int | None) -> tuple[bytes, os.stat_result]:
+    """Read an open descriptor (closed here) that must be a regular file."""
+    with os.fdopen(fd, "rb", buffering=0) as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_regular(path, st.st_mode)
+        return (fh.readall() if limit is None else fh.read(limit)), st
+
+
+def read_regular(path: str | os.PathLike, *, limit: int | None = None) -> tuple[bytes, os.stat_result]:
+    """The bytes (the first ``limit`` of them) and the stat of ``path``, a regular file
+    that is not a symlink; its folders may be symlinks.
+
+    Raises
+    ------
+    OSError
+        When ``path`` is missing, unreadable, a symlink (``ELOOP``), or no regular file
+        (a FIFO is never waited on).
+    """
+    fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _NOCTTY | _CLOEXEC)
+    return _read_fd(fd, path, limit)
+
+
+def _open_below(folder: int, parts: list[str]) -> int:
+    """Open ``parts`` (a relative path) below the open folder ``folder`` (closed here), no
+    component followed if it is a symlink (``ELOOP``)."""
+    try:
+        for part in parts[:-1]:
+            inner = os.open(part, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC, dir_fd=folder)
+            os.close(folder)
+            folder = inner
+        return os.open(parts[-1], os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _NOCTTY | _CLOEXEC, dir_fd=folder)
+    finally:
+        os.close(folder)
+
+
+def read_inside(
+    root: str | os.PathLike, rel: str, *, limit: int | None = None
+) -> tuple[bytes, os.stat_result]:
+    """The bytes (the first ``limit`` of them) and the stat of the file ``rel`` (``/``
+    separators) of the folder ``root``, read only if it is a regular file inside ``root``.
+
+    The path is opened one component at a time below ``root``, none of them followed if
+    it is a symlink: a component swapped for one fails the read instead of leaving the
+    folder. A symlink that is part of the repository (the walker indexes a link whose
+    target is inside the root) is then resolved, and its target opened the same way if it
+    lies inside ``root``.
+
+    Raises
+    ------
+    OSError
+        When the file is missing or unreadable, resolves outside ``root``, changed into a
+        symlink while it was opened (``ELOOP``), or is no regular file (a FIFO, a device,
+        a folder; a FIFO is never waited on).
+    """
+    parts = rel.split("/")
+    if os.open not in os.supports_dir_fd or not _NOFOLLOW:  # pragma: no cover - no openat: check, then open
+        return _read_resolved(root, rel, limit)
+    if "" not in parts and "." not in parts and ".." not in parts:
+        try:
+            return _read_fd(_open_below(os.open(root, os.O_RDONLY | _DIRECTORY | _CLOEXEC), parts), rel, limit)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+    return _read_resolved(root, rel, limit)
+
+
+def _read_resolved(root: str | os.PathLike, rel: str, limit: int | None) -> tuple[bytes, os.stat_result]:
+    """`read_inside` for a path through a symlink: resolved, and read if it is inside ``root``."""
+    real_root = os.path.realpath(root)
+    target = os.path.realpath(os.path.join(real_root, rel))
+    inner = os.path.relpath(target, real_root)
+    if inner == os.curdir or inner == os.pardir or inner.startswith(os.pardir + os.sep) or os.path.isabs(inner):
+        raise OSError(errno.EXDEV, "outside the repository, not read", str(rel))
+    if os.open not in os.supports_dir_fd or not _NOFOLLOW:  # pragma: no cover
+        return read_regular(target, limit=limit)
+    folder = os.open(real_root, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
+    return _read_fd(_open_below(folder, inner.split(os.sep)), rel, limit)
+
+
 def read_source(abs_path: str | os.PathLike) -> str:
     """Read a file as text: UTF-8, invalid bytes replaced by U+FFFD, newlines untouched.
 
@@ -47,10 +165,10 @@ def read_source(abs_path: str | os.PathLike) -> str:
     Raises
     ------
     OSError
-        When the file cannot be read.
+        When the file cannot be read, or is no regular file (a FIFO is never waited on).
     """
-    with open(abs_path, "rb") as fh:
-        return decode_source(fh.read())
+    fd = os.open(abs_path, os.O_RDONLY | _NONBLOCK | _NOCTTY | _CLOEXEC)
+    return decode_source(_read_fd(fd, abs_path, None)[0])
 
 
 def read_text(path: str | os.PathLike) -> str | None:

@@ -97,8 +97,15 @@ class IndexLock:
                     continue
                 os.close(fd)
                 raise _locked(self.path.parent, pid) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} {role}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {role}\n".encode(), 0)
+        except OSError:
+            # A full disk: without its holder line the lock would say nothing of who holds
+            # it, and a long-lived process would hold it for good. Let go of it at once.
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+            raise
         self._fd = fd
         return self
 

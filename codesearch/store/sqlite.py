@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from codesearch.errors import IndexCorruptError
+from codesearch.errors import IndexCorruptError, IndexWriteError
 from codesearch.store.segments import SegmentError, Segments
 
 #: Vector kinds in the cache, and the model role whose identity keys each of them.
@@ -272,6 +272,48 @@ def _cast(a: np.ndarray, dtype: type) -> np.ndarray:
     return torch.from_numpy(a).to(torch.float16 if dtype is np.float16 else torch.float32).numpy()
 
 
+def _to_db(text: str) -> str | bytes:
+    """A path (or a meta value) as the store keeps it: as text, or, for a file name that is
+    not valid UTF-8 (which Python holds with surrogate escapes, as ``os.listdir`` returns
+    it), as its bytes in a BLOB. SQLite text must be UTF-8; the bytes keep the name whole,
+    so the file can be opened again by it, and a BLOB never equals any text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape")
+    return text
+
+
+def _from_db(value: str | bytes) -> str:
+    """The path :func:`_to_db` stored, surrogate escapes included."""
+    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else value
+
+
+def _paths_at(rows: list[Any], i: int) -> list[Any]:
+    """``rows`` with the stored path at column ``i`` made a str (rows of text paths as they are)."""
+    return [r if not isinstance(r[i], bytes) else (*r[:i], _from_db(r[i]), *r[i + 1 :]) for r in rows]
+
+
+#: SQLite's primary result codes for a write the disk refused.
+_WRITE_REFUSED = (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR)
+
+
+def _refused(path: str, exc: sqlite3.Error) -> IndexWriteError | None:
+    """The user's error for a write the disk refused (full, or an I/O error), else None.
+
+    Why not `IndexCorruptError`: nothing is damaged (SQLite rolled the transaction back),
+    and its way out, ``--rebuild``, would need more space than the failed run.
+    """
+    code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
+    if code not in _WRITE_REFUSED:
+        return None
+    what = "the disk is full" if code == sqlite3.SQLITE_FULL else f"the disk refused a write ({exc})"
+    return IndexWriteError(
+        f"cannot write the index store {path}: {what} (free some space and run 'codesearch index' again; "
+        "the last complete index still answers searches)"
+    )
+
+
 def _corrupt(path: str, detail: object) -> IndexCorruptError:
     return IndexCorruptError(
         f"Index store {path} cannot be read ({detail}); run 'codesearch index --rebuild' to recreate it"
@@ -334,8 +376,7 @@ class Store:
                 raise _corrupt(self.path, "file does not exist")
         try:
             if readonly and not memory:
-                uri = Path(self.path).resolve().as_uri() + "?mode=ro"
-                self.conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+                self.conn = self._connect_readonly()
             else:
                 self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self.conn.execute("PRAGMA busy_timeout = 10000")
@@ -354,7 +395,28 @@ class Store:
         except sqlite3.DatabaseError as exc:
             with contextlib.suppress(Exception):
                 self.conn.close()
-            raise _corrupt(self.path, exc) from exc
+            raise (_refused(self.path, exc) or _corrupt(self.path, exc)) from exc
+
+    def _connect_readonly(self) -> sqlite3.Connection:
+        """A read-only connection; on a full disk, one that needs no space, when it can.
+
+        A reader of a WAL store creates the ``-shm`` (and ``-wal``) files when the last
+        connection before it removed them: on a full disk it cannot, and every search would
+        fail until space is freed. When no ``-wal`` file holds commits (every commit is in
+        the main file, as the last connection to close leaves it), the main file alone is
+        the index: it is then opened as immutable, which needs neither file.
+        """
+        uri = Path(self.path).resolve().as_uri() + "?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute("PRAGMA user_version").fetchone()
+            return conn
+        except sqlite3.DatabaseError as exc:
+            wal = Path(self.path + "-wal")
+            if _refused(self.path, exc) is None or (wal.exists() and wal.stat().st_size > 0):
+                raise
+            conn.close()
+        return sqlite3.connect(uri + "&immutable=1", uri=True, isolation_level=None, check_same_thread=False)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -417,11 +479,16 @@ class Store:
             yield self
         except BaseException:
             self._depth -= 1
-            if self._depth == 0:
-                self.conn.execute("ROLLBACK")
-            else:
-                self.conn.execute(f"ROLLBACK TO sp{self._depth}")
-                self.conn.execute(f"RELEASE sp{self._depth}")
+            # On a full disk (and a few other errors) SQLite has rolled the whole
+            # transaction back already: a ROLLBACK then fails ("no transaction is active")
+            # and would hide the error that says what happened.
+            if self.conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    if self._depth == 0:
+                        self.conn.execute("ROLLBACK")
+                    else:
+                        self.conn.execute(f"ROLLBACK TO sp{self._depth}")
+                        self.conn.execute(f"RELEASE sp{self._depth}")
             raise
         self._depth -= 1
         if self._depth == 0:
@@ -440,9 +507,16 @@ class Store:
         try:
             return self.conn.execute(sql, params)
         except sqlite3.DatabaseError as exc:
-            if any(m in str(exc).lower() for m in _CORRUPT_MARKERS):
-                raise _corrupt(self.path, exc) from exc
+            self._raise_for(exc)
             raise
+
+    def _raise_for(self, exc: sqlite3.DatabaseError) -> None:
+        """Raise the user's error for ``exc`` (a full disk, a damaged file), if it has one."""
+        refused = _refused(self.path, exc)
+        if refused is not None:
+            raise refused from exc
+        if any(m in str(exc).lower() for m in _CORRUPT_MARKERS):
+            raise _corrupt(self.path, exc) from exc
 
     def _write(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         # Every write goes through a transaction; a bare call opens (and commits) its own.
@@ -456,24 +530,24 @@ class Store:
             try:
                 self.conn.executemany(sql, rows)
             except sqlite3.DatabaseError as exc:
-                if any(m in str(exc).lower() for m in _CORRUPT_MARKERS):
-                    raise _corrupt(self.path, exc) from exc
+                self._raise_for(exc)
                 raise
 
     # -- meta ------------------------------------------------------------------------------
 
     def get_meta(self, key: str, default: str | None = None) -> str | None:
         row = self._exec("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return default if row is None else row[0]
+        return default if row is None else _from_db(row[0])
 
     def set_meta(self, key: str, value: object) -> None:
-        self._write("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, str(value)))
+        # (The root of a repository whose folder name is not UTF-8 is kept as bytes.)
+        self._write("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, _to_db(str(value))))
 
     def delete_meta(self, key: str) -> None:
         self._write("DELETE FROM meta WHERE key = ?", (key,))
 
     def meta(self) -> dict[str, str]:
-        return dict(self._exec("SELECT key, value FROM meta").fetchall())
+        return {k: _from_db(v) for k, v in self._exec("SELECT key, value FROM meta").fetchall()}
 
     @property
     def generation(self) -> int:
@@ -502,23 +576,32 @@ class Store:
 
     def files(self) -> dict[str, FileRecord]:
         """Path -> file record, for every indexed file."""
-        rows = self._exec("SELECT id, path, hash, size, mtime_ns, language, n_lines FROM files")
+        rows = _paths_at(self._exec("SELECT id, path, hash, size, mtime_ns, language, n_lines FROM files").fetchall(), 1)
         return {r[1]: FileRecord(*r) for r in rows}
 
     def file_paths(self) -> dict[int, str]:
         """File id -> relative path."""
-        return dict(self._exec("SELECT id, path FROM files").fetchall())
+        return {i: _from_db(p) for i, p in self._exec("SELECT id, path FROM files").fetchall()}
 
     def file_record(self, file_id: int) -> FileRecord | None:
         row = self._exec(
             "SELECT id, path, hash, size, mtime_ns, language, n_lines FROM files WHERE id = ?", (file_id,)
         ).fetchone()
-        return FileRecord(*row) if row else None
+        return FileRecord(*_paths_at([row], 1)[0]) if row else None
+
+    def file_hashes(self, paths: Sequence[str]) -> dict[str, str]:
+        """Path -> content hash, for those of ``paths`` that are indexed."""
+        out: dict[str, str] = {}
+        for part in _chunked([_to_db(p) for p in paths]):
+            marks = ",".join("?" * len(part))
+            out.update(_paths_at(self._exec(f"SELECT path, hash FROM files WHERE path IN ({marks})", part).fetchall(), 0))
+        return out
 
     def upsert_file(
         self, path: str, *, hash: str, size: int, mtime_ns: int, language: str, n_lines: int
     ) -> int:
         """Insert or update a file row (keyed by path); returns its id, stable across updates."""
+        path = _to_db(path)
         with self.transaction():
             row = self._exec("SELECT id FROM files WHERE path = ?", (path,)).fetchone()
             if row:
@@ -553,14 +636,14 @@ class Store:
         found: dict[int, ChunkRecord] = {}
         for part in _chunked(ids):
             marks = ",".join("?" * len(part))
-            for r in self._exec(f"{_CHUNK_RECORD_SQL} WHERE c.id IN ({marks})", part):
+            for r in _paths_at(self._exec(f"{_CHUNK_RECORD_SQL} WHERE c.id IN ({marks})", part).fetchall(), 2):
                 found[r[0]] = ChunkRecord(*r)
         return [found[i] for i in ids if i in found]
 
     def iter_chunk_records(self) -> Iterator[ChunkRecord]:
         """Every chunk, by id."""
         for r in self._exec(f"{_CHUNK_RECORD_SQL} ORDER BY c.id"):
-            yield ChunkRecord(*r)
+            yield ChunkRecord(*r) if not isinstance(r[2], bytes) else ChunkRecord(*_paths_at([r], 2)[0])
 
     def iter_chunk_meta(self) -> Iterator[tuple[int, int, str, int, int, str, str | None, str, str | None]]:
         """Every chunk's ``(id, file_id, path, start_line, end_line, language, symbol, kind, scope)``, by id.
@@ -573,6 +656,8 @@ class Store:
             "SELECT c.id, c.file_id, f.path, c.start_line, c.end_line, c.language, c.symbol, c.kind, c.scope"
             " FROM chunks c JOIN files f ON f.id = c.file_id ORDER BY c.id"
         ).fetchall()
+        if self._exec("SELECT 1 FROM files WHERE typeof(path) = 'blob' LIMIT 1").fetchone():
+            rows = _paths_at(rows, 2)  # (only then: a pass over every row costs on a large index)
         return iter(rows)
 
     def file_chunk_ids(self, file_id: int) -> list[int]:
@@ -782,7 +867,7 @@ class Store:
             " WHERE v.model = ? AND v.kind = 'file' AND v.text_hash = f.hash)",
             (model,),
         )
-        return [tuple(r) for r in rows]
+        return [tuple(r) for r in _paths_at(rows.fetchall(), 1)]
 
     def chunk_ids_with_hashes(self, hashes: Iterable[str]) -> list[int]:
         """Ids of the chunks whose text hash is one of ``hashes``."""

@@ -99,6 +99,20 @@ def test_an_old_codex_entry_is_replaced_in_place(tmp_path):
     assert data["other"] == {"x": 1} and data["mcp_servers"]["codesearch"]["command"] != "old"
 
 
+def test_a_line_separator_inside_a_toml_string_is_not_a_line(tmp_path):
+    # TOML lines end at \n: a U+2028 inside a string, then "[", is no table header (splitlines
+    # cut there, and the entry was replaced up to it, leaving half a string behind).
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        '[mcp_servers.codesearch]\ncommand = "old"\nnote = "a\u2028[b]"\n\n[other]\nx = "c\u2028d"\n', encoding="utf-8"
+    )
+    run("codex", "--write", "--path", str(tmp_path), env={"CODEX_HOME": str(home)})
+    data = read(home / "config.toml")
+    assert data["other"] == {"x": "c\u2028d"} and data["mcp_servers"]["codesearch"]["command"] != "old"
+    assert "note" not in data["mcp_servers"]["codesearch"]
+
+
 def test_a_config_with_comments_is_refused_with_one_line(tmp_path):
     (tmp_path / ".zed").mkdir()
     (tmp_path / ".zed" / "settings.json").write_text('// Zed settings\n{"theme": "x"}\n')

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import re
 import sys
@@ -66,3 +67,21 @@ def test_progress_only_on_a_terminal_and_not_quiet(monkeypatch, tty, enabled, sh
         assert "encode" in out and "tok/s" in out and "40/40" in out
     else:
         assert out == ""
+
+
+def test_terminal_output_obeys_no_control_character_of_a_name_or_of_the_code(monkeypatch, tmp_path):
+    hit = dataclasses.replace(
+        HIT, path="src/\x1b]0;owned\x07evil\n.py", symbol="heading\x1b[2J",
+        text="def f():\r\n    return '\x1b[2J\x1b[31m'  # \u202e reversed\n    x = 1\rhidden\n",
+    )
+    buf = io.StringIO()
+    monkeypatch.setattr(render, "stdout", lambda: Console(file=buf, force_terminal=True, width=120))
+    render.search_result(dataclasses.replace(RESULT, hits=[hit]), root=tmp_path, as_json=False, as_jsonl=False,
+                         files_only=False)
+    out = buf.getvalue()
+    # rich's own colours and links remain; nothing of the hit's ESC, BEL, CR or U+202E does.
+    text = re.sub(r"\x1b\[[0-9;]*m|\x1b\]8;[^\x1b]*\x1b\\", "", out)
+    assert not {"\x1b", "\x07", "\r", "\u202e"} & set(text), ascii(text)
+    assert text.splitlines()[0].startswith('"src/\\x1b]0;owned\\aevil\\n.py":17-18')
+    assert "\\x1b[2J\\x1b[31m" in text and "\\u202e reversed" in text and "\\rhidden" in text
+    assert len(text.rstrip("\n").splitlines()) == 1 + 3  # the location, then the snippet's 3 lines
