@@ -27,8 +27,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from codesearch.build.chunking import chunk_many, chunk_source
-from codesearch.build.walk import SourceFile, read_source, walk
+from codesearch.indexing.chunking import chunk_many, chunk_source
+from codesearch.indexing.walk import SourceFile, read_source, walk
 
 SITE = Path(sys.prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
 # Python, C and C++ of several shapes; about 10,000 indexable files in all.
@@ -94,7 +94,7 @@ def measure_chunk(files: list[SourceFile], max_tokens: int = 512, workers: int =
 
 def measure_parse_only(files: list[SourceFile]) -> dict:
     """Read and tree-sitter-parse each file, nothing else: the floor under chunking."""
-    from codesearch.build.chunking import _SPECS, _parser
+    from codesearch.indexing.chunking import _SPECS, _parser
 
     wall, cpu = time.perf_counter(), time.process_time()
     parsed = 0
@@ -156,7 +156,7 @@ def measure_chunk_memory(roots: list[Path], n_files: int = 10_000, max_tokens: i
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     # The interpreter and imports alone, for scale.
     base = subprocess.run(
-        [sys.executable, "-c", "import resource, codesearch.build.chunking as c;"
+        [sys.executable, "-c", "import resource, codesearch.indexing.chunking as c;"
          "c._parser('python');print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024)"],
         capture_output=True, text=True, check=True,
     )

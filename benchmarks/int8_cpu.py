@@ -101,8 +101,8 @@ def variant(model_dir: Path, name: str):
 
 def code_chunks(repo: Path, limit: int) -> list[str]:
     """The chunker's encoder texts (header + code) of the repository's files, in path order."""
-    from codesearch.build.chunking import chunk_source
-    from codesearch.build.languages import detect_language
+    from codesearch.indexing.chunking import chunk_source
+    from codesearch.indexing.languages import detect_language
 
     texts: list[str] = []
     for f in sorted(repo.rglob("*")):

@@ -29,8 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from codesearch.build.encoders import Encoders
-from codesearch.build.pipeline import build_index
+from codesearch.indexing.encoders import Encoders
+from codesearch.indexing.pipeline import build_index
 
 SITE = Path(sys.prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
 DEFAULT_REPO = SITE / "requests"

@@ -132,7 +132,7 @@ _ENCODERS: dict = {}
 
 def _encoders(model: str | None):
     """One loaded encoder per model for the whole run (loading is the slow part)."""
-    from codesearch.build.encoders import resolve_encoders
+    from codesearch.indexing.encoders import resolve_encoders
 
     if model is None:
         return None
@@ -143,7 +143,7 @@ def _encoders(model: str | None):
 
 def build_or_open(repo: Repo, repos_dir: Path, out: Path, model: str | None, chunk_tokens: int | None, rebuild: bool):
     """Index the repo's benchmark_root (cached) and return (Searcher, index seconds, prefix)."""
-    from codesearch.build import pipeline
+    from codesearch.indexing import pipeline
     from codesearch.search.searcher import Searcher
 
     root = repos_dir / repo.name / (repo.benchmark_root or "")

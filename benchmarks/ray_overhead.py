@@ -84,7 +84,7 @@ def writer_ceiling(payload_mb: int = 384, grouped: bool = True) -> list[tuple[st
     made them has)."""
     import torch  # noqa: F401  (the store's float16 cast uses it when loaded)
 
-    from codesearch.build.pipeline import _Commits
+    from codesearch.indexing.pipeline import _Commits
     from codesearch.store import Store
 
     rng = np.random.default_rng(0)
@@ -123,7 +123,7 @@ def main() -> None:
     import torch
     from fixtures import models
 
-    from codesearch.build.distributed import RayEncoder, WorkerPool, connect
+    from codesearch.indexing.distributed import RayEncoder, WorkerPool, connect
     from codesearch.encoder import load
 
     print(f"load at start: {open('/proc/loadavg').read().split()[:3]}  cores: {args.cores}")
@@ -260,8 +260,8 @@ def driver_ceiling(root: Path, model: Path, rate: float | None = None) -> None:
     print the encode stage's rate: the ceiling the driver puts on any number of workers.
     With ``rate`` (--rate TOK_S), the stand-in cluster makes vectors at that many tokens/s,
     and the encode stage is compared with the time the workers alone would take."""
-    from codesearch.build.encoders import Encoders
-    from codesearch.build.pipeline import build_index
+    from codesearch.indexing.encoders import Encoders
+    from codesearch.indexing.pipeline import build_index
     from codesearch.encoder import load
 
     enc = InstantEncoder(load(str(model), device="cpu"), rate=rate)

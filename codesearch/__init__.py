@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from codesearch import _compat
 from codesearch.errors import CodeSearchError
 
 __version__ = "0.1.0"
@@ -31,6 +32,9 @@ _LAZY = {
     "SearchHit": "codesearch.types",
     "Chunk": "codesearch.types",
 }
+
+
+_compat.install()  # old import paths (codesearch.build.*) for one release
 
 
 def __getattr__(name: str) -> Any:

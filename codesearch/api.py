@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from codesearch.build.encoders import DEFAULT, DISABLED_KEY, VECTORS_PENDING_KEY, Encoders, resolve_encoders
-from codesearch.build.pipeline import WALK_EXCLUDE_KEY, WALK_INCLUDE_KEY, build_index
-from codesearch.build.walk import quiet_skips
-from codesearch.build.status import Staleness, index_info, staleness
+from codesearch.indexing.encoders import DEFAULT, DISABLED_KEY, VECTORS_PENDING_KEY, Encoders, resolve_encoders
+from codesearch.indexing.pipeline import WALK_EXCLUDE_KEY, WALK_INCLUDE_KEY, build_index
+from codesearch.indexing.walk import quiet_skips
+from codesearch.indexing.status import Staleness, index_info, staleness
 from codesearch.search import snippets
 from codesearch.search.globs import escape_glob, glob_deadline, scope_globs
 from codesearch.search.snippets import fit as fit_result
@@ -201,7 +201,7 @@ class CodeSearch:
         serving several repositories); default: this object loads its own.
     ray : str, WorkerPool or None
         Embed `index` runs on a Ray cluster: ``"auto"`` (``RAY_ADDRESS``, else a local
-        cluster), an address, or a `codesearch.build.distributed.WorkerPool` to share with other
+        cluster), an address, or a `codesearch.indexing.distributed.WorkerPool` to share with other
         objects. Searches encode locally.
 
     Notes
@@ -253,7 +253,7 @@ class CodeSearch:
         self.encoder_pool = encoder_pool if encoder_pool is not None else EncoderPool()
         self.ray = ray
         if ray is not None:
-            from codesearch.build.distributed import require_ray
+            from codesearch.indexing.distributed import require_ray
 
             require_ray()  # a missing extra fails here, before any work
         self._ray_encoders: dict[str, Any] = {}  # the Ray pool and encoders, kept between runs
@@ -287,7 +287,7 @@ class CodeSearch:
             if self._own_pool:
                 self.encoder_pool.clear()
             if self._ray_encoders:
-                from codesearch.build.distributed import close_made
+                from codesearch.indexing.distributed import close_made
 
                 close_made(self._ray_encoders)
             self._closed = True
@@ -648,7 +648,7 @@ class CodeSearch:
                 encoders, said = self._get_encoders(models)
                 notices.extend(said)
                 if ray:
-                    from codesearch.build.distributed import wrap_encoders
+                    from codesearch.indexing.distributed import wrap_encoders
 
                     encoders = wrap_encoders(encoders, self.ray, self._ray_encoders)
                 return encoders if disabled is None else dataclasses.replace(encoders, disabled=tuple(disabled))
@@ -665,7 +665,7 @@ class CodeSearch:
                         locate(name)
             encoders = None if lazy else load()
             if ray:
-                from codesearch.build.distributed import with_worker_rates
+                from codesearch.indexing.distributed import with_worker_rates
 
                 progress = with_worker_rates(progress, self._ray_encoders)
             try:
@@ -702,7 +702,7 @@ class CodeSearch:
         any other model the chunks are sized in its tokens, and a lexical pass would be
         chunked again (new chunk ids) once the model is loaded. Decided from the
         checkpoint's JSON files; anything unknown says no (the model loads first)."""
-        from codesearch.build.encoders import MAX_CHUNK_TOKENS, default_models, holds_estimated_chunks
+        from codesearch.indexing.encoders import MAX_CHUNK_TOKENS, default_models, holds_estimated_chunks
         from codesearch.encoder import DEFAULT_MULTI_MODEL
         from codesearch.encoder.loading import colbert_window
 

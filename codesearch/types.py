@@ -220,7 +220,7 @@ def canonical_languages(names: Iterable[str]) -> tuple[str, ...]:
     A real language that an index lacks is not an error: it filters that index to nothing,
     as a glob that matches nothing does (and as it must across several served roots).
     """
-    from codesearch.build.languages import canonical_language
+    from codesearch.indexing.languages import canonical_language
 
     out: list[str] = []
     for name in names:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from codesearch.build import pipeline
-from codesearch.build.encoders import resolve_encoders
+from codesearch.indexing import pipeline
+from codesearch.indexing.encoders import resolve_encoders
 from codesearch.errors import NotIndexedError, QueryError
 from codesearch.search.searcher import Searcher
 from codesearch.types import SearchHit, SearchResult

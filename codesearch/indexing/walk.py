@@ -7,7 +7,7 @@ files, minified bundles, vendored trees, binaries, huge files) and says why, fil
 
 Example
 -------
->>> from codesearch.build.walk import walk
+>>> from codesearch.indexing.walk import walk
 >>> result = walk(".")                                  # doctest: +SKIP
 >>> [f.path for f in result.files][:3]                  # doctest: +SKIP
 ['README.md', 'codesearch/__init__.py', 'codesearch/api.py']
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pathspec
 
-from codesearch.build.languages import CPP_HINTS, detect_language
+from codesearch.indexing.languages import CPP_HINTS, detect_language
 from codesearch.errors import PathError
 from codesearch.pathnames import quote_name
 from codesearch.store.files import read_inside, read_source

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from codesearch.api import CodeSearch
-from codesearch.build import pipeline
-from codesearch.build.encoders import Encoders
-from codesearch.build.pipeline import build_index
+from codesearch.indexing import pipeline
+from codesearch.indexing.encoders import Encoders
+from codesearch.indexing.pipeline import build_index
 from codesearch.errors import IndexLockedError
 from codesearch.search.ranking import _impute
 from codesearch.search.searcher import Searcher
@@ -237,7 +237,7 @@ def test_a_lexical_only_index_run_never_imports_torch(tmp_path):
 def test_an_open_codesearch_follows_another_process_s_commits(tmp_path):
     # A long-lived object (a notebook, a retriever) must not stay on the generation it
     # first opened while another process's lexical-first run publishes newer ones.
-    from codesearch.build.pipeline import build_index as run
+    from codesearch.indexing.pipeline import build_index as run
 
     repo = _repo(tmp_path / "repo")
     with CodeSearch(repo, model=None, multi_model=None) as cs:

@@ -25,18 +25,18 @@ from fixtures.pipeline_helpers import (
     module_source,
 )
 
-from codesearch.build import pipeline
-from codesearch.build.encoders import Encoders
-from codesearch.build.pipeline import build_index
+from codesearch.indexing import pipeline
+from codesearch.indexing.encoders import Encoders
+from codesearch.indexing.pipeline import build_index
 from codesearch.store import Store
 from codesearch.types import STORE_FILE
 
 CHILD = textwrap.dedent(
     """
     import sys, time
-    from codesearch.build import pipeline
-    from codesearch.build.encoders import Encoders
-    from codesearch.build.pipeline import build_index
+    from codesearch.indexing import pipeline
+    from codesearch.indexing.encoders import Encoders
+    from codesearch.indexing.pipeline import build_index
 
     repo, dense_dir, colbert_dir, group_s = sys.argv[1:5]
     pipeline.ENCODE_BATCH = 3  # several committed batches even on a small repo

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from test_chunking import assert_invariants as base_invariants
 
-from codesearch.build.chunking import CHUNKED_LANGUAGES, chunk_source
+from codesearch.indexing.chunking import CHUNKED_LANGUAGES, chunk_source
 
 # fmt: off
 SNIPPETS = {

@@ -17,7 +17,7 @@ Guarantees, relied on by the store and by every consumer of a hit:
 
 Example
 -------
->>> from codesearch.build.chunking import chunk_source
+>>> from codesearch.indexing.chunking import chunk_source
 >>> src = "import os\\n\\n\\nclass A:\\n    def f(self):\\n        return os.sep\\n"
 >>> [(c.start_line, c.end_line, c.kind, c.symbol) for c in chunk_source("a.py", src, "python")]
 [(1, 6, 'class', 'A')]

@@ -21,10 +21,10 @@ from fixtures.pipeline_helpers import (
     module_source,
 )
 
-from codesearch.build import pipeline
-from codesearch.build.encoders import Encoders, resolve_encoders
-from codesearch.build.pipeline import build_index
-from codesearch.build.status import staleness
+from codesearch.indexing import pipeline
+from codesearch.indexing.encoders import Encoders, resolve_encoders
+from codesearch.indexing.pipeline import build_index
+from codesearch.indexing.status import staleness
 from codesearch.errors import (
     IndexCorruptError,
     IndexLockedError,
@@ -36,7 +36,7 @@ from codesearch.indexes import registry
 from codesearch.indexes.registry import load_derived
 from codesearch.store import IndexLock, Store
 from codesearch.types import STORE_FILE
-from codesearch.build.chunking import CHUNKER_VERSION
+from codesearch.indexing.chunking import CHUNKER_VERSION
 
 
 @pytest.fixture
@@ -501,7 +501,7 @@ def test_unavailable_default_models_degrade_to_lexical_only_with_a_notice(offlin
 
 
 def test_on_a_cpu_the_dense_default_is_off_but_not_recorded_as_switched_off(offline_hub, repo):
-    from codesearch.build.encoders import DISABLED_KEY
+    from codesearch.indexing.encoders import DISABLED_KEY
 
     encoders, _ = resolve_encoders(device="cpu")
     assert encoders.disabled == ()  # a later GPU run, or --model, adds it
@@ -551,7 +551,7 @@ def test_a_model_switched_off_stays_off_without_a_notice(offline_hub, repo, sing
 def test_a_gpu_encoder_gets_batches_its_size_and_a_cpu_one_keeps_small_commits():
     from types import SimpleNamespace
 
-    from codesearch.build.pipeline import ENCODE_BATCH, ENCODE_BATCH_CHARS, _batch_size
+    from codesearch.indexing.pipeline import ENCODE_BATCH, ENCODE_BATCH_CHARS, _batch_size
 
     assert _batch_size(SimpleNamespace(device="cpu", batch_tokens=16384)) == (ENCODE_BATCH, ENCODE_BATCH_CHARS)
     texts, chars = _batch_size(SimpleNamespace(device="cuda:0", batch_tokens=262144))

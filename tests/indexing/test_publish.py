@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from codesearch.build import pipeline
-from codesearch.build.encoders import Encoders
-from codesearch.build.pipeline import build_index
+from codesearch.indexing import pipeline
+from codesearch.indexing.encoders import Encoders
+from codesearch.indexing.pipeline import build_index
 from codesearch.indexes import registry
 from codesearch.search.searcher import Searcher
 from codesearch.store import Store

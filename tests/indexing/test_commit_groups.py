@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from codesearch.build import pipeline
+from codesearch.indexing import pipeline
 from codesearch.store import Store
 
 

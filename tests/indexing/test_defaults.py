@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from codesearch.build.encoders import default_models
+from codesearch.indexing.encoders import default_models
 from codesearch.encoder import DEFAULT_DENSE_MODEL, DEFAULT_MULTI_MODEL
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from codesearch.api import CodeSearch
-from codesearch.build.encoders import Encoders
-from codesearch.build.pipeline import build_index
+from codesearch.indexing.encoders import Encoders
+from codesearch.indexing.pipeline import build_index
 from codesearch.store import Store
 from codesearch.types import STORE_FILE
 
@@ -211,7 +211,7 @@ def test_a_folder_swapped_for_a_symlink_is_not_listed(tmp_path):
     # The walker lists each folder it enters without following a symlink: a folder swapped
     # for a link to `/` after its parent was listed is not walked (its files would only be
     # refused one by one, after an lstat of each).
-    from codesearch.build.walk import _list_folder
+    from codesearch.indexing.walk import _list_folder
 
     (tmp_path / "real").mkdir()
     (tmp_path / "real" / "a.py").write_text("x = 1\n")

@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from codesearch.build.encoders import EMBEDDED_KEY
-from codesearch.build.pipeline import check_root, hash_bytes
+from codesearch.indexing.encoders import EMBEDDED_KEY
+from codesearch.indexing.pipeline import check_root, hash_bytes
 from codesearch.store import KIND_ROLE, Store
 from codesearch.store.files import read_inside
 from codesearch.types import STORE_FILE, default_index_dir
@@ -80,7 +80,7 @@ def staleness(
     Cheap: a walk and a ``stat`` per file; a file is read and hashed only when its size
     or mtime differ from the store. ``max_file_bytes`` defaults to the last run's.
     """
-    from codesearch.build.walk import quiet_skips, walk
+    from codesearch.indexing.walk import quiet_skips, walk
 
     root_path = check_root(root)
     idir = Path(index_dir).expanduser().resolve() if index_dir is not None else default_index_dir(root_path)

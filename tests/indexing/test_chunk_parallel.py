@@ -9,10 +9,10 @@ from pathlib import Path
 
 from fixtures.pipeline_helpers import chunk_set, make_repo
 
-from codesearch.build import chunking
-from codesearch.build.chunking import chunk_many, chunk_source, estimate_tokens
-from codesearch.build.encoders import MAX_CHUNK_TOKENS, Encoders, chunk_budget
-from codesearch.build.pipeline import build_index
+from codesearch.indexing import chunking
+from codesearch.indexing.chunking import chunk_many, chunk_source, estimate_tokens
+from codesearch.indexing.encoders import MAX_CHUNK_TOKENS, Encoders, chunk_budget
+from codesearch.indexing.pipeline import build_index
 from codesearch.encoder import load
 
 SOURCES = {

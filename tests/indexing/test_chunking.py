@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 import codesearch
-from codesearch.build import chunking
-from codesearch.build.chunking import chunk_source, estimate_tokens
-from codesearch.build.walk import detect_language, read_source
+from codesearch.indexing import chunking
+from codesearch.indexing.chunking import chunk_source, estimate_tokens
+from codesearch.indexing.walk import detect_language, read_source
 from codesearch.types import Chunk
 
 
@@ -272,7 +272,7 @@ def test_valid_utf8_offsets_are_file_offsets(tmp_path: Path):
 
 def test_parse_failure_falls_back_to_line_chunks(caplog):
     src = "".join(f"this is ]] not {{ python at all ))) line {i} <<<\n" for i in range(40))
-    with caplog.at_level(logging.DEBUG, logger="codesearch.build.chunking"):
+    with caplog.at_level(logging.DEBUG, logger="codesearch.indexing.chunking"):
         chunks = chunk_source("bad.py", src, "python", max_tokens=64)
     assert_invariants(src, chunks)
     assert len(chunks) > 1

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from codesearch.build.walk import SKIP_REASONS, detect_language, read_source, walk
+from codesearch.indexing.walk import SKIP_REASONS, detect_language, read_source, walk
 from codesearch.errors import PathError
 
 HAS_GIT = shutil.which("git") is not None
@@ -372,7 +372,7 @@ def test_untracked_nested_repository_is_walked_by_its_own_rules(tmp_path):
 def test_docstring_examples_run():
     import doctest
 
-    from codesearch.build import walk as walk_module
+    from codesearch.indexing import walk as walk_module
 
     assert doctest.testmod(walk_module).failed == 0
 

@@ -17,7 +17,7 @@ from it. A run does its work in an order that survives a crash or Ctrl-C at any 
 
 Example
 -------
->>> from codesearch.build.pipeline import build_index, resolve_encoders
+>>> from codesearch.indexing.pipeline import build_index, resolve_encoders
 >>> encoders, notices = resolve_encoders()                       # doctest: +SKIP
 >>> summary = build_index("path/to/repo", encoders=encoders)     # doctest: +SKIP
 >>> summary.files_indexed, summary.chunks_encoded                # doctest: +SKIP
@@ -41,8 +41,8 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from codesearch.build.chunking import CHUNKER_VERSION
-from codesearch.build.encoders import (
+from codesearch.indexing.chunking import CHUNKER_VERSION
+from codesearch.indexing.encoders import (
     DISABLED_KEY,
     EMBEDDED_KEY,
     VECTORS_PENDING_KEY,
@@ -181,7 +181,7 @@ def build_index(
         index. Chunks that lack vectors of a model the index records get them on the next
         run that has the model.
     include, exclude, max_file_bytes
-        Passed to :func:`codesearch.build.walk.walk`.
+        Passed to :func:`codesearch.indexing.walk.walk`.
     rebuild
         Build the index anew: every file re-read and re-chunked, new chunk ids, models
         recorded from ``encoders`` (another model than before is allowed), every derived
@@ -434,7 +434,7 @@ def _build(run: _Run) -> IndexSummary:
 
 def _walk_and_read(run: _Run) -> None:
     """Walk the files; read and hash only those whose stat changed; decide the chunk budget."""
-    from codesearch.build.walk import walk
+    from codesearch.indexing.walk import walk
 
     store = run.store
     run.report("walk", 0, 0, message="walking files")
@@ -512,7 +512,7 @@ def _renamed(run: _Run) -> int:
 
 def _chunk(run: _Run) -> None:
     """Chunk the new and changed files (per file, sharing nothing: a process pool for many)."""
-    from codesearch.build.chunking import chunk_many
+    from codesearch.indexing.chunking import chunk_many
 
     n = len(run.work)
     # A name that is not UTF-8 goes into each chunk's header (text the store and the

@@ -13,9 +13,9 @@ import shutil
 import pytest
 from fixtures.pipeline_helpers import CountingEncoder, check_consistent, make_repo
 
-from codesearch.build import pipeline
-from codesearch.build.encoders import Encoders
-from codesearch.build.pipeline import build_index
+from codesearch.indexing import pipeline
+from codesearch.indexing.encoders import Encoders
+from codesearch.indexing.pipeline import build_index
 from codesearch.types import STORE_FILE
 from codesearch.store import Store
 

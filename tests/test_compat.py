@@ -1,0 +1,37 @@
+"""Old import paths keep working for one release: the same module objects, with a warning."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.parametrize("old,new", [
+    ("codesearch.build", "codesearch.indexing"),
+    ("codesearch.build.pipeline", "codesearch.indexing.pipeline"),
+    ("codesearch.build.chunking", "codesearch.indexing.chunking"),
+])
+def test_an_old_module_name_is_the_new_module_and_warns(old, new):
+    # A fresh interpreter: this one may have imported either name already.
+    code = (
+        "import importlib, sys, warnings\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        f"    old = importlib.import_module({old!r})\n"
+        f"new = importlib.import_module({new!r})\n"
+        "assert old is new, (old, new)\n"
+        f"assert any(issubclass(w.category, DeprecationWarning) and {new!r} in str(w.message) for w in seen), seen\n"
+        "mods = [m for n, m in sys.modules.items() if n.startswith('codesearch') and getattr(m, '__file__', None)]\n"
+        "print(len({m.__file__ for m in mods}) == len({id(m) for m in mods}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"  # every old name is an alias: no file loaded twice
+
+
+def test_the_new_names_import_without_a_warning():
+    code = "import warnings; warnings.simplefilter('error'); import codesearch.indexing.pipeline, codesearch.api"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
