@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import torch
-from torch import nn
+import torch  # noqa: E402 - after the sys.path lines above
+from torch import nn  # noqa: E402
 
 SITE = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
 

@@ -122,7 +122,8 @@ def _label(model: str) -> str:
 
 def _table(results: list[dict]) -> str:
     lines = [
-        "| mode | run | seconds | of which encoding | files read | files re-chunked | texts encoded | tokens encoded | chunks |",
+        "| mode | run | seconds | of which encoding | files read | files re-chunked | texts encoded "
+        "| tokens encoded | chunks |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:

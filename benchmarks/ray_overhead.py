@@ -123,8 +123,8 @@ def main() -> None:
     import torch
     from fixtures import models
 
-    from codesearch.indexing.distributed import RayEncoder, WorkerPool, connect
     from codesearch.encoder import load
+    from codesearch.indexing.distributed import RayEncoder, WorkerPool, connect
 
     print(f"load at start: {open('/proc/loadavg').read().split()[:3]}  cores: {args.cores}")
     tmp = Path(tempfile.mkdtemp(prefix="ray-bench-"))
@@ -260,9 +260,9 @@ def driver_ceiling(root: Path, model: Path, rate: float | None = None) -> None:
     print the encode stage's rate: the ceiling the driver puts on any number of workers.
     With ``rate`` (--rate TOK_S), the stand-in cluster makes vectors at that many tokens/s,
     and the encode stage is compared with the time the workers alone would take."""
+    from codesearch.encoder import load
     from codesearch.indexing.encoders import Encoders
     from codesearch.indexing.pipeline import build_index
-    from codesearch.encoder import load
 
     enc = InstantEncoder(load(str(model), device="cpu"), rate=rate)
     with tempfile.TemporaryDirectory() as d:

@@ -21,7 +21,7 @@ from codesearch.errors import CodeSearchError
 
 __version__ = "0.1.0"
 
-__all__ = ["CodeSearch", "SearchHit", "Chunk", "CodeSearchError", "__version__"]
+__all__ = ["Chunk", "CodeSearch", "CodeSearchError", "SearchHit", "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from codesearch.api import CodeSearch

@@ -24,15 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from codesearch.indexing.encoders import DEFAULT, DISABLED_KEY, VECTORS_PENDING_KEY, Encoders, resolve_encoders
-from codesearch.indexing.pipeline import WALK_EXCLUDE_KEY, WALK_INCLUDE_KEY, build_index
-from codesearch.indexing.walk import quiet_skips
-from codesearch.indexing.status import Staleness, index_info, staleness
-from codesearch.search import snippets
-from codesearch.search.globs import escape_glob, glob_deadline, scope_globs
-from codesearch.search.snippets import fit as fit_result
-from codesearch.search.snippets import shape as shape_result
-from codesearch.search.snippets import with_context as widen_result
 from codesearch.errors import (
     CodeSearchError,
     IndexLockedError,
@@ -40,13 +31,22 @@ from codesearch.errors import (
     NotIndexedError,
     PathError,
 )
+from codesearch.indexing.encoders import DEFAULT, DISABLED_KEY, VECTORS_PENDING_KEY, Encoders, resolve_encoders
+from codesearch.indexing.pipeline import WALK_EXCLUDE_KEY, WALK_INCLUDE_KEY, build_index
+from codesearch.indexing.status import Staleness, index_info, staleness
+from codesearch.indexing.walk import quiet_skips
+from codesearch.search import snippets
+from codesearch.search.globs import escape_glob, glob_deadline, scope_globs
+from codesearch.search.snippets import fit as fit_result
+from codesearch.search.snippets import shape as shape_result
+from codesearch.search.snippets import with_context as widen_result
 from codesearch.store import IndexLock, ReadWriteLock
 from codesearch.types import (
     MODES,
-    Mode,
     SCHEMA_VERSION,
     STORE_FILE,
     IndexSummary,
+    Mode,
     ProgressEvent,
     SearchRequest,
     default_index_dir,
@@ -58,29 +58,29 @@ if TYPE_CHECKING:  # pragma: no cover
     from codesearch.types import SearchHit, SearchResult
 
 __all__ = [
-    "CodeSearch",
-    "escape_glob",
-    "fit_result",
-    "glob_deadline",
-    "scope_globs",
-    "shape_result",
-    "widen_result",
     "DEFAULT",
+    "MODES",
+    "SCHEMA_VERSION",
+    "CodeSearch",
     "EncoderPool",
     "IndexStatus",
-    "MODES",
-    "ModelInfo",
     "Mode",
+    "ModelInfo",
     "SearchRequest",
-    "SCHEMA_VERSION",
+    "Snapshot",
     "check_query",
+    "escape_glob",
     "find_index_root",
+    "fit_result",
+    "glob_deadline",
     "hit_document",
     "list_models",
     "model_info",
     "pull_model",
     "result_document",
-    "Snapshot",
+    "scope_globs",
+    "shape_result",
+    "widen_result",
 ]
 
 
@@ -223,8 +223,8 @@ class CodeSearch:
         path: str | Path = ".",
         *,
         index_dir: str | Path | None = None,
-        model: str | None | object = DEFAULT,
-        multi_model: str | None | object = DEFAULT,
+        model: str | object | None = DEFAULT,
+        multi_model: str | object | None = DEFAULT,
         device: str = "auto",
         include: Sequence[str] = (),
         exclude: Sequence[str] = (),
@@ -702,9 +702,9 @@ class CodeSearch:
         any other model the chunks are sized in its tokens, and a lexical pass would be
         chunked again (new chunk ids) once the model is loaded. Decided from the
         checkpoint's JSON files; anything unknown says no (the model loads first)."""
-        from codesearch.indexing.encoders import MAX_CHUNK_TOKENS, default_models, holds_estimated_chunks
         from codesearch.encoder import DEFAULT_MULTI_MODEL
         from codesearch.encoder.loading import colbert_window
+        from codesearch.indexing.encoders import MAX_CHUNK_TOKENS, default_models, holds_estimated_chunks
 
         dense, multi = models
         if multi is None:
@@ -962,7 +962,13 @@ def list_models() -> list[dict[str, Any]]:
 
     roles = {DEFAULT_DENSE_MODEL: "default dense", DEFAULT_MULTI_MODEL: "default multi-vector"}
     rows = [
-        {"name": m.repo_id, "role": roles.get(m.repo_id, ""), "cached": True, "size_bytes": m.size_bytes, "path": str(m.path)}
+        {
+            "name": m.repo_id,
+            "role": roles.get(m.repo_id, ""),
+            "cached": True,
+            "size_bytes": m.size_bytes,
+            "path": str(m.path),
+        }
         for m in cached_models()
     ]
     cached = {row["name"] for row in rows}

@@ -162,7 +162,8 @@ class SearchRequest:
         if self.budget is not None:
             _check_int(self.budget, "budget", 1, "pass a number of tokens such as 2000")
         if self.min_score is not None:
-            if isinstance(self.min_score, bool) or not isinstance(self.min_score, (int, float)) or not math.isfinite(self.min_score):
+            number = isinstance(self.min_score, (int, float)) and not isinstance(self.min_score, bool)
+            if not number or not math.isfinite(self.min_score):
                 raise QueryError(f"min_score must be a number, got {self.min_score!r} (pass 0.5 for example)")
             put(self, "min_score", float(self.min_score))
         put(self, "files_only", bool(self.files_only))
@@ -194,8 +195,11 @@ class SearchRequest:
     def shapes_output(self) -> bool:
         """True when an output control (context, max_lines, no_snippet, min_score, budget) is set."""
         return bool(
-            self.context or self.max_lines is not None or self.no_snippet
-            or self.min_score is not None or self.budget is not None
+            self.context
+            or self.max_lines is not None
+            or self.no_snippet
+            or self.min_score is not None
+            or self.budget is not None
         )
 
     def without_output(self) -> SearchRequest:
@@ -408,7 +412,6 @@ class SearchResult:
             "indexes_used": list(self.indexes_used),
             "notices": list(self.notices),
         }
-
 
 
 @dataclass(frozen=True)

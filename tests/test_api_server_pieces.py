@@ -63,6 +63,9 @@ def test_a_pool_loads_a_model_once_for_every_codesearch_and_snapshot(tmp_path, s
 
 
 def test_the_library_does_not_import_its_server_or_cli():
-    code = "import sys, codesearch.api; print(sorted(m for m in sys.modules if m.startswith(('codesearch.server', 'codesearch.cli'))))"
+    code = (
+        "import sys, codesearch.api; "
+        "print(sorted(m for m in sys.modules if m.startswith(('codesearch.server', 'codesearch.cli'))))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

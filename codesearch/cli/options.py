@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Optional
+from typing import Any
 
 
 class Device(str, Enum):
@@ -15,7 +15,7 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
-def model_option(value: Optional[str]) -> Any:
+def model_option(value: str | None) -> Any:
     """``--model``/``--multi-model``: `None` (not given) -> `codesearch.api.DEFAULT` (the
     index's model, else the package default); ``"none"`` -> None (that index disabled)."""
     from codesearch.api import DEFAULT

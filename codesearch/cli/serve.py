@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -18,25 +18,61 @@ class McpTransport(str, Enum):
 
 
 def serve(
-    paths: Annotated[Optional[list[Path]], typer.Argument(help="Repositories to serve (default: the indexed folder at or above the current one, else the current one).")] = None,
+    paths: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="Repositories to serve (default: the indexed folder at or above the current one, "
+            "else the current one)."
+        ),
+    ] = None,
     host: Annotated[str, typer.Option(help="Address to listen on; anything but loopback needs --token.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=0, max=65535, help="Port; 0 picks a free one (printed as a JSON line on stdout).")] = 7420,
-    token: Annotated[Optional[str], typer.Option(envvar="CODESEARCH_TOKEN", show_envvar=True, help="Require 'Authorization: Bearer TOKEN' on every request.")] = None,
-    mcp: Annotated[McpTransport, typer.Option(help="MCP transport: http (at /mcp), stdio (MCP only, on stdin/stdout), off.")] = McpTransport.http,
+    port: Annotated[
+        int, typer.Option(min=0, max=65535, help="Port; 0 picks a free one (printed as a JSON line on stdout).")
+    ] = 7420,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="CODESEARCH_TOKEN", show_envvar=True, help="Require 'Authorization: Bearer TOKEN' on every request."
+        ),
+    ] = None,
+    mcp: Annotated[
+        McpTransport, typer.Option(help="MCP transport: http (at /mcp), stdio (MCP only, on stdin/stdout), off.")
+    ] = McpTransport.http,
     watch: Annotated[bool, typer.Option("--watch/--no-watch", help="Re-index changed files as they are saved.")] = True,
-    index_on_start: Annotated[bool, typer.Option("--index-on-start/--no-index-on-start", help="Run one incremental index per repository at start.")] = True,
-    model: Annotated[Optional[str], typer.Option(help="Dense model (default: the one the index records; 'none' disables).")] = None,
-    multi_model: Annotated[Optional[str], typer.Option("--multi-model", help="ColBERT model (default: the one the index records; 'none' disables).")] = None,
+    index_on_start: Annotated[
+        bool,
+        typer.Option("--index-on-start/--no-index-on-start", help="Run one incremental index per repository at start."),
+    ] = True,
+    model: Annotated[
+        str | None, typer.Option(help="Dense model (default: the one the index records; 'none' disables).")
+    ] = None,
+    multi_model: Annotated[
+        str | None,
+        typer.Option("--multi-model", help="ColBERT model (default: the one the index records; 'none' disables)."),
+    ] = None,
     device: Annotated[Device, typer.Option(help="Where the encoders run.")] = Device.auto,
-    index_dir: Annotated[Optional[Path], typer.Option("--index-dir", help="Index folder (one PATH only; default PATH/.codesearch).")] = None,
-    include: Annotated[Optional[list[str]], typer.Option("--include", metavar="GLOB", help="Only index files matching GLOB (repeatable).")] = None,
-    exclude: Annotated[Optional[list[str]], typer.Option("--exclude", metavar="GLOB", help="Skip files matching GLOB (repeatable).")] = None,
-    workers: Annotated[int, typer.Option(min=1, help="Threads that run searches (concurrent queries share encoder passes).")] = 8,
+    index_dir: Annotated[
+        Path | None, typer.Option("--index-dir", help="Index folder (one PATH only; default PATH/.codesearch).")
+    ] = None,
+    include: Annotated[
+        list[str] | None, typer.Option("--include", metavar="GLOB", help="Only index files matching GLOB (repeatable).")
+    ] = None,
+    exclude: Annotated[
+        list[str] | None, typer.Option("--exclude", metavar="GLOB", help="Skip files matching GLOB (repeatable).")
+    ] = None,
+    workers: Annotated[
+        int, typer.Option(min=1, help="Threads that run searches (concurrent queries share encoder passes).")
+    ] = 8,
     max_pending: Annotated[int, typer.Option(min=1, help="Searches running or queued before 503.")] = 64,
     search_timeout: Annotated[float, typer.Option(min=0.01, help="Seconds per search before 504.")] = 10.0,
     max_connections: Annotated[int, typer.Option(min=1, help="Open connections before 503.")] = 256,
     debounce_ms: Annotated[int, typer.Option(min=0, help="Quiet period after file changes before re-indexing.")] = 250,
-    query_batching: Annotated[bool, typer.Option("--query-batching/--no-query-batching", help="Encode concurrent queries in shared forward passes.")] = True,
+    query_batching: Annotated[
+        bool,
+        typer.Option(
+            "--query-batching/--no-query-batching", help="Encode concurrent queries in shared forward passes."
+        ),
+    ] = True,
 ) -> None:
     """Serve indexed repositories over HTTP (JSON API + MCP at /mcp) or MCP over stdio."""
     from codesearch.server.repos import RepoOptions
@@ -45,13 +81,24 @@ def serve(
     from codesearch.server.service import Limits
 
     repo_options = RepoOptions(
-        model=model_option(model), multi_model=model_option(multi_model), device=device.value,
-        include=tuple(include or ()), exclude=tuple(exclude or ()), index_dir=index_dir,
+        model=model_option(model),
+        multi_model=model_option(multi_model),
+        device=device.value,
+        include=tuple(include or ()),
+        exclude=tuple(exclude or ()),
+        index_dir=index_dir,
     )
     options = ServeOptions(
-        host=host, port=port, token=token, mcp=mcp.value, watch=watch, index_on_start=index_on_start,
+        host=host,
+        port=port,
+        token=token,
+        mcp=mcp.value,
+        watch=watch,
+        index_on_start=index_on_start,
         limits=Limits(workers=workers, max_pending=max_pending, timeout_s=search_timeout),
-        max_connections=max_connections, debounce_s=debounce_ms / 1000, query_batching=query_batching,
+        max_connections=max_connections,
+        debounce_s=debounce_ms / 1000,
+        query_batching=query_batching,
     )
     run_server(paths or [_default_root()], repo_options, options)
 

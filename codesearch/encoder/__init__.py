@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 DEFAULT_DENSE_MODEL = "Alibaba-NLP/gte-modernbert-base"
 DEFAULT_MULTI_MODEL = "lightonai/LateOn-Code-edge"
 
-__all__ = ["load", "Encoder", "pull", "cached_models", "DEFAULT_DENSE_MODEL", "DEFAULT_MULTI_MODEL"]
+__all__ = ["DEFAULT_DENSE_MODEL", "DEFAULT_MULTI_MODEL", "Encoder", "cached_models", "load", "pull"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from codesearch.encoder.loading import cached_models, load, pull

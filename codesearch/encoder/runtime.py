@@ -75,7 +75,7 @@ def cpu_has_fast_bf16() -> bool:
     try:
         if "AMX" in str(torch.backends.cpu.get_cpu_capability()).upper():
             return True
-    except Exception:  # older torch without the probe
+    except Exception:  # noqa: BLE001 - older torch without the probe
         pass
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:

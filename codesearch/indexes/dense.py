@@ -34,7 +34,7 @@ import numpy as np
 from codesearch.errors import IndexCorruptError
 from codesearch.store import atomic_write
 
-__all__ = ["DenseIndex", "EXACT_THRESHOLD"]
+__all__ = ["EXACT_THRESHOLD", "DenseIndex"]
 
 #: Vector count past which the index switches from exact search to IVF-Flat. Exact
 #: search over 50k x 768 float32 is ~40M multiply-adds per query (a few ms on 2 cores).

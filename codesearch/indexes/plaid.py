@@ -39,16 +39,16 @@ import json
 import math
 import os
 import zipfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
 from codesearch.errors import IndexCorruptError
 from codesearch.store import atomic_write
 
-__all__ = ["PlaidIndex", "ResidualCodec", "maxsim_search", "EXACT_TOKEN_THRESHOLD"]
+__all__ = ["EXACT_TOKEN_THRESHOLD", "PlaidIndex", "ResidualCodec", "maxsim_search"]
 
 #: Token count below which the index stays exact (float16 vectors, brute-force MaxSim).
 #: 2^18 tokens x 128 dims x 2 bytes = 64 MiB, and a full scan stays around 100 ms.
@@ -805,7 +805,7 @@ class PlaidIndex:
         if self.n_centroids:
             return min(self.n_centroids, n_tokens)
         target = min(16 * math.sqrt(n_tokens), self.max_centroids, max(1, n_tokens / 8))
-        return 1 << int(math.floor(math.log2(max(1.0, target))))
+        return 1 << math.floor(math.log2(max(1.0, target)))
 
     def _live_documents(self) -> tuple[np.ndarray, list[np.ndarray]]:
         """Live ids and their token vectors as float32 (decompressed in PLAID mode)."""

@@ -40,9 +40,9 @@ from codesearch.pathnames import quote_name
 from codesearch.types import Chunk
 
 __all__ = [
-    "Chunk",
     "CHUNKED_LANGUAGES",
     "CHUNKER_VERSION",
+    "Chunk",
     "chunk_many",
     "chunk_source",
     "estimate_tokens",
@@ -298,7 +298,7 @@ def _parser(grammar: str):
             from tree_sitter_language_pack import get_parser
 
             cache[grammar] = get_parser(grammar)
-        except Exception as exc:  # a grammar missing from the wheel: fall back to lines
+        except Exception as exc:  # noqa: BLE001 - a grammar missing from the wheel: fall back to lines
             log.warning("No tree-sitter grammar for %r (%s); chunking by lines", grammar, exc)
             cache[grammar] = None
     return cache[grammar]
@@ -316,8 +316,17 @@ class _Doc:
     is cut again, line by line, in `counting` mode (real counts of each candidate run).
     """
 
-    __slots__ = ("lines", "data", "line_bytes", "_count", "_memo", "_overhead", "scale",
-                 "counting", "last")
+    __slots__ = (
+        "_count",
+        "_memo",
+        "_overhead",
+        "counting",
+        "data",
+        "last",
+        "line_bytes",
+        "lines",
+        "scale",
+    )
 
     def __init__(self, text: str, count_tokens: Callable[[str], int] | None):
         self.lines = text.split("\n")
@@ -401,7 +410,7 @@ def _merge(
     for p in pieces:
         prev = out[-1] if out else None
         same = prev is not None and (
-            prev.scope == p.scope or nested and p.scope[: len(prev.scope)] == prev.scope
+            prev.scope == p.scope or (nested and p.scope[: len(prev.scope)] == prev.scope)
         )
         if same and prev.cost + p.cost <= budget(prev.scope):
             primary = None
@@ -674,7 +683,7 @@ class _Splitter:
         return _merge(pieces, self.budget)
 
     def split_big(self, node, lo: int, hi: int, scope: tuple, found, depth: int) -> list[_Piece]:
-        inner_scope = scope + ((found[0], found[2]),) if found else scope
+        inner_scope = (*scope, (found[0], found[2])) if found else scope
         row = node.start_point[0]  # the definition's first line, decorators included
         if found and found[3] is not node:
             # A wrapper (decorators, `export`): split the definition itself; the wrapper's
@@ -689,7 +698,7 @@ class _Splitter:
             # the outer scope (it shows the header itself); later pieces carry the scope.
             head = next((p for p in pieces if p.end >= row), pieces[-1])
             head.primary = (found[0], found[1])
-            head.defs = [(found[0], found[1])] + head.defs
+            head.defs = [(found[0], found[1]), *head.defs]
             head.scope = scope
             for p in pieces:  # nested definitions' pieces already name their own owner
                 if p.owner is None and p is not head:
@@ -748,7 +757,7 @@ def _markdown_pieces(doc: _Doc, budget: Callable[[tuple], int]) -> list[_Piece]:
             stack.pop()
         scope = tuple(("section", sig) for _, sig in stack)
         stack.append((level, "#" * level + " " + title))
-        inner = scope + (("section", stack[-1][1]),)
+        inner = (*scope, ("section", stack[-1][1]))
         # Like a split definition: the heading's piece sits in the outer scope, the rest of
         # a long section carries the heading as its scope.
         part = _line_pieces(doc, row, end, budget(inner), inner, "text")
@@ -841,7 +850,7 @@ def _tree_pieces(
         return None
     try:
         tree = parser.parse(doc.data)
-    except Exception as exc:  # pragma: no cover - tree-sitter raises only on internal errors
+    except Exception as exc:  # noqa: BLE001  # pragma: no cover - tree-sitter raises only on internal errors
         log.warning("tree-sitter failed on %s (%s); chunking by lines", quote_name(path), exc)
         return None
     root = tree.root_node
@@ -1009,7 +1018,7 @@ _chunk_fields = operator.attrgetter(*(f.name for f in dataclasses.fields(Chunk))
 def _picklable(obj: object) -> bool:
     try:
         pickle.dumps(obj)
-    except Exception:  # lambdas, closures, bound methods of unpicklable objects, ...
+    except Exception:  # noqa: BLE001 - lambdas, closures, bound methods of unpicklable objects, ...
         return False
     return True
 

@@ -179,7 +179,8 @@ def connect(address: str = "auto", *, num_cpus: int | None = None, **init_kwargs
         except (ConnectionError, TimeoutError, ValueError, RuntimeError) as exc:
             raise ClusterError(
                 f"cannot connect to the Ray cluster at {target or 'a new local cluster'!r} "
-                f"({_first_line(exc)}) (check the address and that the cluster is up, or use --ray alone for a local cluster)"
+                f"({_first_line(exc)}) (check the address and that the cluster is up, "
+                "or use --ray alone for a local cluster)"
             ) from None
         where = target or running or "local"
     res = ray.cluster_resources()
@@ -198,7 +199,7 @@ def _local_head() -> str | None:
         from ray._private.services import canonicalize_bootstrap_address
 
         address = canonicalize_bootstrap_address(None)
-    except Exception:  # Ray's lookup moved or failed: start a cluster of our own
+    except Exception:  # noqa: BLE001 - Ray's lookup moved or failed: start a cluster of our own
         return None
     return address if address and _unreachable(address, timeout=1.0) is None else None
 
@@ -257,7 +258,7 @@ class _HeadWatch:
         whose own connection reports a loss."""
         try:
             address = ray.get_runtime_context().gcs_address
-        except Exception:
+        except Exception:  # noqa: BLE001 - no address to watch: no watch
             return None
         return cls(address) if isinstance(address, str) and ":" in address else None
 
@@ -639,9 +640,7 @@ class WorkerPool:
         """Progress since the first batch, overall and per worker."""
         seconds = time.perf_counter() - self.t0 if self.t0 is not None else 0.0
         w = tuple(self.stats)
-        return ClusterProgress(
-            sum(s.batches for s in w), sum(s.texts for s in w), sum(s.tokens for s in w), seconds, w
-        )
+        return ClusterProgress(sum(s.batches for s in w), sum(s.texts for s in w), sum(s.tokens for s in w), seconds, w)
 
     def describe(self, identity: str | None = None) -> str:
         """How this pool embeds, for ``status``: ``ray local: 2 cpu workers (float32)``."""
@@ -658,7 +657,7 @@ class WorkerPool:
         for a in self.actors:
             try:
                 ray.kill(a, no_restart=True)
-            except Exception:  # a lost cluster: nothing left to stop
+            except Exception:  # noqa: BLE001 - a lost cluster: nothing left to stop
                 pass
         self.actors, self.alive, self.loaded, self.dtypes = [], [], set(), {}
         self.head = None
@@ -920,7 +919,7 @@ class RayEncoder:
             for ref in pending:  # a consumer that stopped early (Ctrl-C, an error)
                 try:
                     ray.cancel(ref)
-                except Exception:
+                except Exception:  # noqa: BLE001 - best effort: the cluster may be gone
                     pass
 
     def _collect(self, ray: Any, task: _Task) -> Any:
@@ -943,7 +942,10 @@ class RayEncoder:
             self._counts.popitem(last=False)
         s = pool.stats[task.worker]
         pool.stats[task.worker] = _replace(
-            s, batches=s.batches + 1, texts=s.texts + len(task.texts), tokens=s.tokens + sum(counts),
+            s,
+            batches=s.batches + 1,
+            texts=s.texts + len(task.texts),
+            tokens=s.tokens + sum(counts),
             busy_s=s.busy_s + busy,
         )
         if self.progress is not None:

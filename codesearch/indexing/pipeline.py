@@ -41,6 +41,13 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from codesearch.errors import (
+    IndexCorruptError,
+    IndexWriteError,
+    NothingToIndexError,
+    PathError,
+)
+from codesearch.indexes.registry import DERIVED, Delta, record_generation, sync_derived
 from codesearch.indexing.chunking import CHUNKER_VERSION
 from codesearch.indexing.encoders import (
     DISABLED_KEY,
@@ -50,13 +57,6 @@ from codesearch.indexing.encoders import (
     check_models,
     chunk_budget,
 )
-from codesearch.errors import (
-    IndexCorruptError,
-    IndexWriteError,
-    NothingToIndexError,
-    PathError,
-)
-from codesearch.indexes.registry import DERIVED, Delta, record_generation, sync_derived
 from codesearch.pathnames import text_name
 from codesearch.store import IndexLock, Store
 from codesearch.store.files import decode_source, read_inside

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import pathspec
 
-from codesearch.indexing.languages import CPP_HINTS, detect_language
 from codesearch.errors import PathError
+from codesearch.indexing.languages import CPP_HINTS, detect_language
 from codesearch.pathnames import quote_name
 from codesearch.store.files import read_inside, read_source
 

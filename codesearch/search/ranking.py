@@ -15,8 +15,9 @@ A query is scored against every chunk by a few signals, each normalised to [0, 1
 
 The fused score is a weighted sum, multiplied by a demotion for tests, docs, examples and
 benchmarks when the query does not ask for them. Hits are then picked greedily with a
-per-file decay (so the top 10 spans several files) and overlapping chunks dropped. Every weight was chosen on the dev split of the semble benchmark
-(``benchmarks/quality.py``); see BENCHMARKS.md "Search quality" for the ablations.
+per-file decay (so the top 10 spans several files) and overlapping chunks dropped. Every
+weight was chosen on the dev split of the semble benchmark (``benchmarks/quality.py``); see
+BENCHMARKS.md "Search quality" for the ablations.
 """
 
 from __future__ import annotations
@@ -399,7 +400,7 @@ class Ranker:
         place[by_file] = np.arange(len(order)) - first
         if cap:
             order, place = order[place < cap], place[place < cap]
-        return order, total[order].astype(np.float64) * decay ** place
+        return order, total[order].astype(np.float64) * decay**place
 
 
 def _overlapping_files(corpus: Corpus) -> np.ndarray:

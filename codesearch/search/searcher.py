@@ -145,7 +145,8 @@ class Searcher:
                 "colbert search needs the index's ColBERT model to encode the query and it is not loaded "
                 "(make it available again, or re-embed with 'codesearch index --rebuild --multi-model PATH_OR_ID')"
                 if colbert_built
-                else "this index has no multi-vector index (index with a ColBERT model: 'codesearch index --multi-model ID')"
+                else "this index has no multi-vector index "
+                "(index with a ColBERT model: 'codesearch index --multi-model ID')"
             )
         use_lex = mode in ("hybrid", "lexical")
         use_dense = has_dense and mode in ("hybrid", "dense")
@@ -186,12 +187,19 @@ class Searcher:
         used_kinds = [k for k, used in (("dense", use_dense), ("colbert", use_colbert)) if used and k in self._covered]
         if used_kinds:
             shares = [f"{int(100 * self._covered[k].mean())}% of chunks" for k in used_kinds]
-            notices.append(f"semantic vectors for {' and '.join(shares)} so far ({self._still_embedding()}); lexical for all")
+            notices.append(
+                f"semantic vectors for {' and '.join(shares)} so far ({self._still_embedding()}); lexical for all"
+            )
         covered = dict(self._covered)
         if "file_vectors" in covered and file_dense is not None and "dense_files" in used and long_context:
             covered["files"] = covered["file_vectors"]
         total, sources = self._ranker.score(
-            q, use_lexical=use_lex, dense=dense, file_dense=file_dense, colbert=colbert, mask=mask,
+            q,
+            use_lexical=use_lex,
+            dense=dense,
+            file_dense=file_dense,
+            colbert=colbert,
+            mask=mask,
             covered=covered or None,
         )
         picked = self._ranker.select(total, k, files_only=files_only)

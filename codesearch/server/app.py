@@ -31,8 +31,8 @@ from codesearch.errors import (
 )
 from codesearch.server.discovery import CHALLENGE_HEADER, PROOF_HEADER, token_proof
 from codesearch.server.repos import AmbiguousPathError, InvalidPathError, UnknownPathError
-from codesearch.types import Mode
 from codesearch.server.service import MAX_K, SearchTimeoutError, ServerBusyError, Service
+from codesearch.types import Mode
 
 # -- request and response models (they make the OpenAPI schema) ---------------------------
 
@@ -377,7 +377,9 @@ def create_app(service: Service, *, token: str | None = None, mcp: bool = True, 
             parts.append(f"{loc}: {err.get('msg', 'invalid')}")
         return _error(400, "ValidationError", "; ".join(parts) + " (see GET /openapi.json for the schema)")
 
-    @app.post("/search", response_model=SearchResponse, responses={**errors, 503: {"model": ErrorBody}, 504: {"model": ErrorBody}})
+    busy = {503: {"model": ErrorBody}, 504: {"model": ErrorBody}}
+
+    @app.post("/search", response_model=SearchResponse, responses={**errors, **busy})
     async def search(body: SearchRequest) -> JSONResponse:
         """Search one served repository; the result schema is ``codesearch query --json``'s."""
         # A Response is sent as is: the document is already the schema's (it is the CLI's),
@@ -385,8 +387,9 @@ def create_app(service: Service, *, token: str | None = None, mcp: bool = True, 
         # The request is checked (QueryError -> 400) in the search pool, not here: how long
         # its globs take to check is the sender's choice, and this loop answers /health.
         fields = body.model_dump(exclude={"path", "repo", "lang", "glob"})
-        return JSONResponse(await service.search(lang=body.lang, glob=body.glob, path=body.path, repo=body.repo,
-                                                 **fields))
+        return JSONResponse(
+            await service.search(lang=body.lang, glob=body.glob, path=body.path, repo=body.repo, **fields)
+        )
 
     @app.post("/index", status_code=202, response_model=IndexAccepted, responses=errors)
     def index(body: IndexRequest | None = None) -> dict[str, Any]:

@@ -18,7 +18,7 @@ MAX_BATCH = 32
 
 
 class _Item:
-    __slots__ = ("text", "done", "result", "error")
+    __slots__ = ("done", "error", "result", "text")
 
     def __init__(self, text: str):
         self.text = text
@@ -86,7 +86,7 @@ class QueryBatcher:
     def _run(self, batch: list[_Item]) -> None:
         try:
             out = self._encoder.encode([item.text for item in batch], kind="query")
-        except BaseException as exc:  # every waiter gets the failure, none hangs
+        except BaseException as exc:  # noqa: BLE001 - every waiter gets the failure, none hangs
             for item in batch:
                 item.error, item.done = exc, True
             return

@@ -17,8 +17,8 @@ from mcp.types import CallToolResult, TextContent
 
 from codesearch import __version__
 from codesearch.errors import CodeSearchError
-from codesearch.types import Mode
 from codesearch.server.service import Service
+from codesearch.types import Mode
 
 INSTRUCTIONS = (
     "Semantic and lexical code search over the repositories this server indexes. "

@@ -404,7 +404,9 @@ class ServedRepo:
     def _on_progress(self, event: Any) -> None:
         if self._stopping:
             raise _Cancelled()
-        self.run_state.progress = dataclasses.asdict(event) if dataclasses.is_dataclass(event) else {"event": str(event)}
+        self.run_state.progress = (
+            dataclasses.asdict(event) if dataclasses.is_dataclass(event) else {"event": str(event)}
+        )
         if getattr(event, "stage", None) in ("searchable", "published"):
             # Lexical first: the files are committed (or more vectors are in) while the run
             # goes on embedding; searches move to that generation now, not at the run's end.
@@ -451,9 +453,7 @@ class RepoSet:
         Passed to each `ServedRepo`; ``index_dir`` only makes sense with one root.
     """
 
-    def __init__(
-        self, roots: Sequence[str | os.PathLike[str]], options: RepoOptions, *, query_batching: bool = True
-    ):
+    def __init__(self, roots: Sequence[str | os.PathLike[str]], options: RepoOptions, *, query_batching: bool = True):
         if not roots:
             roots = ["."]
         if options.index_dir is not None and len(roots) > 1:
@@ -469,10 +469,16 @@ class RepoSet:
         names = _labels(unique)
         try:
             for root, name in zip(unique, names):
-                self.repos.append(ServedRepo(
-                    root, options, encoder_pool=self.encoder_pool, run_lock=run_lock,
-                    query_batching=query_batching, name=name,
-                ))
+                self.repos.append(
+                    ServedRepo(
+                        root,
+                        options,
+                        encoder_pool=self.encoder_pool,
+                        run_lock=run_lock,
+                        query_batching=query_batching,
+                        name=name,
+                    )
+                )
         except BaseException:
             for repo in self.repos:
                 repo.close()
@@ -558,8 +564,11 @@ class RepoSet:
                 return [self._existing(self._inside(r, Path(posix[len(r.name) + 1 :]), path), path)]
         if len(self.repos) == 1:
             return [self._existing(self._inside(self.repos[0], candidate, path), path)]
-        having = [found for r in self.repos if (found := self._inside(r, candidate, path))[1] is None
-                  or (r.root / found[1]).exists()]
+        having = [
+            found
+            for r in self.repos
+            if (found := self._inside(r, candidate, path))[1] is None or (r.root / found[1]).exists()
+        ]
         if len(having) == 1:
             return having
         if having:
@@ -577,7 +586,9 @@ class RepoSet:
             return self.repos[0], None
         selected = self.select(path)
         if len(selected) != 1:  # "." with several roots
-            raise AmbiguousPathError(f"path {path!r} names every served repository (pass one of: {', '.join(self.names)})")
+            raise AmbiguousPathError(
+                f"path {path!r} names every served repository (pass one of: {', '.join(self.names)})"
+            )
         return selected[0]
 
     def by_root(self) -> dict[str, ServedRepo]:
@@ -625,7 +636,7 @@ def _labels(roots: list[Path]) -> list[str]:
     """Unique short names: the folder name, with parent folders added where two clash."""
     depth = {root: 1 for root in roots}
     while True:
-        names = {root: "/".join(root.parts[-depth[root]:]) for root in roots}
+        names = {root: "/".join(root.parts[-depth[root] :]) for root in roots}
         clashes = [r for r in roots if list(names.values()).count(names[r]) > 1 and depth[r] < len(r.parts)]
         if not clashes:
             return [names[r] or str(r) for r in roots]

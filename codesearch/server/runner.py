@@ -18,7 +18,7 @@ import socket
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from codesearch.errors import ServerError
@@ -68,7 +68,7 @@ class ServeOptions:
     mcp: str = "http"
     watch: bool = True
     index_on_start: bool = True
-    limits: Limits = Limits()
+    limits: Limits = field(default_factory=Limits)
     max_connections: int = 256
     debounce_s: float = 0.25
     query_batching: bool = True

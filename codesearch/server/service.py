@@ -27,9 +27,9 @@ from typing import Any
 
 from codesearch import __version__
 from codesearch.errors import NotIndexedError, QueryError, ServerError
-from codesearch.types import SearchRequest
 from codesearch.server.batching import batching_stats
 from codesearch.server.repos import RepoSet
+from codesearch.types import SearchRequest
 
 SCHEMA_VERSION = 1
 MAX_K = 1000  # results per search; bounds the work and the response size of one request
@@ -251,7 +251,8 @@ class Service:
                 continue
             if not several:
                 return result_document(shape_result(result, request, served.root, index_dir=served.index_dir))
-            results.append((served.name, widen_result(result, served.root, request.context, index_dir=served.index_dir)))
+            widened = widen_result(result, served.root, request.context, index_dir=served.index_dir)
+            results.append((served.name, widened))
         if not results:
             raise not_ready[0]
         merged, names = _merge(request.query, request.k, results, [str(exc) for exc in not_ready])
@@ -318,8 +319,13 @@ class Service:
         once. ``root`` and ``indexing`` describe the first root queued, ``roots`` lists all."""
         repos = [repo for repo, _ in self.repos.select(path)]
         states = [repo.request_index(rebuild=rebuild) for repo in repos]
-        return {"root": str(repos[0].root), "roots": [str(r.root) for r in repos], "accepted": True,
-                "rebuild": rebuild, "indexing": states[0].to_dict()}
+        return {
+            "root": str(repos[0].root),
+            "roots": [str(r.root) for r in repos],
+            "accepted": True,
+            "rebuild": rebuild,
+            "indexing": states[0].to_dict(),
+        }
 
     def status(self, path: str | None = None) -> dict[str, Any]:
         """Every root's index, indexer and watcher (or only the roots ``path`` selects)."""
@@ -341,8 +347,13 @@ class Service:
 
     def health(self) -> dict[str, Any]:
         """Cheap liveness answer: no disk access, no lock."""
-        return {"status": "ok", "version": __version__, "pid": os.getpid(), "roots": self.repos.roots,
-                "repos": self.repos.names}
+        return {
+            "status": "ok",
+            "version": __version__,
+            "pid": os.getpid(),
+            "roots": self.repos.roots,
+            "repos": self.repos.names,
+        }
 
 
 def _merge(query: str, k: int, results: list[tuple[str, Any]], not_ready: list[str]) -> tuple[Any, list[str]]:

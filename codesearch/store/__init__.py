@@ -17,11 +17,11 @@ from codesearch.store.sqlite import (
 )
 
 __all__ = [
+    "KIND_ROLE",
     "ChunkRecord",
     "ChunkRow",
     "FileRecord",
     "IndexLock",
-    "KIND_ROLE",
     "ModelRecord",
     "ReadWriteLock",
     "Store",

@@ -576,7 +576,8 @@ class Store:
 
     def files(self) -> dict[str, FileRecord]:
         """Path -> file record, for every indexed file."""
-        rows = _paths_at(self._exec("SELECT id, path, hash, size, mtime_ns, language, n_lines FROM files").fetchall(), 1)
+        rows = self._exec("SELECT id, path, hash, size, mtime_ns, language, n_lines FROM files").fetchall()
+        rows = _paths_at(rows, 1)
         return {r[1]: FileRecord(*r) for r in rows}
 
     def file_paths(self) -> dict[int, str]:
@@ -594,12 +595,12 @@ class Store:
         out: dict[str, str] = {}
         for part in _chunked([_to_db(p) for p in paths]):
             marks = ",".join("?" * len(part))
-            out.update(_paths_at(self._exec(f"SELECT path, hash FROM files WHERE path IN ({marks})", part).fetchall(), 0))
+            out.update(
+                _paths_at(self._exec(f"SELECT path, hash FROM files WHERE path IN ({marks})", part).fetchall(), 0)
+            )
         return out
 
-    def upsert_file(
-        self, path: str, *, hash: str, size: int, mtime_ns: int, language: str, n_lines: int
-    ) -> int:
+    def upsert_file(self, path: str, *, hash: str, size: int, mtime_ns: int, language: str, n_lines: int) -> int:
         """Insert or update a file row (keyed by path); returns its id, stable across updates."""
         path = _to_db(path)
         with self.transaction():
@@ -684,8 +685,20 @@ class Store:
         cur = self._write(
             "INSERT INTO chunks(file_id, start_line, end_line, start_byte, end_byte, language, symbol,"
             " kind, scope, header, text, text_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (file_id, c.start_line, c.end_line, c.start_byte, c.end_byte, c.language, c.symbol,
-             c.kind, c.scope, c.header, c.text, text_hash),
+            (
+                file_id,
+                c.start_line,
+                c.end_line,
+                c.start_byte,
+                c.end_byte,
+                c.language,
+                c.symbol,
+                c.kind,
+                c.scope,
+                c.header,
+                c.text,
+                text_hash,
+            ),
         )
         return int(cur.lastrowid)
 
@@ -694,8 +707,7 @@ class Store:
         self._write(
             "UPDATE chunks SET start_line = ?, end_line = ?, start_byte = ?, end_byte = ?, language = ?,"
             " symbol = ?, kind = ?, scope = ? WHERE id = ?",
-            (c.start_line, c.end_line, c.start_byte, c.end_byte, c.language, c.symbol, c.kind, c.scope,
-             chunk_id),
+            (c.start_line, c.end_line, c.start_byte, c.end_byte, c.language, c.symbol, c.kind, c.scope, chunk_id),
         )
 
     def delete_chunks(self, ids: Sequence[int]) -> None:
@@ -727,8 +739,10 @@ class Store:
         with self.transaction():  # segment appends happen under the store's write lock
             if kind in SEGMENT_KINDS and self.segments is not None:
                 places = self.segments.append([blob for *_, blob in encoded])
-                rows = [(model, kind, h, dim, n, b"", seg, off, crc)
-                        for (h, n, dim, _), (seg, off, crc) in zip(encoded, places, strict=True)]
+                rows = [
+                    (model, kind, h, dim, n, b"", seg, off, crc)
+                    for (h, n, dim, _), (seg, off, crc) in zip(encoded, places, strict=True)
+                ]
             else:
                 rows = [(model, kind, h, dim, n, blob, None, None, None) for h, n, dim, blob in encoded]
             self._writemany(
@@ -828,8 +842,7 @@ class Store:
                 raise
             return self._exec(sql.format(cols=_VEC_COLS_BEFORE_3), params)
 
-    def _array(self, n: int, dim: int, data: bytes, seg: int | None, off: int | None,
-               crc: int | None) -> np.ndarray:
+    def _array(self, n: int, dim: int, data: bytes, seg: int | None, off: int | None, crc: int | None) -> np.ndarray:
         """The float32 array of one vectors row, from the row or from its segment."""
         if seg is None or self.segments is None:  # (an in-memory store never writes segments)
             return decode_array(n, dim, data)
@@ -845,8 +858,7 @@ class Store:
             return 0
         table, col = ("files", "hash") if kind == "file" else ("chunks", "text_hash")
         return self._exec(
-            f"SELECT count(*) FROM {table} t JOIN vectors v ON v.text_hash = t.{col}"
-            f" AND v.model = ? AND v.kind = ?",
+            f"SELECT count(*) FROM {table} t JOIN vectors v ON v.text_hash = t.{col} AND v.model = ? AND v.kind = ?",
             (model, kind),
         ).fetchone()[0]
 
@@ -932,9 +944,9 @@ class Store:
         sizes = self.segments.sizes()
         if not sizes:
             return 0
-        live = dict(self._exec(
-            "SELECT seg, sum(n * dim * 2) FROM vectors WHERE seg IS NOT NULL GROUP BY seg"
-        ).fetchall())
+        live = dict(
+            self._exec("SELECT seg, sum(n * dim * 2) FROM vectors WHERE seg IS NOT NULL GROUP BY seg").fetchall()
+        )
         sparse = [seg for seg, size in sizes.items() if 0 < live.get(seg, 0) and 2 * live[seg] < size]
         # (An empty file at the top is the one a compaction started and nothing used yet.)
         empty = [seg for seg, size in sizes.items() if not live.get(seg) and (size or seg != max(sizes))]

@@ -9,11 +9,11 @@ from pathlib import Path
 
 from fixtures.pipeline_helpers import chunk_set, make_repo
 
+from codesearch.encoder import load
 from codesearch.indexing import chunking
 from codesearch.indexing.chunking import chunk_many, chunk_source, estimate_tokens
 from codesearch.indexing.encoders import MAX_CHUNK_TOKENS, Encoders, chunk_budget
 from codesearch.indexing.pipeline import build_index
-from codesearch.encoder import load
 
 SOURCES = {
     "python": "import os\n\n\nclass Client:\n    def get(self, url):\n        return os.path.join(url, 'x')\n\n"
@@ -112,7 +112,9 @@ def test_a_wide_window_chunks_by_estimate_and_sees_every_chunk_whole(tmp_path):
     # dense code: digits and punctuation are the tokens-per-byte worst case of a BPE
     repo = tmp_path / "repo"
     repo.mkdir()
-    (repo / "table.py").write_text("".join(f"T{i} = [{', '.join(str(i * j % 97) for j in range(40))}]\n" for i in range(300)))
+    (repo / "table.py").write_text(
+        "".join(f"T{i} = [{', '.join(str(i * j % 97) for j in range(40))}]\n" for i in range(300))
+    )
     (repo / "app.py").write_text(SOURCES["python"])
     build_index(repo, encoders=Encoders(multi=wide))
     with Store(repo / ".codesearch" / "store.sqlite") as store:

@@ -324,8 +324,14 @@ def test_markdown_by_headings_and_paragraphs():
     ("name", "src"),
     [
         ("config.yaml", "".join(f"key_{i}:\n  nested: value {i}\n  list: [1, 2, 3]\n" for i in range(80))),
-        ("data.json", "{\n" + "".join(f'  "k{i}": {{"v": {i}, "w": "text"}},\n' for i in range(120)) + '  "end": 0\n}\n'),
-        ("schema.sql", "".join(f"CREATE TABLE t{i} (\n  id INTEGER PRIMARY KEY,\n  name TEXT\n);\n\n" for i in range(40))),
+        (
+            "data.json",
+            "{\n" + "".join(f'  "k{i}": {{"v": {i}, "w": "text"}},\n' for i in range(120)) + '  "end": 0\n}\n',
+        ),
+        (
+            "schema.sql",
+            "".join(f"CREATE TABLE t{i} (\n  id INTEGER PRIMARY KEY,\n  name TEXT\n);\n\n" for i in range(40)),
+        ),
         ("notes.unknownext", "".join(f"line {i} of an unknown text file\n" for i in range(100))),
     ],
 )
@@ -364,9 +370,17 @@ def test_single_overlong_line_is_kept_whole():
 def test_chunk_record_shape():
     c = chunk_source("src/a.py", "def f():\n    return 1\n", "python")[0]
     assert c.to_dict() == {
-        "path": "src/a.py", "start_line": 1, "end_line": 2, "start_byte": 0, "end_byte": 21,
-        "language": "python", "symbol": "f", "kind": "function", "scope": None,
-        "text": "def f():\n    return 1", "header": "src/a.py",
+        "path": "src/a.py",
+        "start_line": 1,
+        "end_line": 2,
+        "start_byte": 0,
+        "end_byte": 21,
+        "language": "python",
+        "symbol": "f",
+        "kind": "function",
+        "scope": None,
+        "text": "def f():\n    return 1",
+        "header": "src/a.py",
     }
     assert codesearch.Chunk is Chunk
     with pytest.raises(AttributeError):
@@ -431,9 +445,11 @@ def test_real_tokenizer_file_denser_than_its_sample(minilm_count):
     # The first 8 KB (the scale sample) are prose, the rest a dense table: chunks sized by
     # the sample's scale are too big for the real count and must be cut again.
     prose = "".join(f"# This module explains the table below in plain words {i}.\n" for i in range(160))
-    table = "TABLE = [\n" + "".join(
-        f"    ({i}, {i * 7}, {i * 13}, {i * 17}, {i * 19}, {i * 23}, {i * 29}),\n" for i in range(400)
-    ) + "]\n"
+    table = (
+        "TABLE = [\n"
+        + "".join(f"    ({i}, {i * 7}, {i * 13}, {i * 17}, {i * 19}, {i * 23}, {i * 29}),\n" for i in range(400))
+        + "]\n"
+    )
     src = prose + "\n\n" + table
     assert len(prose.encode()) > 8192
     chunks = chunk_source("t.py", src, "python", max_tokens=256, count_tokens=minilm_count)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from codesearch.indexing.encoders import default_models
 from codesearch.encoder import DEFAULT_DENSE_MODEL, DEFAULT_MULTI_MODEL
+from codesearch.indexing.encoders import default_models
 
 
 @pytest.mark.parametrize("device", ["cpu", "mps"])

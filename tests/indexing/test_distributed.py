@@ -20,8 +20,8 @@ import pytest
 from fixtures.sample_repo import write_sample_repo
 from fixtures.vectors import assert_stored_close
 
-from codesearch.indexing import pipeline
 from codesearch.errors import ClusterError, MissingDependencyError
+from codesearch.indexing import pipeline
 from codesearch.store import Store
 from codesearch.types import STORE_FILE
 
@@ -198,7 +198,7 @@ def _contents(index_dir):
 def local_index(tmp_path_factory, single_vector_dir, colbert_dir):
     root = tmp_path_factory.mktemp("local")
     repo = write_sample_repo(root / "repo")
-    summary, status = _index(repo, root / "index", single_vector_dir, colbert_dir)
+    _summary, status = _index(repo, root / "index", single_vector_dir, colbert_dir)
     assert status.embedded == {"dense": "local cpu (float32)", "multi": "local cpu (float32)"}
     return repo, _contents(root / "index")
 

@@ -10,17 +10,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fixtures.pipeline_helpers import CountingEncoder, check_consistent, module_source
 
 from codesearch.api import CodeSearch
+from codesearch.errors import IndexLockedError
 from codesearch.indexing import pipeline
 from codesearch.indexing.encoders import Encoders
 from codesearch.indexing.pipeline import build_index
-from codesearch.errors import IndexLockedError
 from codesearch.search.ranking import _impute
 from codesearch.search.searcher import Searcher
 from codesearch.store import IndexLock, Store
 from codesearch.types import STORE_FILE, Mode, SearchRequest, default_index_dir, path_kind
-from fixtures.pipeline_helpers import CountingEncoder, check_consistent, module_source
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +153,7 @@ def test_a_search_during_a_run_uses_the_published_vectors_and_rebuilds_nothing(t
     build_index(repo, encoders=Encoders(dense=dense_encoder), progress=progress)
     assert seen and rebuilt == []
     assert any(committed > 0 for committed, *_ in seen)
-    for committed, published, hits, notices in seen:
+    for _committed, published, hits, notices in seen:
         assert published == 0 < hits  # what the "searchable" sync published: no vectors yet
         assert any("semantic vectors for 0% of chunks" in n for n in notices)
     check_consistent(idir, complete=True)
@@ -258,7 +258,7 @@ def test_a_query_during_the_first_walk_says_nothing_is_searchable_yet(tmp_path):
     Store(idir / STORE_FILE).close()  # what a first run has written before its commit
     lock = IndexLock(idir).acquire()
     try:
-        with pytest.raises(NotIndexedError, match="still reading the files.*try again in a few seconds"):
+        with pytest.raises(NotIndexedError, match=r"still reading the files.*try again in a few seconds"):
             Searcher(idir)
     finally:
         lock.release()

@@ -21,10 +21,6 @@ from fixtures.pipeline_helpers import (
     module_source,
 )
 
-from codesearch.indexing import pipeline
-from codesearch.indexing.encoders import Encoders, resolve_encoders
-from codesearch.indexing.pipeline import build_index
-from codesearch.indexing.status import staleness
 from codesearch.errors import (
     IndexCorruptError,
     IndexLockedError,
@@ -34,9 +30,13 @@ from codesearch.errors import (
 )
 from codesearch.indexes import registry
 from codesearch.indexes.registry import load_derived
+from codesearch.indexing import pipeline
+from codesearch.indexing.chunking import CHUNKER_VERSION
+from codesearch.indexing.encoders import Encoders, resolve_encoders
+from codesearch.indexing.pipeline import build_index
+from codesearch.indexing.status import staleness
 from codesearch.store import IndexLock, Store
 from codesearch.types import STORE_FILE
-from codesearch.indexing.chunking import CHUNKER_VERSION
 
 
 @pytest.fixture

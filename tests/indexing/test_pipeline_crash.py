@@ -74,7 +74,9 @@ def _small_repo(root: Path) -> Path:
 def _change(repo: Path) -> None:
     """The edits the killed run was indexing: one edit, one delete, two new files."""
     src = (repo / "pkg/mod0.py").read_text()
-    (repo / "pkg/mod0.py").write_text(src.replace("    value_2 = mod0_fn1_helper(2)", "    edited = mod0_fn1_helper(2)"))
+    (repo / "pkg/mod0.py").write_text(
+        src.replace("    value_2 = mod0_fn1_helper(2)", "    edited = mod0_fn1_helper(2)")
+    )
     (repo / "pkg/mod4.py").unlink()
     (repo / "pkg/new_a.py").write_text(module_source("new_a", 2, lines=5))
     (repo / "pkg/new_b.py").write_text(function_source("new_b_only", lines=3))

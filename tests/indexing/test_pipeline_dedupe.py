@@ -16,8 +16,8 @@ from fixtures.pipeline_helpers import CountingEncoder, check_consistent, make_re
 from codesearch.indexing import pipeline
 from codesearch.indexing.encoders import Encoders
 from codesearch.indexing.pipeline import build_index
-from codesearch.types import STORE_FILE
 from codesearch.store import Store
+from codesearch.types import STORE_FILE
 
 
 @pytest.fixture(scope="module")

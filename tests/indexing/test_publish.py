@@ -13,15 +13,15 @@ import time
 from pathlib import Path
 
 import pytest
+from fixtures.pipeline_helpers import check_consistent, module_source
 
+from codesearch.indexes import registry
 from codesearch.indexing import pipeline
 from codesearch.indexing.encoders import Encoders
 from codesearch.indexing.pipeline import build_index
-from codesearch.indexes import registry
 from codesearch.search.searcher import Searcher
 from codesearch.store import Store
 from codesearch.types import STORE_FILE, default_index_dir
-from fixtures.pipeline_helpers import check_consistent, module_source
 
 PUBLISHER = "codesearch-publish"
 

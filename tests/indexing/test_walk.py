@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from codesearch.indexing.walk import SKIP_REASONS, detect_language, read_source, walk
 from codesearch.errors import PathError
+from codesearch.indexing.walk import SKIP_REASONS, detect_language, read_source, walk
 
 HAS_GIT = shutil.which("git") is not None
 
@@ -346,10 +346,13 @@ def test_read_source_keeps_newlines_and_replaces_bad_bytes(tmp_path):
 
 def test_cpp_header_told_from_c_header(tmp_path):
     write(tmp_path, "c_api.h", "#ifndef X\n#define X\nstruct point { int x; };\nint add(int, int);\n#endif\n")
-    write(tmp_path, "vec.h", "#pragma once\n#include <vector>\nnamespace geo {\ntemplate <typename T>\nstruct V { T x; };\n}\n")
+    header = "#pragma once\n#include <vector>\nnamespace geo {\ntemplate <typename T>\nstruct V { T x; };\n}\n"
+    write(tmp_path, "vec.h", header)
     write(tmp_path, "klass.h", "#pragma once\nclass Shape {\n public:\n  virtual ~Shape();\n};\n")
     assert {f.path: f.language for f in walk(tmp_path).files} == {
-        "c_api.h": "c", "klass.h": "cpp", "vec.h": "cpp",
+        "c_api.h": "c",
+        "klass.h": "cpp",
+        "vec.h": "cpp",
     }
 
 
@@ -365,7 +368,9 @@ def test_untracked_nested_repository_is_walked_by_its_own_rules(tmp_path):
     write(nested, "skip.gen.py")
     result = walk(tmp_path)
     assert paths(result) == [
-        "top.py", "vendored_lib_checkout/.gitignore", "vendored_lib_checkout/inner.py",
+        "top.py",
+        "vendored_lib_checkout/.gitignore",
+        "vendored_lib_checkout/inner.py",
     ]
 
 
@@ -409,8 +414,7 @@ def test_uninitialised_submodule_is_an_empty_folder_not_a_loop(tmp_path):
     git(tmp_path, "init", "-q")
     write(tmp_path, "a/f.py")
     git(tmp_path, "add", "a/f.py")
-    git(tmp_path, "update-index", "--add", "--cacheinfo",
-        "160000,1234567890123456789012345678901234567890,sub")
+    git(tmp_path, "update-index", "--add", "--cacheinfo", "160000,1234567890123456789012345678901234567890,sub")
     (tmp_path / "sub").mkdir()
     git(tmp_path, "commit", "-qm", "x")
     assert paths(walk(tmp_path)) == ["a/f.py"]

@@ -7,8 +7,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from codesearch.api import CodeSearch
 from fixtures.sample_repo import write_sample_repo
+
+from codesearch.api import CodeSearch
 
 OLD_INDEX = Path(__file__).resolve().parents[1] / "fixtures" / "index_v0_1"
 

@@ -302,7 +302,9 @@ def test_the_float16_cast_is_numpys_bit_for_bit_with_torch_loaded(monkeypatch):
     pytest.importorskip("torch")
     rng = np.random.default_rng(3)
     scales = [rng.standard_normal(4096).astype(np.float32) * s for s in (1e-9, 1e-6, 1e-3, 1, 1e3, 6e4, 1e6)]
-    edges = np.array([np.inf, -np.inf, 65504, 65519.99, 65520, -0.0, 0.0, 5.96e-8, 2.98e-8, 2.99e-8, 6.1e-5], np.float32)
+    edges = np.array(
+        [np.inf, -np.inf, 65504, 65519.99, 65520, -0.0, 0.0, 5.96e-8, 2.98e-8, 2.99e-8, 6.1e-5], np.float32
+    )
     bits = rng.integers(0, 2**32, 8192, dtype=np.uint32).view(np.float32)
     x = np.concatenate([*scales, edges, bits[~np.isnan(bits)]])
     x = x[: len(x) // 8 * 8].reshape(-1, 8)
