@@ -124,7 +124,7 @@ def main() -> None:
     from fixtures import models
 
     from codesearch.encoder import load
-    from codesearch.indexing.distributed import RayEncoder, WorkerPool, connect
+    from codesearch.encoder.ray import RayEncoder, WorkerPool, connect
 
     print(f"load at start: {open('/proc/loadavg').read().split()[:3]}  cores: {args.cores}")
     tmp = Path(tempfile.mkdtemp(prefix="ray-bench-"))

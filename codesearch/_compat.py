@@ -19,6 +19,9 @@ from types import ModuleType
 #: Old dotted prefix -> new dotted prefix. The longest matching prefix wins.
 MOVED: dict[str, str] = {
     "codesearch.build": "codesearch.indexing",
+    # The Ray backend is an encoder (it implements the Encoder protocol), not a stage.
+    "codesearch.indexing.distributed": "codesearch.encoder.ray",
+    "codesearch.build.distributed": "codesearch.encoder.ray",
 }
 
 

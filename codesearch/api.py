@@ -201,7 +201,7 @@ class CodeSearch:
         serving several repositories); default: this object loads its own.
     ray : str, WorkerPool or None
         Embed `index` runs on a Ray cluster: ``"auto"`` (``RAY_ADDRESS``, else a local
-        cluster), an address, or a `codesearch.indexing.distributed.WorkerPool` to share with other
+        cluster), an address, or a `codesearch.encoder.ray.WorkerPool` to share with other
         objects. Searches encode locally.
 
     Notes
@@ -253,7 +253,7 @@ class CodeSearch:
         self.encoder_pool = encoder_pool if encoder_pool is not None else EncoderPool()
         self.ray = ray
         if ray is not None:
-            from codesearch.indexing.distributed import require_ray
+            from codesearch.encoder.ray import require_ray
 
             require_ray()  # a missing extra fails here, before any work
         self._ray_encoders: dict[str, Any] = {}  # the Ray pool and encoders, kept between runs
@@ -287,7 +287,7 @@ class CodeSearch:
             if self._own_pool:
                 self.encoder_pool.clear()
             if self._ray_encoders:
-                from codesearch.indexing.distributed import close_made
+                from codesearch.encoder.ray import close_made
 
                 close_made(self._ray_encoders)
             self._closed = True
@@ -648,7 +648,7 @@ class CodeSearch:
                 encoders, said = self._get_encoders(models)
                 notices.extend(said)
                 if ray:
-                    from codesearch.indexing.distributed import wrap_encoders
+                    from codesearch.encoder.ray import wrap_encoders
 
                     encoders = wrap_encoders(encoders, self.ray, self._ray_encoders)
                 return encoders if disabled is None else dataclasses.replace(encoders, disabled=tuple(disabled))
@@ -665,7 +665,7 @@ class CodeSearch:
                         locate(name)
             encoders = None if lazy else load()
             if ray:
-                from codesearch.indexing.distributed import with_worker_rates
+                from codesearch.encoder.ray import with_worker_rates
 
                 progress = with_worker_rates(progress, self._ray_encoders)
             try:

@@ -12,6 +12,8 @@ import pytest
     ("codesearch.build", "codesearch.indexing"),
     ("codesearch.build.pipeline", "codesearch.indexing.pipeline"),
     ("codesearch.build.chunking", "codesearch.indexing.chunking"),
+    ("codesearch.indexing.distributed", "codesearch.encoder.ray"),
+    ("codesearch.build.distributed", "codesearch.encoder.ray"),
 ])
 def test_an_old_module_name_is_the_new_module_and_warns(old, new):
     # A fresh interpreter: this one may have imported either name already.

@@ -29,7 +29,7 @@ query's own forward pass).
 Examples
 --------
 >>> from codesearch.encoder import load
->>> from codesearch.indexing.distributed import RayEncoder
+>>> from codesearch.encoder.ray import RayEncoder
 >>> enc = RayEncoder(load("lightonai/LateOn-Code-edge"), address="auto")     # doctest: +SKIP
 >>> for vectors in enc.encode_batches([["def f(): ..."], ["class A: ..."]]):  # doctest: +SKIP
 ...     print(len(vectors))
