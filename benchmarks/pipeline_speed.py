@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from codesearch.indexing.encoders import Encoders
+from codesearch.encoder.base import Encoders
 from codesearch.indexing.pipeline import build_index
 
 SITE = Path(sys.prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"

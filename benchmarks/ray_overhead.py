@@ -37,6 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from codesearch.encoder.base import BatchEncoder  # noqa: E402 - after the sys.path lines above
+
 # Measured on one H100 in issue #13 (not here: this task had no GPU). Tokens/s of
 # codesearch's encode() on short chunks with today's sdpa backend, and with torch's varlen
 # flash attention plugged in (hidden_states end to end).
@@ -217,11 +219,14 @@ def main() -> None:
               f"{colbert_ceiling * 300 / rate:,.1f} ColBERT (48-dim) workers")
 
 
-class InstantEncoder:
+class InstantEncoder(BatchEncoder):
     """A real encoder's identity and shapes, with vectors made without running the model:
     what the driver of an index run (store writes, commits, publications to the vector
     indexes, progress) costs per text when the workers are arbitrarily fast. As on a Ray
     run, the driver does not tokenize: counts are estimated at 4 characters a token."""
+
+    offloaded = True  # as a pool of workers: publications run beside the batches
+    batch_tokens = 0
 
     def __init__(self, inner, seed: int = 0, rate: float | None = None):
         self.inner = inner
@@ -261,7 +266,7 @@ def driver_ceiling(root: Path, model: Path, rate: float | None = None) -> None:
     With ``rate`` (--rate TOK_S), the stand-in cluster makes vectors at that many tokens/s,
     and the encode stage is compared with the time the workers alone would take."""
     from codesearch.encoder import load
-    from codesearch.indexing.encoders import Encoders
+    from codesearch.encoder.base import Encoders
     from codesearch.indexing.pipeline import build_index
 
     enc = InstantEncoder(load(str(model), device="cpu"), rate=rate)

@@ -13,8 +13,9 @@ import importlib.abc
 import importlib.util
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
+from typing import Any
 
 #: Old dotted prefix -> new dotted prefix. The longest matching prefix wins.
 MOVED: dict[str, str] = {
@@ -58,6 +59,29 @@ class _Finder(importlib.abc.MetaPathFinder):
             return None
         module = importlib.import_module(moved)  # ModuleNotFoundError names the new module
         return importlib.util.spec_from_loader(fullname, _Alias(moved), is_package=hasattr(module, "__path__"))
+
+
+def moved_names(module: str, names: dict[str, str]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` for names that moved to another module: each resolves to the
+    same object under its new home, with a `DeprecationWarning`.
+
+    Example (in the old module)::
+
+        __getattr__ = _compat.moved_names(__name__, {"Encoders": "codesearch.encoder.base"})
+    """
+
+    def __getattr__(name: str) -> Any:
+        home = names.get(name)
+        if home is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        warnings.warn(
+            f"{module}.{name} is deprecated and will be removed in the next release; import it from {home}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(home), name)
+
+    return __getattr__
 
 
 def install() -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from codesearch.encoder.base import Encoder, Encoders
 from codesearch.errors import (
     CodeSearchError,
     IndexLockedError,
@@ -31,7 +32,7 @@ from codesearch.errors import (
     NotIndexedError,
     PathError,
 )
-from codesearch.indexing.encoders import DEFAULT, DISABLED_KEY, VECTORS_PENDING_KEY, Encoders, resolve_encoders
+from codesearch.indexing.encoders import DEFAULT, DISABLED_KEY, VECTORS_PENDING_KEY, resolve_encoders
 from codesearch.indexing.pipeline import WALK_EXCLUDE_KEY, WALK_INCLUDE_KEY, build_index
 from codesearch.indexing.status import Staleness, index_info, staleness
 from codesearch.indexing.walk import quiet_skips
@@ -55,6 +56,8 @@ from codesearch.types import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
+    from codesearch.encoder.ray import RayEncoders, WorkerPool
+    from codesearch.search.searcher import Searcher
     from codesearch.types import SearchHit, SearchResult
 
 __all__ = [
@@ -230,7 +233,7 @@ class CodeSearch:
         exclude: Sequence[str] = (),
         max_file_bytes: int = 1_000_000,
         encoder_pool: EncoderPool | None = None,
-        ray: str | Any | None = None,
+        ray: str | WorkerPool | None = None,
     ) -> None:
         root = Path(path).expanduser()
         if not root.exists():
@@ -252,11 +255,14 @@ class CodeSearch:
         self._own_pool = encoder_pool is None
         self.encoder_pool = encoder_pool if encoder_pool is not None else EncoderPool()
         self.ray = ray
+        # The Ray pool and encoders, kept between runs (made here: a missing extra fails
+        # before any work).
+        self._ray: RayEncoders | None = None
         if ray is not None:
-            from codesearch.encoder.ray import require_ray
+            from codesearch.encoder.ray import RayEncoders, require_ray
 
-            require_ray()  # a missing extra fails here, before any work
-        self._ray_encoders: dict[str, Any] = {}  # the Ray pool and encoders, kept between runs
+            require_ray()
+            self._ray = RayEncoders(ray)
         # (dense, multi) model arguments -> (encoders, notices from resolving them).
         self._encoders: dict[tuple[Any, Any], tuple[Encoders, list[str]]] = {}
         # One Searcher for every mode: opened without encoders (a lexical search never loads
@@ -286,10 +292,8 @@ class CodeSearch:
             self._encoders.clear()
             if self._own_pool:
                 self.encoder_pool.clear()
-            if self._ray_encoders:
-                from codesearch.encoder.ray import close_made
-
-                close_made(self._ray_encoders)
+            if self._ray is not None:
+                self._ray.close()
             self._closed = True
 
     def __repr__(self) -> str:
@@ -439,7 +443,7 @@ class CodeSearch:
             ).hits
         )
 
-    def snapshot(self, *, wrap_encoder: Callable[[Any], Any] | None = None) -> Snapshot:
+    def snapshot(self, *, wrap_encoder: Callable[[Encoder], Encoder] | None = None) -> Snapshot:
         """A searcher held on the index generation committed now, with its query encoders.
 
         Unlike `query`, a snapshot never waits for an index run of this object and never
@@ -481,11 +485,7 @@ class CodeSearch:
                     searcher = Searcher(self.index_dir)
                 encoders, notices = self._get_encoders(self._search_models())
                 if wrap_encoder is not None:
-                    encoders = dataclasses.replace(
-                        encoders,
-                        dense=None if encoders.dense is None else wrap_encoder(encoders.dense),
-                        multi=None if encoders.multi is None else wrap_encoder(encoders.multi),
-                    )
+                    encoders = encoders.map(wrap_encoder)
                 searcher.set_encoders(encoders)
             except BaseException:
                 searcher.close()
@@ -642,15 +642,13 @@ class CodeSearch:
             IndexLock.check_free(self.index_dir)  # before a model load of seconds, not after
             notices: list[str] = []
 
-            ray = self.ray is not None and walk is None  # a search's small refresh stays local
+            ray = self._ray if walk is None else None  # a search's small refresh stays local
 
             def load() -> Encoders:
                 encoders, said = self._get_encoders(models)
                 notices.extend(said)
-                if ray:
-                    from codesearch.encoder.ray import wrap_encoders
-
-                    encoders = wrap_encoders(encoders, self.ray, self._ray_encoders)
+                if ray is not None:
+                    encoders = ray.wrap(encoders)
                 return encoders if disabled is None else dataclasses.replace(encoders, disabled=tuple(disabled))
 
             with self._encoders_lock:
@@ -664,10 +662,8 @@ class CodeSearch:
                     if name not in (None, DEFAULT):
                         locate(name)
             encoders = None if lazy else load()
-            if ray:
-                from codesearch.encoder.ray import with_worker_rates
-
-                progress = with_worker_rates(progress, self._ray_encoders)
+            if ray is not None:
+                progress = ray.with_rates(progress)
             try:
                 summary = build_index(
                     self.root,
@@ -825,10 +821,10 @@ class EncoderPool:
     """
 
     def __init__(self) -> None:
-        self._loaded: dict[tuple[str, str], Any] = {}
+        self._loaded: dict[tuple[str, str], Encoder] = {}
         self._lock = threading.Lock()
 
-    def load(self, name: str, *, device: str = "auto") -> Any:
+    def load(self, name: str, *, device: str = "auto") -> Encoder:
         """The encoder for ``name`` on ``device``, loading it on first use.
 
         Raises
@@ -847,7 +843,7 @@ class EncoderPool:
                 encoder = self._loaded[key] = load(name, device=device)
             return encoder
 
-    def loaded(self) -> list[Any]:
+    def loaded(self) -> list[Encoder]:
         """The encoders loaded so far, in loading order."""
         with self._lock:
             return list(self._loaded.values())
@@ -870,7 +866,7 @@ class Snapshot:
         notices of every search that uses them.
     """
 
-    def __init__(self, searcher: Any, encoders: Any, notices: tuple[str, ...]) -> None:
+    def __init__(self, searcher: Searcher, encoders: Encoders, notices: tuple[str, ...]) -> None:
         self._searcher = searcher
         self.encoders = encoders
         self.notices = notices

@@ -569,6 +569,15 @@ class Encoder:
         """Attention backend in use: "varlen", "sdpa" or "transformers"."""
         return self.backbone.backend_name
 
+    @property
+    def offloaded(self) -> bool:
+        """True on a GPU: the CPU is free while it encodes (`codesearch.encoder.base.Encoder`)."""
+        return self.device.type == "cuda"
+
+    def describe(self) -> str:
+        """How this encoder embeds, for ``status``: ``local cpu (float32)``."""
+        return f"local {self.device} ({str(self.dtype).removeprefix('torch.')})"
+
     def __repr__(self) -> str:
         return (
             f"Encoder({self.identity!r}, {'multivector' if self.multivector else 'single-vector'}, dim={self.dim}, "

@@ -6,12 +6,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from codesearch import _compat
 from codesearch.encoder import DEFAULT_DENSE_MODEL, DEFAULT_MULTI_MODEL
+from codesearch.encoder.base import Encoders as _Encoders
 from codesearch.errors import (
     CodeSearchError,
     IndexCorruptError,
@@ -23,7 +23,13 @@ from codesearch.store import Store
 from codesearch.types import STORE_FILE
 
 if TYPE_CHECKING:  # pragma: no cover
-    from codesearch.encoder import Encoder
+    import torch
+
+    from codesearch.encoder.base import Encoder, Encoders, Loader, TokenCounter
+    from codesearch.store import ModelRecord
+
+#: `Encoders` lives in `codesearch.encoder.base` (beside the protocol it holds).
+__getattr__ = _compat.moved_names(__name__, {"Encoders": "codesearch.encoder.base"})
 
 
 
@@ -49,29 +55,6 @@ MAX_CHUNK_TOKENS = 512
 WIDE_WINDOW = 3
 
 
-@dataclass
-class Encoders:
-    """The encoders of one run: a single-vector (``dense``) and a ColBERT (``multi``) one.
-
-    Either may be None; with both None the index is lexical-only.
-    """
-
-    dense: Encoder | None = None
-    multi: Encoder | None = None
-    #: Store roles the user switched off ('none'), recorded so that a later run with the
-    #: default models leaves them off instead of reporting them as unavailable.
-    disabled: tuple[str, ...] = ()
-
-    def by_role(self) -> dict[str, Encoder]:
-        """Store role (``dense`` | ``colbert``) -> encoder, for the encoders present."""
-        out: dict[str, Any] = {}
-        if self.dense is not None:
-            out["dense"] = self.dense
-        if self.multi is not None:
-            out["colbert"] = self.multi
-        return out
-
-
 def resolve_encoders(
     dense_model: str | None = DEFAULT,
     multi_model: str | None = DEFAULT,
@@ -79,7 +62,7 @@ def resolve_encoders(
     device: str = "auto",
     store: Store | None = None,
     index_dir: str | os.PathLike[str] | None = None,
-    load: Callable[..., Any] | None = None,
+    load: Loader | None = None,
 ) -> tuple[Encoders, list[str]]:
     """Load the encoders a run asks for; returns them and the notices to show.
 
@@ -108,7 +91,7 @@ def resolve_encoders(
     """
     from codesearch import encoder as enc_mod
 
-    recorded: dict[str, Any] = {}
+    recorded: dict[str, ModelRecord] = {}
     was_disabled: list[str] = []
     if store is not None:
         recorded, was_disabled = store.models(), json.loads(store.get_meta(DISABLED_KEY) or "[]")
@@ -122,7 +105,7 @@ def resolve_encoders(
 
     off_on_this_device: list[str] = []
 
-    def one(arg: str | None, role: str, package_default: str | None, want_multi: bool) -> Any:
+    def one(arg: str | None, role: str, package_default: str | None, want_multi: bool) -> Encoder | None:
         if arg is None or (arg == DEFAULT and role in was_disabled and role not in recorded):
             disabled.append(role)
             return None
@@ -184,7 +167,7 @@ def resolve_encoders(
             f"Default model{plural} {names} {cached} not cached and the hub is unreachable; {how}. "
             "Run 'codesearch index' again online (or pass --model PATH) to add vectors."
         )
-    return Encoders(dense=dense, multi=multi, disabled=tuple(disabled)), notices
+    return _Encoders(dense=dense, multi=multi, disabled=tuple(disabled)), notices
 
 
 def check_models(store: Store, encoders: Encoders, index_dir: Path) -> None:
@@ -206,9 +189,9 @@ def holds_estimated_chunks(window: int, budget: int) -> bool:
     return window >= WIDE_WINDOW * budget + 8
 
 
-def chunk_budget(encoders: Encoders, chunk_tokens: int | None) -> tuple[int, Callable[[str], int] | None, str]:
+def chunk_budget(encoders: Encoders, chunk_tokens: int | None) -> tuple[int, TokenCounter | None, str]:
     """(max tokens per chunk, token counter or None, the counter's identity)."""
-    encs = [e for e in (encoders.dense, encoders.multi) if e is not None]
+    encs = encoders.present()
     if chunk_tokens is not None:
         if chunk_tokens < 16:
             raise CodeSearchError(f"chunk size {chunk_tokens} tokens is too small (use 64 or more)")
@@ -220,7 +203,7 @@ def chunk_budget(encoders: Encoders, chunk_tokens: int | None) -> tuple[int, Cal
         # 512-token chunks, lexical better with 512, and 512 halves the texts to encode.
         # (Reading a long chunk as the mean of its windows' vectors was measured too: hybrid
         # 0.875 -> 0.868 for 1.5x the encoding, BENCHMARKS.md.)
-        budget = min([MAX_CHUNK_TOKENS, *(int(e.max_length) for e in encs if getattr(e, "multivector", False))])
+        budget = min([MAX_CHUNK_TOKENS, *(int(e.max_length) for e in encs if e.multivector)])
     if not encs:
         return budget, None, "approx"
     # A multi-vector model alone needs exact counts only to see each chunk whole. The byte
@@ -231,20 +214,18 @@ def chunk_budget(encoders: Encoders, chunk_tokens: int | None) -> tuple[int, Cal
     # ~0.7 MB/s per core here). With a single-vector model, chunks sized in its own tokens
     # scored better: MiniLM hybrid 0.913 against 0.907 with estimated chunks (8 dev repos).
     # Count with the model whose window must hold the chunk whole (the multi-vector one).
-    counter = next((e for e in encs if getattr(e, "multivector", False)), encs[0])
-    wide = getattr(counter, "multivector", False) and holds_estimated_chunks(int(counter.max_length), budget)
+    counter = next((e for e in encs if e.multivector), encs[0])
+    wide = counter.multivector and holds_estimated_chunks(int(counter.max_length), budget)
     if wide and len(encs) == 1:
         return budget, None, "approx"
-    if hasattr(counter, "token_counter"):
-        # picklable (tokenizer path + extra tokens), so chunking can run in worker processes
-        return budget, counter.token_counter(), counter.identity
-    return budget, (lambda s: counter.count_tokens([s])[0]), counter.identity
+    # picklable (tokenizer path + extra tokens), so chunking can run in worker processes
+    return budget, counter.token_counter(), counter.identity
 
 
 # -- device-aware defaults ----------------------------------------------------------------
 
 
-def default_models(device: Any) -> tuple[str | None, str | None]:
+def default_models(device: str | torch.device) -> tuple[str | None, str | None]:
     """The (dense, multi-vector) models a run uses when the user names none, for ``device``.
 
     Parameters
@@ -296,8 +277,8 @@ def default_models(device: Any) -> tuple[str | None, str | None]:
     return None, DEFAULT_MULTI_MODEL
 
 
-def _is_gpu(device: Any) -> bool:
-    kind = getattr(device, "type", None) or str(device).split(":", 1)[0]
+def _is_gpu(device: str | torch.device) -> bool:
+    kind = device.split(":", 1)[0] if isinstance(device, str) else device.type
     if kind == "auto":
         import torch  # only here: "cpu"/"cuda" must not pay torch's import time
 

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from codesearch.encoder.base import Encoder, Encoders, encode_stream
 from codesearch.errors import (
     IndexCorruptError,
     IndexWriteError,
@@ -53,7 +54,6 @@ from codesearch.indexing.encoders import (
     DISABLED_KEY,
     EMBEDDED_KEY,
     VECTORS_PENDING_KEY,
-    Encoders,
     check_models,
     chunk_budget,
 )
@@ -579,7 +579,7 @@ def _commit(run: _Run) -> Delta:
             if role not in run.recorded:
                 store.set_model(role, enc.name, enc.identity, int(enc.dim))
         if not run.defer_vectors:  # a run that skipped the models says nothing about them
-            store.set_meta(DISABLED_KEY, json.dumps(sorted(getattr(run.encoders, "disabled", ()))))
+            store.set_meta(DISABLED_KEY, json.dumps(sorted(run.encoders.disabled)))
         store.set_meta("root", str(run.root))
         store.set_meta("chunk_tokens", run.budget)
         store.set_meta("chunk_counter", run.counter_id)
@@ -665,10 +665,10 @@ class _Commits:
 PUBLISH_EVERY_S = 20.0
 
 
-def _encodes_elsewhere(enc: Any) -> bool:
-    """Whether ``enc`` computes off this process's CPU (a pool of workers, codesearch[ray],
-    or a GPU): then a publication runs beside its batches, not between them."""
-    return hasattr(enc, "encode_batches") or str(getattr(enc, "device", "cpu")).startswith("cuda")
+def _encodes_elsewhere(enc: Encoder) -> bool:
+    """Whether ``enc`` computes off this process's CPU (a pool of workers, a GPU): then a
+    publication runs beside its batches, not between them."""
+    return enc.offloaded
 
 
 class _Publisher:
@@ -855,14 +855,12 @@ def _encode_streams(
     for enc, items in streams:
         batches = list(_batches([(kind, h, t) for _, kind, h, t in items], _batch_size(enc)))
         texts_of = ([t for _, _, t in b] for b in batches)
-        if hasattr(enc, "encode_batches"):  # a pool of workers (codesearch[ray]) streams them
-            def idle() -> None:  # while it waits for its workers
-                commits.commit_if_older()
-                publisher.poll()
 
-            outputs = enc.encode_batches(texts_of, kind="document", idle=idle)
-        else:
-            outputs = (enc.encode(t, kind="document") for t in texts_of)
+        def idle() -> None:  # while a pool of workers (codesearch[ray]) computes
+            commits.commit_if_older()
+            publisher.poll()
+
+        outputs = encode_stream(enc, texts_of, kind="document", idle=idle)
         for batch, out in zip(batches, outputs):
             vectors = list(out) if enc.multivector else [np.asarray(out)[i] for i in range(len(batch))]
             by_kind: dict[str, list[tuple[str, np.ndarray]]] = defaultdict(list)
@@ -882,21 +880,13 @@ def _encode_streams(
                 publisher.start()
         # How this model was embedded, for 'status': recorded as its stream ends, so that a
         # run that fails in the next model's stream still tells how this one's were made.
-        embedded = {role: _embedded_by(enc) for role, e in roles.items() if e is enc}
+        embedded = {role: enc.describe() for role, e in roles.items() if e is enc}
         commits.commit()
         with store.transaction():
             store.set_meta(EMBEDDED_KEY, json.dumps(json.loads(store.get_meta(EMBEDDED_KEY) or "{}") | embedded))
     publisher.finish()
     if publisher.pending:
         publisher.start(background=False)  # the last one: nothing left to run beside
-
-
-def _embedded_by(enc: Any) -> str:
-    """``local cpu (float32)``, or what a distributed encoder says of itself."""
-    describe = getattr(enc, "describe", None)
-    if describe is not None:
-        return describe()
-    return f"local {getattr(enc, 'device', '?')} ({str(getattr(enc, 'dtype', '?')).removeprefix('torch.')})"
 
 
 def _current_text(root: Path, path: str, expected_hash: str, texts: dict[str, tuple[str, str]]) -> str | None:
@@ -911,7 +901,7 @@ def _current_text(root: Path, path: str, expected_hash: str, texts: dict[str, tu
     return decode_source(data) if hash_bytes(data) == expected_hash else None
 
 
-def _batch_size(enc: Any) -> tuple[int, int]:
+def _batch_size(enc: Encoder) -> tuple[int, int]:
     """(texts, characters) per encode call and committed batch.
 
     On a CPU the encoder's own budget is small and a batch of 64 texts keeps each commit
@@ -919,9 +909,8 @@ def _batch_size(enc: Any) -> tuple[int, int]:
     `Encoder.batch_tokens`): there the call holds about what the encoder can run at once,
     at about 4 characters per token, so the device is never fed 20k-token crumbs.
     """
-    device = str(getattr(enc, "device", "cpu"))
-    budget = int(getattr(enc, "batch_tokens", 0) or 0)
-    if not device.startswith("cuda") or budget <= 0:
+    budget = int(enc.batch_tokens)
+    if not enc.offloaded or budget <= 0:
         return ENCODE_BATCH, ENCODE_BATCH_CHARS
     return max(ENCODE_BATCH, budget // 64), max(ENCODE_BATCH_CHARS, 4 * budget)
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from codesearch.encoder.base import Encoder, Encoders
 from codesearch.errors import CodeSearchError, NotIndexedError, QueryError
 from codesearch.indexes.lexical import (
     LexicalIndex,
@@ -38,7 +39,7 @@ class Searcher:
     ----------
     index_dir : path
         The ``.codesearch`` folder (``store.sqlite`` and the derived index files).
-    encoders : pipeline.Encoders, optional
+    encoders : codesearch.encoder.base.Encoders, optional
         Query encoders for the dense and multi-vector indexes; without them only the
         lexical index is searched (the result's ``notices`` say so).
 
@@ -49,7 +50,9 @@ class Searcher:
     ...     print(hit.path, hit.start_line, round(hit.score, 3))
     """
 
-    def __init__(self, index_dir: str | Path, *, encoders: Any = None, params: RankingParams | None = None) -> None:
+    def __init__(
+        self, index_dir: str | Path, *, encoders: Encoders | None = None, params: RankingParams | None = None
+    ) -> None:
         from codesearch.indexes.registry import load_derived
         from codesearch.store import Store
 
@@ -67,10 +70,10 @@ class Searcher:
             )
         derived = load_derived(self.index_dir, self._store)
         self._encoders = encoders
-        self._dense = _get(derived, "dense", "dense_chunks")
-        self._dense_files = _get(derived, "dense_files")
-        self._plaid = _get(derived, "plaid", "colbert")
-        lexical = _get(derived, "lexical")
+        self._dense = derived.get("dense_chunks")
+        self._dense_files = derived.get("dense_files")
+        self._plaid = derived.get("plaid")
+        lexical = derived.get("lexical")
         if lexical is None:
             lexical = LexicalIndex()
             lexical.add(*_lexical_inputs(self._store))
@@ -83,6 +86,7 @@ class Searcher:
         self._ranker.centrality_source = self._cached_centrality
         self._file_row = {int(f): j for j, f in enumerate(self._ranker.corpus.file_ids.tolist())}
         self._covered = self._coverage()
+        self._centroids: np.ndarray | None = None  # per-file mean chunk vectors, made on first use
 
     # -- public ----------------------------------------------------------------------------
 
@@ -131,8 +135,9 @@ class Searcher:
         dense_built = self._dense is not None and len(self._dense) > 0
         colbert_built = self._plaid is not None and len(self._plaid) > 0
         # A model is asked for only by a mode that searches its vectors.
-        has_dense = dense_built and mode in ("hybrid", "dense") and self._encoder("dense") is not None
-        has_colbert = colbert_built and mode in ("hybrid", "colbert") and self._encoder("multi") is not None
+        dense_encoder, colbert_encoder = self._encoder("dense"), self._encoder("multi")
+        has_dense = dense_built and mode in ("hybrid", "dense") and dense_encoder is not None
+        has_colbert = colbert_built and mode in ("hybrid", "colbert") and colbert_encoder is not None
         if mode == "dense" and not has_dense:
             raise QueryError(
                 "dense search needs the index's model to encode the query and it is not loaded (make the "
@@ -165,12 +170,12 @@ class Searcher:
         n_cand = max(p.dense_candidates, 4 * k)
         dense = file_dense = colbert = None
         used: list[str] = ["lexical"] if use_lex else []
-        if use_dense:
-            qv = np.asarray(self._encoder("dense").encode([query], kind="query"), dtype=np.float32)
+        if use_dense and dense_encoder is not None:
+            qv = np.asarray(dense_encoder.encode([query], kind="query"), dtype=np.float32)
             ids, scores = self._dense.search(qv, n_cand)[0]
             dense = (self._ranker.rows_of(ids), scores)
             used.append("dense")
-            long_context = int(getattr(self._encoder("dense"), "max_length", 0) or 0) >= FILE_VECTOR_MIN_TOKENS
+            long_context = int(dense_encoder.max_length) >= FILE_VECTOR_MIN_TOKENS
             if p.w_file_centroid and not long_context:
                 cent = self._file_centroids()
                 file_dense = (np.arange(len(cent), dtype=np.int64), cent @ qv[0])
@@ -179,8 +184,8 @@ class Searcher:
                 fids, fscores = self._dense_files.search(qv, max(50, k * 5))[0]
                 file_dense = (np.array([self._file_row.get(int(f), -1) for f in fids], dtype=np.int64), fscores)
                 used.append("dense_files")
-        if use_colbert:
-            qm = self._encoder("multi").encode([query], kind="query")
+        if use_colbert and colbert_encoder is not None:
+            qm = colbert_encoder.encode([query], kind="query")
             ids, scores = self._plaid.search([qm[0]], n_cand)[0]
             colbert = (self._ranker.rows_of(ids), scores)
             used.append("colbert")
@@ -206,7 +211,7 @@ class Searcher:
         hits = self._hits(picked, sources)
         return SearchResult(query=query, mode=mode, hits=hits, indexes_used=tuple(used), notices=notices)
 
-    def set_encoders(self, encoders: Any) -> None:
+    def set_encoders(self, encoders: Encoders | None) -> None:
         """Use these query encoders from the next search on (``None``: lexical only)."""
         with self._lock:
             self._encoders = encoders
@@ -253,18 +258,12 @@ class Searcher:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _encoder(self, role: str) -> Any:
-        enc = self._encoders
-        if enc is None:
+    def _encoder(self, role: str) -> Encoder | None:
+        """The query encoder of ``role`` (``dense`` or ``multi``), if one is attached."""
+        encoders = self._encoders
+        if encoders is None:
             return None
-        names = {"dense": ("dense", "dense_encoder"), "multi": ("multi", "colbert", "multi_encoder")}[role]
-        for name in names:
-            value = getattr(enc, name, None)
-            if callable(value) and not hasattr(value, "encode"):
-                value = value()
-            if value is not None:
-                return value
-        return None
+        return encoders.dense if role == "dense" else encoders.multi
 
     def _cached_centrality(self) -> np.ndarray:
         """The ranker's centrality from ``centrality.npz`` when that file was written for this
@@ -327,7 +326,7 @@ class Searcher:
     def _file_centroids(self) -> np.ndarray:
         """(n_files, dim) normalised mean of each file's chunk vectors (built on first use)."""
         with self._lock:
-            cent = getattr(self, "_centroids", None)
+            cent = self._centroids
             if cent is None:
                 # Streamed from the store in batches (the same vectors the dense index
                 # holds), so a large index never holds a second full copy in memory.
@@ -401,16 +400,6 @@ def _in_lexical_order(rows: list[tuple], lex_ids: np.ndarray) -> list[tuple]:
     found = (lex_ids[order][pos] == ids) if len(lex_ids) else np.zeros(len(ids), dtype=bool)
     key = np.where(found, order[pos] if len(lex_ids) else 0, len(lex_ids) + ids)
     return [rows[i] for i in np.argsort(key, kind="stable").tolist()]
-
-
-def _get(obj: Any, *names: str) -> Any:
-    for name in names:
-        if isinstance(obj, dict):
-            if obj.get(name) is not None:
-                return obj[name]
-        elif getattr(obj, name, None) is not None:
-            return getattr(obj, name)
-    return None
 
 
 def _lexical_inputs(store: Any) -> tuple[np.ndarray, list[str]]:

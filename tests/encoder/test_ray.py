@@ -83,7 +83,7 @@ def ray_cluster():
 
 @pytest.fixture(scope="session")
 def pool(ray_cluster):
-    from codesearch.encoder.ray.backend import WorkerPool
+    from codesearch.encoder.ray import WorkerPool
 
     p = WorkerPool(workers=2)
     p.start()
@@ -117,7 +117,7 @@ def _assert_same(out, ref):
 @needs_ray
 @pytest.mark.parametrize("role", ["dense", "colbert"])
 def test_encode_batches_equal_local_in_input_order(pool, local_encoders, role):
-    from codesearch.encoder.ray.backend import RayEncoder
+    from codesearch.encoder.ray import RayEncoder
 
     local = local_encoders[role]
     enc = RayEncoder(local, pool)
@@ -153,7 +153,7 @@ def test_encode_batches_equal_local_in_input_order(pool, local_encoders, role):
 def test_the_driver_does_not_tokenize_what_the_workers_encode(pool, local_encoders, monkeypatch):
     """The workers return each text's token count with its vectors: the driver tokenizing
     every text again bounded a cluster at one core's tokenizer."""
-    from codesearch.encoder.ray.backend import RayEncoder
+    from codesearch.encoder.ray import RayEncoder
 
     local = local_encoders["colbert"]
     real = local.count_tokens
@@ -254,7 +254,7 @@ def test_worker_killed_mid_run_is_retried_and_nothing_is_lost(
 
 @needs_ray
 def test_every_worker_gone_is_a_one_line_cluster_error(ray_cluster, local_encoders):
-    from codesearch.encoder.ray.backend import RayEncoder, WorkerPool
+    from codesearch.encoder.ray import RayEncoder, WorkerPool
 
     doomed = WorkerPool(workers=1, max_restarts=0)
     enc = RayEncoder(local_encoders["dense"], doomed)
@@ -300,15 +300,15 @@ def test_an_address_nobody_answers_is_a_one_line_error_at_once(tmp_path, colbert
 # with the head gone (as they do) and the head watch, made quick here, has to end the run.
 _LOSE_THE_HEAD = r"""
 import os, signal, sys, time
-from codesearch.encoder.ray import backend as distributed
+from codesearch.encoder.ray import backend, cluster
 from codesearch.indexing import pipeline
 from codesearch.encoder import runtime
 from codesearch.cli import main
 
 pipeline.ENCODE_BATCH = 1
-distributed.HEAD_CHECK_S, distributed.HEAD_LOST_AFTER_S = 0.2, 1.0
+cluster.HEAD_CHECK_S, cluster.HEAD_LOST_AFTER_S = 0.2, 1.0
 runtime.cpu_has_fast_bf16 = lambda: False  # float32, like the reference
-collect, killed = distributed.RayEncoder._collect, []
+collect, killed = backend.RayEncoder._collect, []
 
 def gcs_pids():
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -329,8 +329,8 @@ def slowly(self, ray, task):
     time.sleep(0.1)
     return collect(self, ray, task)
 
-distributed.RayEncoder._collect = slowly
-distributed._local_head = lambda: None  # a cluster of its own, even beside a `ray start`ed one
+backend.RayEncoder._collect = slowly
+cluster._local_head = lambda: None  # a cluster of its own, even beside a `ray start`ed one
 sys.argv = ["codesearch", *sys.argv[1:]]
 main()
 """
@@ -407,7 +407,7 @@ def test_a_cluster_that_wants_a_token_is_a_one_line_error_naming_it(ray_cluster,
 def test_names_without_a_port_are_left_to_ray():
     """RAY_ADDRESS=auto, --ray-address local or a Ray Client address: nothing to probe
     (GcsClient raised ValueError on them, a traceback)."""
-    from codesearch.encoder.ray.backend import _check_head
+    from codesearch.encoder.ray.cluster import _check_head
 
     for address in ("auto", "local", "ray://head:10001", "head"):
         assert _check_head(address) is None

@@ -10,9 +10,10 @@ from pathlib import Path
 from fixtures.pipeline_helpers import chunk_set, make_repo
 
 from codesearch.encoder import load
+from codesearch.encoder.base import Encoders
 from codesearch.indexing import chunking
 from codesearch.indexing.chunking import chunk_many, chunk_source, estimate_tokens
-from codesearch.indexing.encoders import MAX_CHUNK_TOKENS, Encoders, chunk_budget
+from codesearch.indexing.encoders import MAX_CHUNK_TOKENS, chunk_budget
 from codesearch.indexing.pipeline import build_index
 
 SOURCES = {

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from codesearch.api import CodeSearch
-from codesearch.indexing.encoders import Encoders
+from codesearch.encoder.base import Encoders
 from codesearch.indexing.pipeline import build_index
 from codesearch.store import Store
 from codesearch.types import STORE_FILE

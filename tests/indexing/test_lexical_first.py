@@ -13,9 +13,9 @@ import pytest
 from fixtures.pipeline_helpers import CountingEncoder, check_consistent, module_source
 
 from codesearch.api import CodeSearch
+from codesearch.encoder.base import Encoders
 from codesearch.errors import IndexLockedError
 from codesearch.indexing import pipeline
-from codesearch.indexing.encoders import Encoders
 from codesearch.indexing.pipeline import build_index
 from codesearch.search.ranking import _impute
 from codesearch.search.searcher import Searcher

@@ -21,6 +21,7 @@ from fixtures.pipeline_helpers import (
     module_source,
 )
 
+from codesearch.encoder.base import Encoders
 from codesearch.errors import (
     IndexCorruptError,
     IndexLockedError,
@@ -32,7 +33,7 @@ from codesearch.indexes import registry
 from codesearch.indexes.registry import load_derived
 from codesearch.indexing import pipeline
 from codesearch.indexing.chunking import CHUNKER_VERSION
-from codesearch.indexing.encoders import Encoders, resolve_encoders
+from codesearch.indexing.encoders import resolve_encoders
 from codesearch.indexing.pipeline import build_index
 from codesearch.indexing.status import staleness
 from codesearch.store import IndexLock, Store
@@ -553,8 +554,9 @@ def test_a_gpu_encoder_gets_batches_its_size_and_a_cpu_one_keeps_small_commits()
 
     from codesearch.indexing.pipeline import ENCODE_BATCH, ENCODE_BATCH_CHARS, _batch_size
 
-    assert _batch_size(SimpleNamespace(device="cpu", batch_tokens=16384)) == (ENCODE_BATCH, ENCODE_BATCH_CHARS)
-    texts, chars = _batch_size(SimpleNamespace(device="cuda:0", batch_tokens=262144))
+    # What the Encoder protocol says of a CPU and a GPU encoder (its device is its own business).
+    assert _batch_size(SimpleNamespace(offloaded=False, batch_tokens=16384)) == (ENCODE_BATCH, ENCODE_BATCH_CHARS)
+    texts, chars = _batch_size(SimpleNamespace(offloaded=True, batch_tokens=262144))
     assert texts == 4096 and chars == 4 * 262144
 
 

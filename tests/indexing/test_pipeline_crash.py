@@ -25,8 +25,8 @@ from fixtures.pipeline_helpers import (
     module_source,
 )
 
+from codesearch.encoder.base import Encoders
 from codesearch.indexing import pipeline
-from codesearch.indexing.encoders import Encoders
 from codesearch.indexing.pipeline import build_index
 from codesearch.store import Store
 from codesearch.types import STORE_FILE
@@ -35,7 +35,7 @@ CHILD = textwrap.dedent(
     """
     import sys, time
     from codesearch.indexing import pipeline
-    from codesearch.indexing.encoders import Encoders
+    from codesearch.encoder.base import Encoders
     from codesearch.indexing.pipeline import build_index
 
     repo, dense_dir, colbert_dir, group_s = sys.argv[1:5]

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from fixtures.pipeline_helpers import check_consistent, module_source
 
+from codesearch.encoder.base import Encoders
 from codesearch.indexes import registry
 from codesearch.indexing import pipeline
-from codesearch.indexing.encoders import Encoders
 from codesearch.indexing.pipeline import build_index
 from codesearch.search.searcher import Searcher
 from codesearch.store import Store
