@@ -62,8 +62,9 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 def moved_names(module: str, names: dict[str, str]) -> Callable[[str], Any]:
-    """A module ``__getattr__`` for names that moved to another module: each resolves to the
-    same object under its new home, with a `DeprecationWarning`.
+    """A module ``__getattr__`` for names that moved to another module (``"package.module"``)
+    or became another name there (``"package.module:NewName"``): each resolves to the same
+    object as its new home, with a `DeprecationWarning`.
 
     Example (in the old module)::
 
@@ -74,12 +75,14 @@ def moved_names(module: str, names: dict[str, str]) -> Callable[[str], Any]:
         home = names.get(name)
         if home is None:
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        where, _, new = home.partition(":")
+        new = new or name
         warnings.warn(
-            f"{module}.{name} is deprecated and will be removed in the next release; import it from {home}",
+            f"{module}.{name} is deprecated and will be removed in the next release; use {where}.{new}",
             DeprecationWarning,
             stacklevel=2,
         )
-        return getattr(importlib.import_module(home), name)
+        return getattr(importlib.import_module(where), new)
 
     return __getattr__
 

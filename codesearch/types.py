@@ -347,7 +347,8 @@ class Chunk:
 
     @property
     def encoder_text(self) -> str:
-        """What the encoder embeds: the header line, then the code."""
+        """What the encoder embeds, and the lexical index reads: the header line, then the
+        code. The one place this text is made."""
         return self.header + "\n" + self.text
 
     def to_dict(self) -> dict:
@@ -373,6 +374,17 @@ class SearchHit:
     text: str
     chunk_id: int
     sources: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, chunk: Chunk, *, chunk_id: int, score: float, sources: tuple[str, ...] = ()) -> SearchHit:
+        """The hit of a stored chunk: its place, what it defines and its text, with the score
+        and the indexes that proposed it. (A hit has no byte range or header: the JSON
+        documents and the renderers never showed them.)"""
+        return cls(
+            path=chunk.path, start_line=chunk.start_line, end_line=chunk.end_line, score=score,
+            language=chunk.language, symbol=chunk.symbol, kind=chunk.kind, scope=chunk.scope,
+            text=chunk.text, chunk_id=chunk_id, sources=sources,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field."""

@@ -37,3 +37,20 @@ def test_the_new_names_import_without_a_warning():
     code = "import warnings; warnings.simplefilter('error'); import codesearch.indexing.pipeline, codesearch.api"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("module,name,new", [
+    ("codesearch.indexing.encoders", "Encoders", "codesearch.encoder.base:Encoders"),
+    ("codesearch.store", "ChunkRecord", "codesearch.store.records:StoredChunk"),
+    ("codesearch.store", "ChunkRow", "codesearch.store.records:StoredChunk"),
+])
+def test_a_moved_name_is_the_new_object_and_warns(module, name, new):
+    import importlib
+    import warnings
+
+    where, _, attr = new.partition(":")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        old = getattr(importlib.import_module(module), name)
+    assert old is getattr(importlib.import_module(where), attr)
+    assert any(issubclass(w.category, DeprecationWarning) and f"{where}.{attr}" in str(w.message) for w in seen)

@@ -111,11 +111,11 @@ def _add_from_store(name: str, index: Index, store: Store, ids: Sequence[int] | 
             texts: list[str] = []
             for rec in store.iter_chunk_records():
                 batch_ids.append(rec.id)
-                texts.append(rec.header + "\n" + rec.text)
+                texts.append(rec.chunk.encoder_text)
             index.add(np.asarray(batch_ids, dtype=np.int64), texts)
         elif ids:
             recs = store.chunk_records(ids)
-            index.add(np.asarray([r.id for r in recs], dtype=np.int64), [r.header + "\n" + r.text for r in recs])
+            index.add(np.asarray([r.id for r in recs], dtype=np.int64), [r.chunk.encoder_text for r in recs])
         return
     batches = store.iter_vectors(spec.kind) if ids is None else [store.vectors_for(ids, spec.kind)]
     if spec.one_add:

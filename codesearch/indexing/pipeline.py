@@ -550,7 +550,7 @@ def _commit(run: _Run) -> Delta:
         for fid, size, mtime_ns in run.touched:
             store.touch_file(fid, size=size, mtime_ns=mtime_ns)
         for f in run.removed:
-            removed_chunks += [(r.id, r.text_hash) for r in store.chunk_rows(f.id)]
+            removed_chunks += [(r.id, r.text_hash) for r in store.file_chunks(f.id)]
         store.delete_files([f.id for f in run.removed])
         for w in run.work:
             fid = store.upsert_file(
@@ -563,8 +563,8 @@ def _commit(run: _Run) -> Delta:
             pool: dict[tuple[str, str], list[int]] = defaultdict(list)
             old_hash: dict[int, str] = {}
             if w.old_id is not None:
-                for r in store.chunk_rows(fid):
-                    pool[(r.header, r.text_hash)].append(r.id)
+                for r in store.file_chunks(fid):
+                    pool[(r.chunk.header, r.text_hash)].append(r.id)
                     old_hash[r.id] = r.text_hash
             for c, h in zip(w.chunks, w.hashes):
                 ids = pool.get((c.header, h))
@@ -813,10 +813,11 @@ def _encode(run: _Run) -> None:
                             items[(kind, h)] = (priority(path, files[fid].size), kind, h,
                                                 _file_text_for_encoder(path, text, enc.max_length))
             else:
-                for _cid, fid, h, text in store.chunks_missing_vectors(enc.identity, kind):
+                for sc in store.chunks_missing_vectors(enc.identity, kind):
+                    h = sc.text_hash
                     if (kind, h) not in items:  # the cache is keyed by text: a copy is encoded once
-                        f = files[fid]
-                        items[(kind, h)] = (priority(f.path, f.size), kind, h, text)
+                        f = files[sc.file_id]
+                        items[(kind, h)] = (priority(f.path, f.size), kind, h, sc.chunk.encoder_text)
         if items:
             streams.append((enc, sorted(items.values(), key=lambda it: it[0])))
     total = sum(len(items) for _, items in streams)

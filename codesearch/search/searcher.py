@@ -16,7 +16,6 @@ import threading
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -28,7 +27,7 @@ from codesearch.indexes.lexical import (
 from codesearch.search.corpus import CENTRALITY_VERSION, Corpus
 from codesearch.search.query import analyse
 from codesearch.search.ranking import FILE_VECTOR_MIN_TOKENS, Ranker, RankingParams
-from codesearch.store import IndexLock, atomic_write
+from codesearch.store import IndexLock, Store, atomic_write
 from codesearch.types import CENTRALITY_FILE, MODES, STORE_FILE, SearchHit, SearchResult, canonical_languages
 
 
@@ -54,7 +53,6 @@ class Searcher:
         self, index_dir: str | Path, *, encoders: Encoders | None = None, params: RankingParams | None = None
     ) -> None:
         from codesearch.indexes.registry import load_derived
-        from codesearch.store import Store
 
         self.index_dir = Path(index_dir)
         store_path = self.index_dir / STORE_FILE
@@ -363,28 +361,14 @@ class Searcher:
         c = self._ranker.corpus
         ids = [int(c.ids[r]) for r, _ in picked]
         with self._lock:
-            recs = {r.id: r for r in self._store.chunk_records(ids)}
+            stored = {r.id: r for r in self._store.chunk_records(ids)}
         hits = []
         for r, s in picked:
-            rec = recs.get(int(c.ids[r]))
+            rec = stored.get(int(c.ids[r]))
             if rec is None:
                 continue
             src = tuple(name for name, v in sources.items() if v[r] > 0)
-            hits.append(
-                SearchHit(
-                    path=rec.path,
-                    start_line=rec.start_line,
-                    end_line=rec.end_line,
-                    score=float(s),
-                    language=rec.language,
-                    symbol=rec.symbol,
-                    kind=rec.kind,
-                    scope=rec.scope,
-                    text=rec.text,
-                    chunk_id=rec.id,
-                    sources=src,
-                )
-            )
+            hits.append(SearchHit.of(rec.chunk, chunk_id=rec.id, score=float(s), sources=src))
         return hits
 
 
@@ -402,6 +386,6 @@ def _in_lexical_order(rows: list[tuple], lex_ids: np.ndarray) -> list[tuple]:
     return [rows[i] for i in np.argsort(key, kind="stable").tolist()]
 
 
-def _lexical_inputs(store: Any) -> tuple[np.ndarray, list[str]]:
+def _lexical_inputs(store: Store) -> tuple[np.ndarray, list[str]]:
     recs = list(store.iter_chunk_records())
-    return np.array([r.id for r in recs], dtype=np.int64), [f"{r.header}\n{r.text}" for r in recs]
+    return np.array([r.id for r in recs], dtype=np.int64), [r.chunk.encoder_text for r in recs]

@@ -185,7 +185,7 @@ def _index(repo, index_dir, single_vector_dir, colbert_dir, progress=None, **kw)
 
 def _contents(index_dir):
     with Store(index_dir / STORE_FILE) as s:
-        chunks = [(r.id, r.path, r.start_line, r.end_line, r.text) for r in s.iter_chunk_records()]
+        chunks = [(r.id, c.path, c.start_line, c.end_line, c.text) for r in s.iter_chunk_records() for c in [r.chunk]]
         vectors = {}
         for kind in ("dense", "file", "colbert"):
             for ids, arrays in s.iter_vectors(kind):

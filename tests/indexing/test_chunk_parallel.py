@@ -120,7 +120,7 @@ def test_a_wide_window_chunks_by_estimate_and_sees_every_chunk_whole(tmp_path):
     build_index(repo, encoders=Encoders(multi=wide))
     with Store(repo / ".codesearch" / "store.sqlite") as store:
         assert store.get_meta("chunk_counter") == "approx" and store.get_meta("chunk_tokens") == str(MAX_CHUNK_TOKENS)
-        texts = [row.encoder_text for row in store.chunk_rows()]
+        texts = [row.chunk.encoder_text for row in store.iter_chunk_records()]
     assert len(texts) > 5
     counts = wide.count_tokens(texts)
     # dense enough that some chunks pass 512 real tokens, and still within the window

@@ -120,7 +120,7 @@ def guarded(fn, *args, **kwargs):
 
 def indexed_text(root: Path) -> str:
     with Store(root / ".codesearch" / STORE_FILE, readonly=True) as store:
-        return "\n".join(r.header + "\n" + r.text for r in store.iter_chunk_records())
+        return "\n".join(r.chunk.encoder_text for r in store.iter_chunk_records())
 
 
 def indexed_paths(root: Path) -> set[str]:

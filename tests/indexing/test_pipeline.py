@@ -71,7 +71,7 @@ def test_lexical_only_build_end_to_end(repo):
     ids, _ = derived["lexical"].search(["mod2_fn1"], k=1)[0]
     with _store(repo) as s:
         (hit,) = s.chunk_records(ids.tolist())
-        assert hit.path == "pkg/mod2.py" and hit.symbol == "mod2_fn1"
+        assert hit.chunk.path == "pkg/mod2.py" and hit.chunk.symbol == "mod2_fn1"
     assert summary.to_dict()["index_dir"] == str(idir)
 
 
@@ -100,7 +100,7 @@ def test_edit_keeps_ids_of_moved_chunks_and_replaces_the_edited_one(repo):
     build_index(repo)
     with _store(repo) as s:
         fid = {v: k for k, v in s.file_paths().items()}["pkg/mod0.py"]
-        old = {r.symbol: r.id for r in s.chunk_records(s.file_chunk_ids(fid))}
+        old = {r.chunk.symbol: r.id for r in s.chunk_records(s.file_chunk_ids(fid))}
     src = (repo / "pkg/mod0.py").read_text()
     # Edit fn0 so it gains lines: fn1 and fn2 move down but keep their text.
     src = src.replace(function_source("mod0_fn0"), function_source("mod0_fn0", body_word="edited", lines=35))
@@ -108,9 +108,9 @@ def test_edit_keeps_ids_of_moved_chunks_and_replaces_the_edited_one(repo):
     summary = build_index(repo)
     assert summary.files_indexed == 1
     with _store(repo) as s:
-        new = {r.symbol: r for r in s.chunk_records(s.file_chunk_ids(fid))}
+        new = {r.chunk.symbol: r for r in s.chunk_records(s.file_chunk_ids(fid))}
     assert new["mod0_fn1"].id == old["mod0_fn1"] and new["mod0_fn2"].id == old["mod0_fn2"]
-    assert new["mod0_fn0"].id != old["mod0_fn0"] and "edited_34" in new["mod0_fn0"].text
+    assert new["mod0_fn0"].id != old["mod0_fn0"] and "edited_34" in new["mod0_fn0"].chunk.text
     derived = check_consistent(pipeline.default_index_dir(repo))
     assert old["mod0_fn0"] not in index_ids(derived["lexical"])
 
@@ -122,11 +122,11 @@ def test_deleted_file_leaves_every_table_and_index(repo):
     assert summary.files_removed == 1
     with _store(repo) as s:
         assert "pkg/mod3.py" not in s.files()
-        assert not any(r.path == "pkg/mod3.py" for r in s.iter_chunk_records())
+        assert not any(r.chunk.path == "pkg/mod3.py" for r in s.iter_chunk_records())
     derived = check_consistent(pipeline.default_index_dir(repo))
     ids, _ = derived["lexical"].search(["mod3_fn1"], k=5)[0]
     with _store(repo) as s:
-        assert all(r.path != "pkg/mod3.py" for r in s.chunk_records(ids.tolist()))
+        assert all(r.chunk.path != "pkg/mod3.py" for r in s.chunk_records(ids.tolist()))
 
 
 def test_staleness_reports_added_changed_removed_and_touched(repo):
@@ -416,7 +416,7 @@ def test_rename_encodes_nothing(model_repo, counting):
     derived = check_consistent(pipeline.default_index_dir(model_repo))
     ids, _ = derived["lexical"].search(["renamed_module small_fn"], k=1)[0]
     with _store(model_repo) as s:
-        assert s.chunk_records(ids.tolist())[0].path == "pkg/sub/renamed_module.py"
+        assert s.chunk_records(ids.tolist())[0].chunk.path == "pkg/sub/renamed_module.py"
 
 
 def test_unchanged_rerun_with_models_encodes_nothing(model_repo, counting):

@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 from codesearch.errors import IndexCorruptError, IndexLockedError
-from codesearch.store import ChunkRecord, IndexLock, Store
-from codesearch.store import sqlite as store_mod
+from codesearch.store import IndexLock, Store, StoredChunk
+from codesearch.store import schema as store_mod
+from codesearch.store.vectors import encode_array
+from codesearch.types import Chunk
 
 
 @dataclass(frozen=True)
@@ -52,8 +54,8 @@ def test_chunk_records_keep_the_order_of_ids():
         ]
     recs = s.chunk_records([ids[2], ids[0], 999, ids[1]])
     assert [r.id for r in recs] == [ids[2], ids[0], ids[1]]
-    assert recs[2] == ChunkRecord(ids[1], fb, "b.py", 3, 9, "python", "g", "function", None,
-                                  "b.py > def g", "def f(): pass")
+    assert recs[2] == StoredChunk(ids[1], fb, "t2", Chunk("b.py", 3, 9, 11, 90, "python", "g", "function", None,
+                                                        "def f(): pass", "b.py > def g"))
     assert recs[0].to_dict()["symbol"] is None
     assert [r.id for r in s.iter_chunk_records()] == sorted(ids)
     assert s.file_chunk_ids(fa) == [ids[0], ids[2]]
@@ -67,8 +69,8 @@ def test_chunk_meta_matches_the_records_without_text():
         s.insert_chunk(fb, FakeChunk(3, 9, 11, 90, symbol="g", language="go"), "t2")
         s.insert_chunk(fa, FakeChunk(4, 5, 20, 30, symbol=None, kind="block"), "t3")
     meta = list(s.iter_chunk_meta())
-    assert meta == [(r.id, r.file_id, r.path, r.start_line, r.end_line, r.language, r.symbol, r.kind, r.scope)
-                    for r in s.iter_chunk_records()]
+    assert meta == [(r.id, r.file_id, r.chunk.path, r.chunk.start_line, r.chunk.end_line, r.chunk.language,
+                     r.chunk.symbol, r.chunk.kind, r.chunk.scope) for r in s.iter_chunk_records()]
     assert meta[0][2:7] == ("src/b.py", 3, 9, "go", "g") and meta[1][6] is None and meta[1][7] == "block"
 
 
@@ -187,7 +189,7 @@ def _old_store(path, version, vectors):
         con.executescript(script)
     con.execute(f"PRAGMA user_version = {version}")
     for h, v in vectors.items():
-        n, dim, blob = store_mod.encode_array(v)
+        n, dim, blob = encode_array(v)
         con.execute("INSERT INTO vectors(model, kind, text_hash, dim, n, data) VALUES (?, ?, ?, ?, ?, ?)",
                     ("m@1", "colbert", h, dim, n, blob))
     con.close()
