@@ -102,7 +102,7 @@ def variant(model_dir: Path, name: str):
 def code_chunks(repo: Path, limit: int) -> list[str]:
     """The chunker's encoder texts (header + code) of the repository's files, in path order."""
     from codesearch.indexing.chunking import chunk_source
-    from codesearch.indexing.languages import detect_language
+    from codesearch.languages import detect_language
 
     texts: list[str] = []
     for f in sorted(repo.rglob("*")):

@@ -23,6 +23,10 @@ MOVED: dict[str, str] = {
     # The Ray backend is an encoder (it implements the Encoder protocol), not a stage.
     "codesearch.indexing.distributed": "codesearch.encoder.ray",
     "codesearch.build.distributed": "codesearch.encoder.ray",
+    # Moved down, so that types.py (the bottom) can use them.
+    "codesearch.search.globs": "codesearch.globs",
+    "codesearch.indexing.languages": "codesearch.languages",
+    "codesearch.build.languages": "codesearch.languages",
 }
 
 

@@ -32,12 +32,12 @@ from codesearch.errors import (
     NotIndexedError,
     PathError,
 )
+from codesearch.globs import escape_glob, glob_deadline, scope_globs
 from codesearch.indexing.encoders import DEFAULT, DISABLED_KEY, VECTORS_PENDING_KEY, resolve_encoders
 from codesearch.indexing.pipeline import WALK_EXCLUDE_KEY, WALK_INCLUDE_KEY, build_index
 from codesearch.indexing.status import Staleness, index_info, staleness
 from codesearch.indexing.walk import quiet_skips
 from codesearch.search import snippets
-from codesearch.search.globs import escape_glob, glob_deadline, scope_globs
 from codesearch.search.snippets import fit as fit_result
 from codesearch.search.snippets import shape as shape_result
 from codesearch.search.snippets import with_context as widen_result
@@ -371,7 +371,7 @@ class CodeSearch:
             Only hits in (any of) these languages (``"python"``, ``"go"``, ...).
         glob : str or sequence of str, optional
             Only hits whose path passes these ripgrep-style globs (``"src/**/*.py"``,
-            ``"!tests/**"``, ``"*.{rs,md}"``; see `codesearch.search.globs`).
+            ``"!tests/**"``, ``"*.{rs,md}"``; see `codesearch.globs`).
         files_only : bool
             One hit per file, best chunk first.
         refresh : bool
@@ -406,10 +406,7 @@ class CodeSearch:
             notices.extend(self._refresh(lexical=request.mode is Mode.lexical))
         with self._rw.reading():
             searcher, encoder_notices = self._get_searcher(lexical=request.mode is Mode.lexical)
-            result = searcher.search(
-                request.query, request.k, mode=request.mode.value, language=request.languages,
-                glob=request.globs, files_only=request.files_only,
-            )
+            result = searcher.search(request)
         notices.extend(encoder_notices)
         if notices:
             # The refresh and the search share one encoder load, and so its notices: say
@@ -873,24 +870,31 @@ class Snapshot:
 
     def search(
         self,
-        query: str,
+        query: str | SearchRequest,
         k: int = 10,
         *,
         mode: str = "hybrid",
-        language: str | None = None,
-        glob: str | None = None,
+        language: str | Sequence[str] | None = None,
+        glob: str | Sequence[str] | None = None,
         files_only: bool = False,
+        path_rules: Sequence[str] | None = None,
     ) -> SearchResult:
-        """Search this generation; same parameters and result as `CodeSearch.query`.
+        """Search this generation; same parameters and result as `CodeSearch.query`
+        (``query`` may be a whole `SearchRequest`, checked when it was made).
+
+        ``path_rules``: glob rules to apply instead of the request's, made by the caller
+        from them (a server scoping a search to a folder), so not held to a request's limits.
 
         Raises
         ------
         QueryError
             An empty query, an unknown mode or language, or k < 1.
         """
-        check_query(query, k, mode=mode)
-        result = self._searcher.search(query, k, mode=mode, language=language, glob=glob, files_only=files_only)
-        if self.notices and mode != "lexical":  # a lexical search used no encoder
+        request = query if isinstance(query, SearchRequest) else SearchRequest.of(
+            query, k, mode=mode, language=language, glob=glob, files_only=files_only
+        )
+        result = self._searcher.search(request, path_rules=path_rules)
+        if self.notices and request.mode is not Mode.lexical:  # a lexical search used no encoder
             result = dataclasses.replace(result, notices=list(dict.fromkeys([*self.notices, *result.notices])))
         return result
 

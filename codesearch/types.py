@@ -1,7 +1,8 @@
-"""The records and names every layer shares: chunks, hits, search modes, progress events,
-the JSON documents the CLI and the server print, and the names of the files in an index
-folder. Nothing here imports numpy, torch or another codesearch module but `errors`, so the
-CLI, the server and every package below them can use it for free.
+"""The records and names every layer shares: chunks, hits, search requests and modes,
+progress events, the JSON documents the CLI and the server print, and the names of the
+files in an index folder. Nothing here imports numpy or torch, and of codesearch only the
+modules below it (`errors`, `pathnames`, `globs`, `languages`), so the CLI, the server and
+every package above can use it for free.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from codesearch.errors import QueryError
+from codesearch.globs import check_globs
+from codesearch.languages import canonical_language
 from codesearch.pathnames import text_name
 
 __all__ = [
@@ -152,8 +155,6 @@ class SearchRequest:
         put(self, "languages", canonical_languages(_strings(self.languages, "a language")))
         globs = _strings(self.globs, "a glob")
         if globs:
-            from codesearch.search.globs import check_globs
-
             check_globs(globs)
         put(self, "globs", globs)
         _check_int(self.context, "context", 0, "pass 0 or more lines")
@@ -224,8 +225,6 @@ def canonical_languages(names: Iterable[str]) -> tuple[str, ...]:
     A real language that an index lacks is not an error: it filters that index to nothing,
     as a glob that matches nothing does (and as it must across several served roots).
     """
-    from codesearch.indexing.languages import canonical_language
-
     out: list[str] = []
     for name in names:
         lang = canonical_language(name)

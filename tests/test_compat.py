@@ -14,6 +14,9 @@ import pytest
     ("codesearch.build.chunking", "codesearch.indexing.chunking"),
     ("codesearch.indexing.distributed", "codesearch.encoder.ray"),
     ("codesearch.build.distributed", "codesearch.encoder.ray"),
+    ("codesearch.search.globs", "codesearch.globs"),
+    ("codesearch.indexing.languages", "codesearch.languages"),
+    ("codesearch.build.languages", "codesearch.languages"),
 ])
 def test_an_old_module_name_is_the_new_module_and_warns(old, new):
     # A fresh interpreter: this one may have imported either name already.

@@ -1,9 +1,11 @@
 """Find the files of a repository worth indexing.
 
 `walk` lists what git would show (tracked files plus untracked files that no ignore rule
-hides), or, outside a git work tree, does the same with nested ``.gitignore`` files read by
-``pathspec``. On top of that it drops what would only add noise to a search index (lock
-files, minified bundles, vendored trees, binaries, huge files) and says why, file by file.
+hides), or, outside a git work tree, does the same with nested ``.gitignore`` files read
+with git's semantics (`codesearch.globs.GitIgnore`, matched in linear time whatever the
+lines: a hostile ``.gitignore`` cannot stall the walk). On top of that it drops what would
+only add noise to a search index (lock files, minified bundles, vendored trees, binaries,
+huge files) and says why, file by file.
 
 Example
 -------
@@ -29,15 +31,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pathspec
-
 from codesearch.errors import PathError
-from codesearch.indexing.languages import CPP_HINTS, detect_language
+from codesearch.globs import GitIgnore
+from codesearch.languages import CPP_HINTS, detect_language
 from codesearch.pathnames import quote_name
 from codesearch.store.files import read_inside, read_source
-
-__all__ = ["SKIP_REASONS", "SourceFile", "WalkResult", "detect_language", "read_source", "walk"]
-
 
 __all__ = [
     "SKIP_REASONS",
@@ -240,15 +238,15 @@ class _IgnoreRules:
     """
 
     def __init__(self) -> None:
-        # rel dir ("" for the root) -> specs for that dir, highest precedence first
-        self._specs: dict[str, list[pathspec.GitIgnoreSpec]] = {}
+        # rel dir ("" for the root) -> rule files of that dir, highest precedence first
+        self._specs: dict[str, list[GitIgnore]] = {}
 
     def __bool__(self) -> bool:
         return bool(self._specs)
 
     def add(self, rel_dir: str, lines: Iterable[str], *, low_priority: bool = False) -> None:
-        spec = pathspec.GitIgnoreSpec.from_lines(lines)
-        if not spec.patterns:
+        spec = GitIgnore.of(lines)  # a line git cannot read is dropped, as git drops it
+        if not spec:
             return
         specs = self._specs.setdefault(rel_dir, [])
         if low_priority:
@@ -280,9 +278,9 @@ class _IgnoreRules:
                 continue
             local = target[len(rel_dir) + 1 :] if rel_dir else target
             for spec in specs:
-                include = spec.check_file(local).include
-                if include is not None:
-                    return include
+                verdict = spec.check(local)
+                if verdict is not None:
+                    return verdict
         return False
 
 
@@ -312,11 +310,12 @@ def _is_folder(entry: os.DirEntry) -> bool:
         return False
 
 
-def _glob_spec(patterns: Iterable[str] | str) -> pathspec.GitIgnoreSpec | None:
+def _glob_spec(patterns: Iterable[str] | str) -> GitIgnore | None:
+    """``--include``/``--exclude`` patterns, read as gitignore lines (as pathspec read them)."""
     if isinstance(patterns, str):
         patterns = [patterns]
     patterns = [p for p in patterns if p and p.strip()]
-    return pathspec.GitIgnoreSpec.from_lines(patterns) if patterns else None
+    return GitIgnore.of(patterns) if patterns else None
 
 
 def _git_env() -> dict[str, str]:
@@ -367,7 +366,7 @@ class _Walker:
             return "skip"
         if self.cs_rules.ignored(rel_dir, is_dir=True):
             return "skip"
-        if self.exclude is not None and self.exclude.match_file(rel_dir + "/"):
+        if self.exclude is not None and self.exclude.match(rel_dir + "/"):
             return "skip"
         if name in _VENDORED_DIRS:
             return "vendored"
@@ -396,9 +395,9 @@ class _Walker:
             return
         if self.cs_rules.ignored(rel):
             return
-        if self.exclude is not None and self.exclude.match_file(rel):
+        if self.exclude is not None and self.exclude.match(rel):
             return
-        if self.include is not None and not self.include.match_file(rel):
+        if self.include is not None and not self.include.match(rel):
             return
         if stat.S_ISLNK(st.st_mode):
             try:
@@ -458,7 +457,7 @@ class _Walker:
             log.warning("Skipping unreadable file %s: %s", quote_name(rel), why)
         self.skipped["unreadable"].add(rel)
 
-    # -- filesystem listing (no git): nested .gitignore via pathspec
+    # -- filesystem listing (no git): nested .gitignore, read as git reads them
 
     def walk_fs(self, abs_dir: Path, rel_dir: str, rules: _IgnoreRules) -> None:
         try:

@@ -21,6 +21,7 @@ import numpy as np
 
 from codesearch.encoder.base import Encoder, Encoders
 from codesearch.errors import CodeSearchError, NotIndexedError, QueryError
+from codesearch.globs import GlobFilter
 from codesearch.indexes.lexical import (
     LexicalIndex,
 )
@@ -28,7 +29,7 @@ from codesearch.search.corpus import CENTRALITY_VERSION, Corpus
 from codesearch.search.query import analyse
 from codesearch.search.ranking import FILE_VECTOR_MIN_TOKENS, Ranker, RankingParams
 from codesearch.store import IndexLock, Store, atomic_write
-from codesearch.types import CENTRALITY_FILE, MODES, STORE_FILE, SearchHit, SearchResult, canonical_languages
+from codesearch.types import CENTRALITY_FILE, STORE_FILE, SearchHit, SearchRequest, SearchResult
 
 
 class Searcher:
@@ -90,20 +91,23 @@ class Searcher:
 
     def search(
         self,
-        query: str,
+        query: str | SearchRequest,
         k: int = 10,
         *,
         mode: str = "hybrid",
         language: str | Sequence[str] | None = None,
         glob: str | Sequence[str] | None = None,
         files_only: bool = False,
+        path_rules: Sequence[str] | None = None,
     ) -> SearchResult:
         """Rank the index's chunks for ``query``.
 
         Parameters
         ----------
-        query : str
-            Words, an identifier, or a piece of code.
+        query : str or SearchRequest
+            Words, an identifier, or a piece of code; or a whole `SearchRequest` (checked
+            when it was made, not again here; the other arguments are then not used, and
+            its output controls are the caller's to apply).
         k : int
             Number of hits.
         mode : {"hybrid", "lexical", "dense", "colbert"}
@@ -113,21 +117,26 @@ class Searcher:
             Keep only chunks in (any of) these languages.
         glob : str or sequence of str, optional
             Keep only chunks whose path passes these ripgrep-style rules (gitignore
-            globs, ``!`` excludes, ``{a,b}``; see :mod:`codesearch.search.globs`).
+            globs, ``!`` excludes, ``{a,b}``; see :mod:`codesearch.globs`).
         files_only : bool
             At most one hit per file.
+        path_rules : sequence of str, optional
+            Glob rules to apply instead of the request's: made by the caller from them
+            (the server's, scoped to a folder), so not held to a request's limits.
 
         Raises
         ------
         QueryError
             Empty query, unknown mode, ``k < 1``, or a mode whose index is missing.
         """
-        if not query or not query.strip():
-            raise QueryError("the query is empty (pass some words or code to search for)")
-        if mode not in MODES:
-            raise QueryError(f"unknown mode {mode!r} (use one of: {', '.join(MODES)})")
-        if k < 1:
-            raise QueryError(f"k must be at least 1, got {k} (pass k=10 for example)")
+        request = query if isinstance(query, SearchRequest) else SearchRequest.of(
+            query, k, mode=mode, language=language, glob=glob, files_only=files_only
+        )
+        rules = request.globs if path_rules is None else tuple(path_rules)
+        return self._search(request, rules)
+
+    def _search(self, request: SearchRequest, rules: tuple[str, ...]) -> SearchResult:
+        query, k, mode = request.query, request.k, request.mode.value
         notices: list[str] = []
         q = analyse(query)
         dense_built = self._dense is not None and len(self._dense) > 0
@@ -163,7 +172,7 @@ class Searcher:
                 "lexical index only: this index's model is not loaded, so its vectors were not searched "
                 "(make the model available again, or 'codesearch index --rebuild --model PATH_OR_ID')"
             )
-        mask = self._mask(language, glob)
+        mask = self._mask(request.languages, rules)
         p = self._ranker.params
         n_cand = max(p.dense_candidates, 4 * k)
         dense = file_dense = colbert = None
@@ -205,7 +214,7 @@ class Searcher:
             mask=mask,
             covered=covered or None,
         )
-        picked = self._ranker.select(total, k, files_only=files_only)
+        picked = self._ranker.select(total, k, files_only=request.files_only)
         hits = self._hits(picked, sources)
         return SearchResult(query=query, mode=mode, hits=hits, indexes_used=tuple(used), notices=notices)
 
@@ -340,17 +349,15 @@ class Searcher:
                 self._centroids = cent
         return cent
 
-    def _mask(self, language: str | Sequence[str] | None, glob: str | Sequence[str] | None) -> np.ndarray | None:
+    def _mask(self, languages: tuple[str, ...], globs: tuple[str, ...]) -> np.ndarray | None:
+        """Rows kept by the language and path filters (None: every row). Both are checked
+        already: a language is canonical, a glob parses."""
         c = self._ranker.corpus
         mask = None
-        languages = canonical_languages([language] if isinstance(language, str) else [x for x in language or () if x])
         if languages:
-            # A language this index lacks keeps nothing; a name that is no language raised.
+            # A language this index lacks keeps nothing.
             mask = np.isin(c.language, languages)
-        globs = [glob] if isinstance(glob, str) else list(glob or ())
         if globs:
-            from codesearch.search.globs import GlobFilter
-
             spec = GlobFilter.of(globs)
             fmask = np.fromiter(spec.matches(c.files), dtype=bool, count=len(c.files))
             gm = fmask[c.file_idx]

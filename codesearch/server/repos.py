@@ -34,6 +34,7 @@ from typing import Any
 
 from codesearch.api import DEFAULT, CodeSearch, EncoderPool, Snapshot
 from codesearch.errors import CodeSearchError, IndexLockedError, NotIndexedError, PathError
+from codesearch.types import SearchRequest, SearchResult
 
 log = logging.getLogger("codesearch.server")
 
@@ -261,26 +262,30 @@ class ServedRepo:
 
     def query(
         self,
-        query: str,
+        query: str | SearchRequest,
         k: int = 10,
         *,
         mode: str = "hybrid",
         language: str | None = None,
         glob: str | None = None,
         files_only: bool = False,
-    ) -> Any:
-        """Search the last committed generation; returns the `SearchResult`.
+        path_rules: Sequence[str] | None = None,
+    ) -> SearchResult:
+        """Search the last committed generation; same arguments as `Snapshot.search`.
 
         Raises
         ------
         NotIndexedError
             When the first index run has not finished yet.
         QueryError
-            Invalid query or options (from `CodeSearch.query`).
+            Invalid query or options.
         """
+        request = query if isinstance(query, SearchRequest) else SearchRequest.of(
+            query, k, mode=mode, language=language, glob=glob, files_only=files_only
+        )
         reader = self._lease()
         try:
-            return reader.snapshot.search(query, k, mode=mode, language=language, glob=glob, files_only=files_only)
+            return reader.snapshot.search(request, path_rules=path_rules)
         finally:
             self._unlease(reader)
 

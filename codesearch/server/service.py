@@ -240,10 +240,7 @@ class Service:
                 # any depth) and escaped (a name with "[" or "{" is not a pattern).
                 scoped = ("/" + escape_glob(sub),)
             try:
-                result = served.query(
-                    request.query, request.k, mode=request.mode.value, language=request.languages, glob=scoped,
-                    files_only=request.files_only,
-                )
+                result = served.query(request, path_rules=scoped)
             except NotIndexedError as exc:
                 if len(selected) == 1:
                     raise

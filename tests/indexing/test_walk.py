@@ -418,3 +418,38 @@ def test_uninitialised_submodule_is_an_empty_folder_not_a_loop(tmp_path):
     (tmp_path / "sub").mkdir()
     git(tmp_path, "commit", "-qm", "x")
     assert paths(walk(tmp_path)) == ["a/f.py"]
+
+
+@pytest.mark.parametrize("where", ["gitignore", "exclude"])
+def test_a_hostile_ignore_pattern_outside_git_indexes_in_bounded_time(tmp_path, where):
+    """`*?` fourteen times then `Z`, against a 60-character file name: pathspec's regex
+    for it backtracks exponentially (the walk froze for minutes, holding the GIL); the
+    linear-time matcher answers at once. In a subprocess, so that a regression fails at the
+    timeout instead of hanging the suite."""
+    import sys
+
+    hostile = "*?" * 14 + "Z"
+    repo = tmp_path / "repo"
+    write(repo, "a" * 60 + ".py", "def kept():\n    return 1\n")
+    write(repo, "b" * 59 + "Z", "dropped\n")
+    extra = []
+    if where == "gitignore":
+        write(repo, ".gitignore", hostile + "\n")
+    else:
+        extra = ["--exclude", hostile]
+    done = subprocess.run(
+        [sys.executable, "-c", "from codesearch.cli import main; main()", "index", str(repo), "--model", "none",
+         "--multi-model", "none", "-q", *extra],
+        capture_output=True, text=True, timeout=90, cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    indexed = paths(walk(repo, exclude=extra[1:]))
+    assert "a" * 60 + ".py" in indexed and "b" * 59 + "Z" not in indexed
+
+
+def test_unreadable_ignore_lines_are_dropped_as_git_drops_them(tmp_path):
+    # pathspec raised on a trailing backslash (the walk stopped with a traceback).
+    write(tmp_path, ".gitignore", "[\nsub\\\n*.log\n")
+    write(tmp_path, "a.py")
+    write(tmp_path, "b.log")
+    assert paths(walk(tmp_path, exclude=["[", "x\\"])) == [".gitignore", "a.py"]

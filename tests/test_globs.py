@@ -1,13 +1,15 @@
-"""ripgrep-style --glob rules (codesearch.search.globs): negation, braces, repetition, `**`, and
+"""ripgrep-style --glob rules (codesearch.globs): negation, braces, repetition, `**`, and
 one-line errors for patterns that cannot be parsed. The expected verdicts are what
 `rg --files -g ...` prints for the same tree."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from codesearch.errors import QueryError
-from codesearch.search.globs import GlobFilter, expand_braces, scope_globs
+from codesearch.globs import GitIgnore, GlobFilter, expand_braces, scope_globs
 
 PATHS = [
     "README.md",
@@ -95,7 +97,7 @@ def pathspec_verdict(patterns: list[str], path: str) -> bool:
 
     import pathspec
 
-    from codesearch.search.globs import _rules
+    from codesearch.globs import _rules
 
     lines = [f"!{body}" if negated else body for negated, body in _rules(patterns)]
     with warnings.catch_warnings():
@@ -166,7 +168,7 @@ def test_a_negated_class_never_matches_a_slash(glob, path, kept):
     ("a" * 257, "257 characters long (the limit is 256"),
 ])
 def test_a_glob_past_a_limit_is_a_one_line_query_error(pattern, needle):
-    from codesearch.search.globs import check_globs
+    from codesearch.globs import check_globs
 
     with pytest.raises(QueryError) as exc:
         check_globs([pattern])
@@ -174,7 +176,7 @@ def test_a_glob_past_a_limit_is_a_one_line_query_error(pattern, needle):
 
 
 def test_too_many_globs_is_a_query_error_and_the_limits_count_all_of_them_together():
-    from codesearch.search.globs import GLOB_LIMITS, check_globs
+    from codesearch.globs import GLOB_LIMITS, check_globs
 
     with pytest.raises(QueryError, match="33 globs in one search"):
         check_globs([f"*.x{i}" for i in range(33)])
@@ -195,7 +197,7 @@ def test_braces_are_counted_before_they_expand():
 
 
 def test_folder_names_are_escaped_when_a_search_is_scoped_to_them():
-    from codesearch.search.globs import escape_glob
+    from codesearch.globs import escape_glob
 
     for name in ("a[1]", "x{y,z}", "star*", "q?", "bang!", "#hash", "back\\slash", "comma,"):
         f = GlobFilter.of(scope_globs(name, ["*.py"]))
@@ -212,7 +214,7 @@ def test_folder_names_are_escaped_when_a_search_is_scoped_to_them():
 SWEEP = r"""
 import json, sys
 from codesearch.errors import QueryError
-from codesearch.search.globs import GLOB_LIMITS, GlobFilter, check_globs
+from codesearch.globs import GLOB_LIMITS, GlobFilter, check_globs
 paths = ["a" * 45, "a" * 44 + "Z", "a" * 250, "/".join(["a" * 50] * 20), "a/" * 200 + "b", "ab" * 120]
 families = {
     "stars": lambda n: "*a" * n + "b", "star-any": lambda n: "*?" * n + "Z", "any-star": lambda n: "?*" * n,
@@ -259,7 +261,7 @@ def test_matching_stops_at_the_deadline_of_its_thread():
     import threading
     import time
 
-    from codesearch.search.globs import glob_deadline
+    from codesearch.globs import glob_deadline
 
     f = GlobFilter.of(["*.{rs,md}", "!tests/**"])
     paths = PATHS * 1000
@@ -273,3 +275,66 @@ def test_matching_stops_at_the_deadline_of_its_thread():
         other.start()
         other.join()
         assert seen == [6000]
+
+
+# -- gitignore semantics for ignore files and --include/--exclude (issue 23, the walk) -------
+
+
+def gitignore_verdict(lines: list[str], path: str) -> bool | None:
+    """The reference: pathspec's GitIgnoreSpec, which the walk used before (None: no line matches)."""
+    import warnings
+
+    import pathspec
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return pathspec.GitIgnoreSpec.from_lines(lines).check_file(path).include
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_ignore_files_match_what_gitignorespec_matched(seed):
+    # Line sets from the syntax's pieces on paths of a small alphabet, files and folders
+    # ("a/b/"), so that lines collide, negate each other, and match through folders.
+    # Negated classes are left out ([!x] never matches '/' here, as in git); sets that
+    # pathspec cannot compile (it raised, and stopped the walk) are skipped.
+    import random
+
+    rng = random.Random(seed)
+    tokens = ["a", "b", ".", "*", "?", "/", "[ab]", "**", "{a,b}", r"\*", "/**/", "**/", "/**", "[a-b]", "ab",
+              "[]a]", "#", r"\#", "[.]", "a/", r"\ ", " ", "!", r"\!"]
+    segments = ["a", "b", "ab", "ba", "a.b", ".a", "aa", "x", "*", "b.a", "#a", "a b", "!a", "{a,b}"]
+    compared = 0
+    for _ in range(400):
+        lines = []
+        for _ in range(rng.randint(1, 4)):
+            body = "".join(rng.choice(tokens) for _ in range(rng.randint(1, 6)))
+            lines.append(("!" if rng.random() < 0.3 else "") + ("/" if rng.random() < 0.1 else "") + body)
+        try:
+            gitignore_verdict(lines, "a")
+        except (ValueError, re.error):
+            continue
+        rules = GitIgnore.of(lines)
+        for _ in range(8):
+            path = "/".join(rng.choice(segments) for _ in range(rng.randint(1, 4)))
+            path += "/" if rng.random() < 0.3 else ""
+            assert rules.check(path) == gitignore_verdict(lines, path), (lines, path)
+            compared += 1
+    assert compared > 1000
+
+
+@pytest.mark.parametrize("lines,path,verdict", [
+    (["dir/", "!dir/keep.txt"], "dir/keep.txt", False),  # the path itself beats its folder
+    (["*.log", "!important/"], "important/a.log", True),  # a folder line cannot un-ignore a file
+    (["src/*"], "src/a/b.py", True),  # through the folder src/a (git's reading, not ripgrep's)
+    (["/"], "a.py", None), (["#x", ""], "#x", None), ([r"\#x"], "#x", True),
+    (["*.{py,js}"], "a.py", None), (["*.{py,js}"], "a.{py,js}", True),  # no braces in gitignore
+    (["[", "a\\", "[z-a]", "x"], "x", True),  # unreadable lines are dropped, not fatal
+])
+def test_gitignore_edge_cases(lines, path, verdict):
+    assert GitIgnore.of(lines).check(path) is verdict
+
+
+def test_a_hostile_ignore_line_is_matched_in_linear_time():
+    # `*?` fourteen times against a 60-character name: exponential in pathspec's regex.
+    line, name = "*?" * 14 + "Z", "a" * 60 + ".py"
+    assert GitIgnore.of([line]).check(name) is None and GitIgnore.of([line]).check(name[:-3] + "Z") is True

@@ -1,4 +1,6 @@
-"""Path filters with ripgrep's ``--glob`` semantics, for query results.
+"""Path filters: ripgrep's ``--glob`` semantics for query results (`GlobFilter`), and
+gitignore's for ignore files and ``index --include/--exclude`` (`GitIgnore`), both matched
+in linear time.
 
 What users know from ``rg -g``:
 
@@ -25,6 +27,14 @@ The line semantics (normalisation, anchoring, ``foo/*`` matching one level) are
 ``pathspec``'s gitignore patterns, checked against it in the tests; two edge cases differ
 on purpose: a negated class ``[!x]`` never matches ``/``, and a path segment holding a
 newline is matched like any other character.
+
+`GitIgnore` reads the same lines as git does, on the same linear-time regexes: no brace
+expansion, a line that cannot be read is dropped (as git drops it; pathspec raised, which
+stopped the walk), and within one file the last line that matches a path itself wins over
+one that matches it only through a folder above it (pathspec's `GitIgnoreSpec`, which is
+git's behaviour: ``dir/`` then ``!dir/keep.txt`` re-includes the file). That a later line
+cannot re-include a file whose folder is ignored is the walker's part: it never enters an
+ignored folder.
 
 Brace expansion is counted before it is done, so ``{a,b}`` sixteen times is refused at
 once instead of expanding into 65,536 rules; the limits (`GlobLimits`) say how much one
@@ -54,6 +64,7 @@ from codesearch.errors import QueryError
 __all__ = [
     "GLOB_LIMITS",
     "MAX_EXPANDED_RULES",
+    "GitIgnore",
     "GlobFilter",
     "GlobLimits",
     "check_globs",
@@ -284,9 +295,14 @@ class _Atoms:
         return f"(?=(?P<a{self.n}>{body}))(?P=a{self.n})"
 
 
-def _segment_atoms(seg: str, pattern: str) -> tuple[list[str | None], int]:
+class _Dropped(Exception):
+    """A gitignore line git reads as matching nothing (an unclosed ``[``)."""
+
+
+def _segment_atoms(seg: str, pattern: str, *, git: bool = False) -> tuple[list[str | None], int]:
     """A pattern segment as atoms: a one-character regex each, or None for ``*``; and
-    how many wildcards it holds. Same reading as pathspec's ``_translate_segment_glob``."""
+    how many wildcards it holds. Same reading as pathspec's ``_translate_segment_glob``
+    (with ``git``, an unclosed ``[`` drops the line, as `GitIgnoreSpec` does)."""
     atoms: list[str | None] = []
     wildcards = 0
     i, end = 0, len(seg)
@@ -317,6 +333,8 @@ def _segment_atoms(seg: str, pattern: str) -> tuple[list[str | None], int]:
                 atoms.append(_char_class(seg[i:j], pattern))
                 wildcards += 1
                 i = j + 1
+            elif git:
+                raise _Dropped(pattern)
             else:
                 atoms.append(re.escape("["))  # an unclosed '[' in this segment is a literal
         else:
@@ -349,11 +367,11 @@ def _char_class(body: str, pattern: str) -> str:
     return f"[^/{inner}]" if negated else f"[{inner}]" if inner else "(?!)"
 
 
-def _segment_regex(seg: str, pattern: str, atomic: _Atoms) -> tuple[str, int]:
+def _segment_regex(seg: str, pattern: str, atomic: _Atoms, *, git: bool = False) -> tuple[str, int]:
     """A regex that matches one whole path segment (up to a ``/`` or the end), atomically."""
     if seg == "*":
         return atomic(f"{_ANY}+"), 1  # pathspec: a lone '*' segment is never empty
-    atoms, wildcards = _segment_atoms(seg, pattern)
+    atoms, wildcards = _segment_atoms(seg, pattern, git=git)
     pieces: list[list[str]] = [[]]  # the fixed-width runs between stars
     for atom in atoms:
         if atom is None:
@@ -391,25 +409,33 @@ def _normalize(segs: list[str], is_dir_pattern: bool) -> tuple[list[str] | None,
     return segs, None
 
 
-def _line_regex(line: str, atomic: _Atoms) -> tuple[str | None, bool | None, int]:
+def _line_regex(line: str, atomic: _Atoms, *, git: str | None = None) -> tuple[str | None, bool | None, int]:
     """(regex for ``re.match``, include?, wildcards) of one gitignore line; regex None for
     a line that matches nothing (blank, a ``#`` comment). Mirrors pathspec's
-    ``GitIgnoreBasicPattern.pattern_to_regex`` (matched there with ``re.search``)."""
+    ``GitIgnoreBasicPattern.pattern_to_regex`` (matched there with ``re.search``).
+
+    With ``git``, its ``GitIgnoreSpecPattern`` instead, in two forms: ``"exact"`` matches
+    the path itself, ``"folder"`` a folder above it (``dir/*`` then also reaches below the
+    folders it names); None where the line has no such form (``dir/`` names folders only).
+    ``"/"`` matches nothing there.
+    """
     original = line
     if not line.endswith("\\ "):
         line = line.rstrip()
-    if not line or line.startswith("#"):
+    if not line or line.startswith("#") or (git and line == "/"):
         return None, None, 0
     include = not line.startswith("!")
     if not include:
         line = line[1:]
     segs = line.split("/")
     wildcards = segs.count("**")  # as typed: not the '**' that normalisation adds
-    is_dir_pattern = not segs[-1] and line != "/"
+    is_dir_pattern = not segs[-1] and (git is not None or line != "/")
     normal, override = _normalize(segs, is_dir_pattern)
     if override == "all":
-        return ".", include, max(wildcards, 1)
+        return (None if git == "folder" else "."), include, max(wildcards, 1)
     if override == "nested":
+        if git is not None and (git == "folder") != is_dir_pattern:
+            return None, include, max(wildcards, 1)
         return "[^/]*/", include, max(wildcards, 1)
     if normal is None:
         raise QueryError(f"invalid glob {original!r}: nothing to match ({_FIX})")
@@ -428,11 +454,21 @@ def _line_regex(line: str, atomic: _Atoms) -> tuple[str | None, bool | None, int
     if not groups[-1]:
         groups.pop()
         floats.pop()
+    if git is not None and trailing and (git == "folder") != is_dir_pattern:
+        return None, include, wildcards  # "dir/" only through a folder, "dir/**" only itself
+    if git == "exact" and not trailing:
+        tail = "\\Z"  # the path itself
+    elif git == "folder" or trailing:
+        tail = "/"  # something below the last group
+    elif groups[-1][-1] == "*":
+        tail = "/?\\Z"  # ripgrep's "src/*": one level, not below
+    else:
+        tail = "(?:/|\\Z)"
     out: list[str] = []
     for n, (group, floating) in enumerate(zip(groups, floats)):
         parts = []
         for seg in group:
-            regex, count = _segment_regex(seg, original, atomic)
+            regex, count = _segment_regex(seg, original, atomic, git=git is not None)
             parts.append(regex)
             wildcards += count
         body = "/".join(parts)
@@ -440,12 +476,8 @@ def _line_regex(line: str, atomic: _Atoms) -> tuple[str | None, bool | None, int
         if n < len(groups) - 1:
             # The earliest place this group fits is the best one for the groups after it.
             out.append(atomic(skip + body) + "/")
-        elif trailing:
-            out.append(f"{skip}{body}/")
-        elif group[-1] == "*":
-            out.append(f"{skip}{body}/?\\Z")  # "src/*": one level, not below
         else:
-            out.append(f"{skip}{body}(?:/|\\Z)")
+            out.append(f"{skip}{body}{tail}")
     return "".join(out), include, wildcards
 
 
@@ -517,6 +549,62 @@ class GlobFilter:
                 raise QueryError(f"the glob filter ran past the search's time limit after {n:,} paths "
                                  "(narrow the globs, or search a folder with path)")
             yield self.match(path)
+
+
+@dataclass(frozen=True, slots=True)
+class GitIgnore:
+    """Gitignore lines (an ignore file, or ``--include``/``--exclude`` patterns), compiled.
+
+    `check` says what the lines say of a path: ``True`` ignored (matched), ``False``
+    re-included (a ``!`` line matched), ``None`` nothing. The last line that matches the
+    path itself decides; failing that, the last one that matches only a folder above it
+    (git's rule as pathspec's `GitIgnoreSpec` has it). A folder is checked as
+    ``"path/"``. No braces: ``{`` is a character here, as in git.
+
+    Build with `GitIgnore.of(lines)`.
+    """
+
+    #: (the line's match of a path itself, of a folder above it (either may be None), is it
+    #: a `!` line?) per line that can match, the last line first.
+    _rules: tuple[tuple[Any, Any, bool], ...] = field(default=(), repr=False)
+
+    @classmethod
+    def of(cls, lines: Iterable[str]) -> GitIgnore:
+        """Compile ``lines``; one that cannot be read (an unclosed ``[``, a trailing ``\\``,
+        a backwards range) matches nothing, as git reads it: an ignore file found on disk,
+        or patterns an index recorded, never stop a walk."""
+        compiled: list[tuple[Any, Any, bool]] = []
+        for line in lines:
+            try:
+                exact, include, _ = _line_regex(line, _Atoms(), git="exact")
+                folder, _, _ = _line_regex(line, _Atoms(), git="folder")
+                if exact is not None or folder is not None:
+                    compiled.append((_compiled(exact), _compiled(folder), not include))
+            except (QueryError, _Dropped, re.error, RecursionError, OverflowError):
+                continue
+        return cls(tuple(reversed(compiled)))
+
+    def __bool__(self) -> bool:
+        return bool(self._rules)
+
+    def check(self, path: str) -> bool | None:
+        """True when the lines ignore ``path``, False when a ``!`` line keeps it, None when
+        no line matches (a folder: ``"path/"``)."""
+        through_folder: bool | None = None
+        for exact, folder, negated in self._rules:  # the last line first
+            if exact is not None and exact(path) is not None:  # the path itself: this line decides
+                return not negated
+            if through_folder is None and folder is not None and folder(path) is not None:
+                through_folder = not negated
+        return through_folder
+
+    def match(self, path: str) -> bool:
+        """True when the lines ignore ``path`` (for ``--exclude``), or select it (``--include``)."""
+        return self.check(path) is True
+
+
+def _compiled(regex: str | None) -> Any:
+    return None if regex is None else re.compile(regex, re.DOTALL).match
 
 
 _DEADLINE: ContextVar[float | None] = ContextVar("codesearch_glob_deadline", default=None)
