@@ -46,6 +46,9 @@ def test_the_new_names_import_without_a_warning():
     ("codesearch.indexing.encoders", "Encoders", "codesearch.encoder.base:Encoders"),
     ("codesearch.store", "ChunkRecord", "codesearch.store.records:StoredChunk"),
     ("codesearch.store", "ChunkRow", "codesearch.store.records:StoredChunk"),
+    ("codesearch.api", "fit_result", "codesearch.search.snippets:fit"),
+    ("codesearch.api", "widen_result", "codesearch.search.snippets:with_context"),
+    ("codesearch.api", "scope_globs", "codesearch.globs:scope_globs"),
 ])
 def test_a_moved_name_is_the_new_object_and_warns(module, name, new):
     import importlib

@@ -1,18 +1,20 @@
-"""The served repositories: one writer and a swappable reader per root.
+"""The served repositories: an index writer and a pinned live searcher per root.
 
-Why two `CodeSearch` objects per root instead of one: `CodeSearch` makes an index run wait
-for running searches and block new ones until it is done (a read/write lock), which is
-right for a script but would stall every request of a server for the whole run (seconds
-when a model encodes). Here the *writer* only indexes, and searches go to a *reader* that
-holds the last committed generation in memory. After each run a fresh reader is opened and
-warmed on the new generation and swapped in under a lock; requests already running finish
-on the old reader, which is closed when its last request returns. A search therefore sees
-one committed generation or the next, never a half-written one, and never waits for a run.
+Why not `CodeSearch.query`: `CodeSearch` makes an index run wait for running searches and
+block new ones until it is done (a read/write lock), which is right for a script but would
+stall every request of a server for the whole run (seconds when a model encodes). Here the
+*writer* only indexes, and searches go to a pinned `codesearch.search.live.LiveSearcher`
+(`CodeSearch.live_searcher`) that holds the last committed generation in memory. After each
+stage of a run a fresh generation is opened and warmed and swapped in; requests already
+running finish on the old one, which is closed when its last request returns. A search
+therefore sees one committed generation or the next, never a half-written one, and never
+waits for a run. It is the same live searcher `CodeSearch` searches through, with the
+other policy: swapped when told, not following the store.
 
-The reader is a `codesearch.api.Snapshot` of the writer: it shares the writer's loaded
-encoders, so a swap costs opening the indexes, not loading a model. Every root's writer
-loads through one `EncoderPool`, so roots that name the same model, or whose indexes record
-the same one, load it once. Only public API of `codesearch.api` is used here.
+The live searcher loads its query encoders through the writer's models, so a swap costs
+opening the indexes, not loading a model. Every root's writer loads through one
+`EncoderPool`, so roots that name the same model, or whose indexes record the same one, load
+it once. Only public API of `codesearch.api` is used here.
 
 With several roots, a request without ``path`` searches all of them and merges the hits by
 score (each hit then names its ``repo``); ``path`` or ``repo`` selects one (see
@@ -32,9 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from codesearch.api import DEFAULT, CodeSearch, EncoderPool, Snapshot
+from codesearch.api import DEFAULT, CodeSearch, EncoderPool
+from codesearch.api.snapshot import with_notices
 from codesearch.errors import CodeSearchError, IndexLockedError, NotIndexedError, PathError
-from codesearch.types import SearchRequest, SearchResult
+from codesearch.types import Mode, SearchRequest, SearchResult
 
 log = logging.getLogger("codesearch.server")
 
@@ -122,20 +125,6 @@ class _Cancelled(BaseException):
     """
 
 
-@dataclass(eq=False)
-class _Reader:
-    """One generation's snapshot, opened and warmed up front, and who is using it.
-
-    Why a snapshot rather than ``CodeSearch.query``: `query` waits for the writer's runs
-    and checks that ``store.sqlite`` exists on disk, which a rebuild deletes for the length
-    of the run; the snapshot holds this generation and goes on answering.
-    """
-
-    snapshot: Snapshot
-    users: int = 0
-    retired: bool = False
-
-
 class ServedRepo:
     """One served root: its reader, its writer, its background indexer thread.
 
@@ -164,16 +153,17 @@ class ServedRepo:
         self.name = name or self.root.name  # how requests and hits name this root
         # Status reads get their own object: the writer's status() waits for its runs.
         self._statuser = CodeSearch(root, **options.kwargs())
-        # Opens the readers' snapshots. Apart from the writer because an index run commits
-        # in stages (lexical first, then vectors as they come) and the reader is swapped at
-        # each stage from inside the run, while the writer holds its own write lock.
-        self._snapper = CodeSearch(root, **options.kwargs(), encoder_pool=encoder_pool)
+        # Searches: swapped to each new generation from inside the writer's runs (an index
+        # run commits in stages: lexical first, then vectors as they come).
+        wrap = None
+        if query_batching:
+            from codesearch.server.batching import batcher_for
+
+            wrap = batcher_for  # only the searches' query encoders: the writer encodes documents
+        self._live = self._writer.live_searcher(wrap_encoder=wrap, missing=self._not_ready)
         # One index run at a time across roots: they would only compete for the same cores,
         # and the second run finds the models the first one loaded.
         self._run_lock = run_lock if run_lock is not None else threading.Lock()
-        self._query_batching = query_batching
-        self._ref_lock = threading.Lock()
-        self._reader: _Reader | None = None
         self._cond = threading.Condition()
         self._requested = False
         self._rebuild = False
@@ -244,12 +234,8 @@ class ServedRepo:
                 log.warning("the index run of %s did not stop within %gs; exiting without it "
                             "(the index keeps its last committed generation)", self.root, timeout)
                 return False
-        with self._ref_lock:
-            reader, self._reader = self._reader, None
-        if reader is not None:
-            reader.snapshot.close()
+        self._live.close()
         self._statuser.close()
-        self._snapper.close()
         self._writer.close()
         return True
 
@@ -283,58 +269,20 @@ class ServedRepo:
         request = query if isinstance(query, SearchRequest) else SearchRequest.of(
             query, k, mode=mode, language=language, glob=glob, files_only=files_only
         )
-        reader = self._lease()
-        try:
-            return reader.snapshot.search(request, path_rules=path_rules)
-        finally:
-            self._unlease(reader)
+        with self._live.lease(lexical=request.mode is Mode.lexical) as (searcher, notices):
+            result = searcher.search(request, path_rules=path_rules)
+        return with_notices(result, notices)
 
-    def _lease(self) -> _Reader:
-        with self._ref_lock:
-            reader = self._reader
-            if reader is None:
-                what = "is being indexed" if self.run_state.state != "idle" else "has no index"
-                raise NotIndexedError(
-                    f"{str(self.root)!r} {what} (wait for GET /status to show a finished run, "
-                    "or POST /index to build it)"
-                )
-            reader.users += 1
-            return reader
-
-    def _unlease(self, reader: _Reader) -> None:
-        with self._ref_lock:
-            reader.users -= 1
-            close = reader.retired and reader.users == 0
-        if close:
-            reader.snapshot.close()
+    def _not_ready(self) -> NotIndexedError:
+        what = "is being indexed" if self.run_state.state != "idle" else "has no index"
+        return NotIndexedError(
+            f"{str(self.root)!r} {what} (wait for GET /status to show a finished run, or POST /index to build it)"
+        )
 
     def _swap_reader(self) -> None:
-        """Open a snapshot of the current generation, warm it, and make it the reader."""
-        wrap = None
-        if self._query_batching:
-            from codesearch.server.batching import batcher_for
-
-            # Only the snapshot's query encoders are wrapped: the writer encodes documents.
-            wrap = batcher_for
-        snapshot = self._snapper.snapshot(wrap_encoder=wrap)
-        try:
-            # One query of each kind before the swap, so the first request after it pays nothing.
-            snapshot.search("warm up", 1, mode="lexical")
-            snapshot.search("warm up", 1, mode="hybrid")
-        except BaseException:
-            snapshot.close()
-            raise
-        reader = _Reader(snapshot)
-        with self._ref_lock:
-            old, self._reader = self._reader, reader
-            if old is not None:
-                old.retired = True
-                close_old = old.users == 0
-            else:
-                close_old = False
-            self.run_state.generation += 1
-        if close_old and old is not None:
-            old.snapshot.close()
+        """Open the generation committed now, warm it, and make it the one searches use."""
+        self._live.swap()
+        self.run_state.generation += 1
 
     # -- indexing ----------------------------------------------------------------------
 
@@ -433,8 +381,7 @@ class ServedRepo:
             # A rebuild deletes and recreates files while status walks and sizes them;
             # the next poll sees the new index. Status must not fail for that.
             index, error = None, f"index is being rewritten ({type(exc).__name__}: {exc}); ask again"
-        with self._ref_lock:
-            ready = self._reader is not None
+        ready = self._live.ready
         return {
             "root": str(self.root),
             "index_dir": str(self.index_dir),

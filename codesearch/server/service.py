@@ -219,7 +219,8 @@ class Service:
         QueryError, NotIndexedError
             From the repository (NotIndexedError only when no selected root is ready).
         """
-        from codesearch.api import escape_glob, fit_result, scope_globs, shape_result, widen_result
+        from codesearch.globs import escape_glob, scope_globs
+        from codesearch.search.snippets import fit, shape, with_context
         from codesearch.types import result_document
 
         request = query if isinstance(query, SearchRequest) else SearchRequest.of(
@@ -247,13 +248,13 @@ class Service:
                 not_ready.append(exc)  # search the roots that are ready, and say so
                 continue
             if not several:
-                return result_document(shape_result(result, request, served.root, index_dir=served.index_dir))
-            widened = widen_result(result, served.root, request.context, index_dir=served.index_dir)
+                return result_document(shape(result, request, served.root, index_dir=served.index_dir))
+            widened = with_context(result, served.root, request.context, index_dir=served.index_dir)
             results.append((served.name, widened))
         if not results:
             raise not_ready[0]
         merged, names = _merge(request.query, request.k, results, [str(exc) for exc in not_ready])
-        shaped = fit_result(merged, request)
+        shaped = fit(merged, request)
         doc = result_document(shaped)
         for hit_doc, hit in zip(doc["results"], shaped.hits):
             hit_doc["repo"] = names[hit.chunk_id]
@@ -300,7 +301,7 @@ class Service:
         """`search_sync` in a pool thread; its glob filter gives up at ``deadline``, when the
         request has been answered 504 (the rest of a search is bounded by the request's
         limits, the filter by the clock)."""
-        from codesearch.api import glob_deadline
+        from codesearch.globs import glob_deadline
 
         with glob_deadline(deadline):
             return self.search_sync(**request)

@@ -172,7 +172,7 @@ def test_a_chunk_without_a_vector_keeps_its_lexical_place():
 
 
 def test_a_second_index_run_fails_before_loading_a_model(tmp_path, single_vector_dir, monkeypatch):
-    import codesearch.api as api_mod
+    import codesearch.api.models as api_mod
 
     repo = _repo(tmp_path / "repo")
     with CodeSearch(repo, model=None, multi_model=None) as cs:
@@ -189,7 +189,7 @@ def test_a_second_index_run_fails_before_loading_a_model(tmp_path, single_vector
 
 
 def test_a_lexical_search_refresh_loads_no_model(tmp_path, single_vector_dir, monkeypatch):
-    import codesearch.api as api_mod
+    import codesearch.api.models as api_mod
 
     repo = _repo(tmp_path / "repo")
     with CodeSearch(repo, model=str(single_vector_dir), multi_model=None) as cs:
