@@ -27,6 +27,10 @@ MOVED: dict[str, str] = {
     "codesearch.search.globs": "codesearch.globs",
     "codesearch.indexing.languages": "codesearch.languages",
     "codesearch.build.languages": "codesearch.languages",
+    # The serve command lives with the server (python -m codesearch.server runs it without
+    # the CLI); the option helpers are shared names.
+    "codesearch.cli.serve": "codesearch.server.command",
+    "codesearch.cli.options": "codesearch.types",
 }
 
 

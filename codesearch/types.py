@@ -22,12 +22,14 @@ from codesearch.languages import canonical_language
 from codesearch.pathnames import text_name
 
 __all__ = [
+    "DEFAULT",
     "DEFAULT_MAX_FILE_BYTES",
     "INDEX_DIR_NAME",
     "MODES",
     "ROLES",
     "SCHEMA_VERSION",
     "Chunk",
+    "Device",
     "IndexSummary",
     "Mode",
     "ProgressEvent",
@@ -38,6 +40,7 @@ __all__ = [
     "canonical_languages",
     "default_index_dir",
     "hit_document",
+    "model_option",
     "path_kind",
     "result_document",
 ]
@@ -45,6 +48,27 @@ __all__ = [
 SCHEMA_VERSION = 1
 """Version of the JSON documents `codesearch query --json/--jsonl` prints (and the server
 returns). Bumped only when a field changes meaning or disappears; new fields may be added."""
+
+
+#: The model argument that means "the model the index records, else the package default"
+#: (``CodeSearch(model=DEFAULT)``); None means no such model.
+DEFAULT = "default"
+
+
+class Device(str, Enum):
+    """``--device``: where the encoders run."""
+
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+def model_option(value: str | None) -> str | None:
+    """``--model``/``--multi-model`` as typed: not given -> `DEFAULT` (the index's model,
+    else the package default); ``"none"`` -> None (that index disabled); else the name."""
+    if value is None:
+        return DEFAULT
+    return None if value.strip().lower() == "none" else value
 
 
 #: What a model is for, as the store records it: ``dense`` (one vector per chunk and per

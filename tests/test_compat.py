@@ -17,6 +17,8 @@ import pytest
     ("codesearch.search.globs", "codesearch.globs"),
     ("codesearch.indexing.languages", "codesearch.languages"),
     ("codesearch.build.languages", "codesearch.languages"),
+    ("codesearch.cli.serve", "codesearch.server.command"),
+    ("codesearch.cli.options", "codesearch.types"),
 ])
 def test_an_old_module_name_is_the_new_module_and_warns(old, new):
     # A fresh interpreter: this one may have imported either name already.

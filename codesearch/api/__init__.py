@@ -30,11 +30,11 @@ from codesearch.api.snapshot import Snapshot, with_notices
 from codesearch.api.status import IndexStatus, index_status
 from codesearch.encoder.base import Encoder
 from codesearch.errors import CodeSearchError, IndexWriteError, NotIndexedError, PathError
-from codesearch.indexing.encoders import DEFAULT
 from codesearch.search import snippets
 from codesearch.search.live import LiveSearcher, open_pinned
 from codesearch.store import IndexLock, ReadWriteLock
 from codesearch.types import (
+    DEFAULT,
     MODES,
     SCHEMA_VERSION,
     STORE_FILE,

@@ -16,8 +16,9 @@ from typing import Any
 
 from codesearch.encoder.base import Encoder, Encoders
 from codesearch.errors import CodeSearchError
-from codesearch.indexing.encoders import DEFAULT, resolve_encoders
+from codesearch.indexing.encoders import resolve_encoders
 from codesearch.indexing.status import IndexInfo, index_info
+from codesearch.types import DEFAULT
 
 __all__ = ["EncoderPool", "ModelArgs", "ModelInfo", "Models", "list_models", "model_info", "pull_model"]
 

@@ -12,9 +12,8 @@ from codesearch.api.models import ModelArgs, Models
 from codesearch.api.refresh import Walk
 from codesearch.encoder.base import Encoders
 from codesearch.errors import IndexWriteError
-from codesearch.indexing.encoders import DEFAULT
 from codesearch.indexing.pipeline import build_index
-from codesearch.types import STORE_FILE, IndexSummary, ProgressEvent
+from codesearch.types import DEFAULT, STORE_FILE, IndexSummary, ProgressEvent
 
 if TYPE_CHECKING:  # pragma: no cover
     from codesearch.encoder.ray import RayEncoders

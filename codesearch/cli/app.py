@@ -15,10 +15,9 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from codesearch.cli.options import Device, model_option
 from codesearch.errors import CodeSearchError
 from codesearch.pathnames import escape_controls
-from codesearch.types import Mode
+from codesearch.types import Device, Mode, model_option
 
 
 class _Group(TyperGroup):
@@ -361,9 +360,9 @@ def models_info(
     render.model_info(api.model_info(name, device=device.value), as_json=json_out)
 
 
-# `codesearch serve` lives with the server (codesearch/cli/serve.py, which imports only
-# typer at module level, so --help stays fast); it adds itself to this app.
-from codesearch.cli.serve import register as _register_serve  # noqa: E402
+# `codesearch serve` lives with the server (codesearch/server/command.py, which imports
+# only typer at module level, so --help stays fast); it adds itself to this app.
+from codesearch.server.command import register as _register_serve  # noqa: E402
 
 _register_serve(app)
 from codesearch.cli.agents import register as _register_agents  # noqa: E402

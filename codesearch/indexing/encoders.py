@@ -20,7 +20,7 @@ from codesearch.errors import (
     ModelUnavailableError,
 )
 from codesearch.store import Store
-from codesearch.types import STORE_FILE
+from codesearch.types import DEFAULT, STORE_FILE
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -33,8 +33,6 @@ __getattr__ = _compat.moved_names(__name__, {"Encoders": "codesearch.encoder.bas
 
 
 
-#: Sentinel for "the default model": used when it can be had, else a lexical-only index.
-DEFAULT = "default"
 
 
 #: Meta key: the model roles a run switched off with 'none' (JSON list).

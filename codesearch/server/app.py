@@ -30,6 +30,7 @@ from codesearch.errors import (
     QueryError,
 )
 from codesearch.server.discovery import CHALLENGE_HEADER, PROOF_HEADER, token_proof
+from codesearch.server.network import is_loopback
 from codesearch.server.repos import AmbiguousPathError, InvalidPathError, UnknownPathError
 from codesearch.server.service import MAX_K, SearchTimeoutError, ServerBusyError, Service
 from codesearch.types import Mode
@@ -410,8 +411,6 @@ def create_app(service: Service, *, token: str | None = None, mcp: bool = True, 
         return service.health()
 
     app.router.routes.extend(mcp_routes)
-    from codesearch.server.discovery import is_loopback
-
     guarded: Any = BodyLimit(app)
     if token:
         guarded = BearerAuth(guarded, token)

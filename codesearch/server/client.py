@@ -26,11 +26,11 @@ from codesearch.server.discovery import (
     CHALLENGE_HEADER,
     PROOF_HEADER,
     ServerInfo,
-    is_loopback,
     listener_belongs_to,
     read_discovery,
     token_proof,
 )
+from codesearch.server.network import is_loopback
 from codesearch.types import SCHEMA_VERSION  # of the documents this client understands
 
 HEALTH_TIMEOUT_S = 0.3

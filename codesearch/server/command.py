@@ -1,14 +1,20 @@
-"""`codesearch serve`: the HTTP + MCP backend for IDEs and agents (see codesearch.server)."""
+"""The ``serve`` command: its options, parsed by Typer, turned into the server's settings.
+
+It lives with the server so that both entry points use it without an arrow back up: the
+CLI adds it to ``codesearch`` (`register`), and ``python -m codesearch.server`` runs it
+alone. Only typer and the standard library are imported at module level, so
+``codesearch --help`` stays fast.
+"""
 
 from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from codesearch.cli.options import Device, model_option
+from codesearch.types import Device, model_option
 
 
 class McpTransport(str, Enum):
@@ -123,3 +129,23 @@ def register(app: typer.Typer) -> None:
     names = {info.name or getattr(info.callback, "__name__", "") for info in app.registered_commands}
     if "serve" not in names:
         app.command("serve", epilog=SERVE_EPILOG)(serve)
+
+
+def main() -> None:
+    """Run the serve command as its own program (``python -m codesearch.server``)."""
+    import functools
+    import sys
+
+    from codesearch.errors import CodeSearchError
+
+    @functools.wraps(serve)
+    def one_line_errors(*args: Any, **kwargs: Any) -> None:
+        try:
+            serve(*args, **kwargs)
+        except CodeSearchError as exc:
+            print(f"Error: {exc}", file=sys.stderr)
+            raise typer.Exit(1) from None
+
+    app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False, rich_markup_mode=None)
+    app.command("serve", epilog=SERVE_EPILOG)(one_line_errors)
+    app(prog_name="python -m codesearch.server")
