@@ -31,6 +31,9 @@ MOVED: dict[str, str] = {
     # the CLI); the option helpers are shared names.
     "codesearch.cli.serve": "codesearch.server.command",
     "codesearch.cli.options": "codesearch.types",
+    # The index run, split into its stages (options, run, commit, encode, publish).
+    "codesearch.indexing.pipeline": "codesearch.indexing.run",
+    "codesearch.build.pipeline": "codesearch.indexing.run",
 }
 
 
