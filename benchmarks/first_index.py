@@ -35,7 +35,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from codesearch.indexing.encoders import resolve_encoders
-    from codesearch.indexing.pipeline import build_index
+    from codesearch.indexing.run import build_index
     from codesearch.search.searcher import Searcher
 
     dense = None if args.model == "none" else args.model

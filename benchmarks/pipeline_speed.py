@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from codesearch.encoder.base import Encoders
-from codesearch.indexing.pipeline import build_index
+from codesearch.indexing.run import build_index
 
 SITE = Path(sys.prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
 DEFAULT_REPO = SITE / "requests"

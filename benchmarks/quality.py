@@ -143,7 +143,7 @@ def _encoders(model: str | None):
 
 def build_or_open(repo: Repo, repos_dir: Path, out: Path, model: str | None, chunk_tokens: int | None, rebuild: bool):
     """Index the repo's benchmark_root (cached) and return (Searcher, index seconds, prefix)."""
-    from codesearch.indexing import pipeline
+    from codesearch.indexing import run as pipeline
     from codesearch.search.searcher import Searcher
 
     root = repos_dir / repo.name / (repo.benchmark_root or "")

@@ -76,7 +76,7 @@ def peak_rss_mb() -> float:
 def writer_ceiling(payload_mb: int = 384, grouped: bool = True) -> list[tuple[str, float, float]]:
     """(kind, vectors/s, MB/s of float16 payload) of the vector writer alone, batches of 64
     arriving as fast as it takes them: committed as the pipeline commits them (``grouped``:
-    batches in quick succession share a commit of up to ``pipeline.COMMIT_GROUP_S``) or one
+    batches in quick succession share a commit of up to ``commit.COMMIT_GROUP_S``) or one
     commit per batch (every batch before grouping).
 
     Steady state: each kind writes ``payload_mb`` (several of SQLite's WAL checkpoints, which
@@ -86,7 +86,7 @@ def writer_ceiling(payload_mb: int = 384, grouped: bool = True) -> list[tuple[st
     made them has)."""
     import torch  # noqa: F401  (the store's float16 cast uses it when loaded)
 
-    from codesearch.indexing.pipeline import _Commits
+    from codesearch.indexing.commit import Commits as _Commits
     from codesearch.store import Store
 
     rng = np.random.default_rng(0)
@@ -267,7 +267,7 @@ def driver_ceiling(root: Path, model: Path, rate: float | None = None) -> None:
     and the encode stage is compared with the time the workers alone would take."""
     from codesearch.encoder import load
     from codesearch.encoder.base import Encoders
-    from codesearch.indexing.pipeline import build_index
+    from codesearch.indexing.run import build_index
 
     enc = InstantEncoder(load(str(model), device="cpu"), rate=rate)
     with tempfile.TemporaryDirectory() as d:

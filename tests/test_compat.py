@@ -10,7 +10,8 @@ import pytest
 
 @pytest.mark.parametrize("old,new", [
     ("codesearch.build", "codesearch.indexing"),
-    ("codesearch.build.pipeline", "codesearch.indexing.pipeline"),
+    ("codesearch.build.pipeline", "codesearch.indexing.run"),
+    ("codesearch.indexing.pipeline", "codesearch.indexing.run"),
     ("codesearch.build.chunking", "codesearch.indexing.chunking"),
     ("codesearch.indexing.distributed", "codesearch.encoder.ray"),
     ("codesearch.build.distributed", "codesearch.encoder.ray"),
@@ -39,7 +40,7 @@ def test_an_old_module_name_is_the_new_module_and_warns(old, new):
 
 
 def test_the_new_names_import_without_a_warning():
-    code = "import warnings; warnings.simplefilter('error'); import codesearch.indexing.pipeline, codesearch.api"
+    code = "import warnings; warnings.simplefilter('error'); import codesearch.indexing.run, codesearch.api"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
 

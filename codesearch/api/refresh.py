@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from codesearch.errors import IndexLockedError, IndexWriteError
+from codesearch.indexing.commit import WALK_EXCLUDE_KEY, WALK_INCLUDE_KEY
 from codesearch.indexing.encoders import DISABLED_KEY, VECTORS_PENDING_KEY
-from codesearch.indexing.pipeline import WALK_EXCLUDE_KEY, WALK_INCLUDE_KEY
 from codesearch.indexing.status import Staleness, staleness
 from codesearch.indexing.walk import quiet_skips
 from codesearch.store import Store

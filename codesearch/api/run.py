@@ -12,7 +12,7 @@ from codesearch.api.models import ModelArgs, Models
 from codesearch.api.refresh import Walk
 from codesearch.encoder.base import Encoders
 from codesearch.errors import IndexWriteError
-from codesearch.indexing.pipeline import build_index
+from codesearch.indexing.run import build_index
 from codesearch.types import DEFAULT, STORE_FILE, IndexSummary, ProgressEvent
 
 if TYPE_CHECKING:  # pragma: no cover

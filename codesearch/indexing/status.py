@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from codesearch.indexing.encoders import EMBEDDED_KEY
-from codesearch.indexing.pipeline import check_root, hash_bytes
+from codesearch.indexing.run import check_root
 from codesearch.store import KIND_ROLE, Store
-from codesearch.store.files import read_inside
+from codesearch.store.files import hash_bytes, read_inside
 from codesearch.types import STORE_FILE, default_index_dir
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -14,9 +14,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-import xxhash
-
-from codesearch.store.files import decode_source, read_inside, split_lines
+from codesearch.store.files import decode_source, hash_bytes, read_inside, split_lines
 from codesearch.types import STORE_FILE, default_index_dir
 
 __all__ = ["CHARS_PER_TOKEN", "HIT_TOKENS", "approx_tokens", "fit", "hit_tokens", "shape", "with_context"]
@@ -78,7 +76,7 @@ def _widen(hit: Any, root: Path, lines: int, hashes: dict[str, str] | None) -> A
         data, _ = read_inside(root, hit.path)
     except OSError:
         return hit
-    if hashes is not None and hashes.get(hit.path) != xxhash.xxh3_128_hexdigest(data):
+    if hashes is not None and hashes.get(hit.path) != hash_bytes(data):
         return hit  # not the file the index holds: its lines would not be the hit's
     source = split_lines(decode_source(data))
     if hit.end_line > len(source) or hit.start_line < 1:

@@ -19,7 +19,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write", "decode_source", "read_inside", "read_regular", "read_source", "read_text", "split_lines"]
+import xxhash
+
+__all__ = [
+    "atomic_write",
+    "decode_source",
+    "hash_bytes",
+    "hash_text",
+    "read_inside",
+    "read_regular",
+    "read_source",
+    "read_text",
+    "split_lines",
+]
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -47,6 +59,16 @@ def atomic_write(path: str | os.PathLike) -> Iterator[Any]:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def hash_bytes(data: bytes) -> str:
+    """The content hash the store keys a file by (xxh3_128, hex)."""
+    return xxhash.xxh3_128_hexdigest(data)
+
+
+def hash_text(text: str) -> str:
+    """The hash the vectors cache keys a chunk's text by (xxh3_128 of its UTF-8, hex)."""
+    return hash_bytes(text.encode("utf-8", "surrogatepass"))
 
 
 def decode_source(data: bytes) -> str:

@@ -21,7 +21,7 @@ from fixtures.sample_repo import write_sample_repo
 from fixtures.vectors import assert_stored_close
 
 from codesearch.errors import ClusterError, MissingDependencyError
-from codesearch.indexing import pipeline
+from codesearch.indexing import encode
 from codesearch.store import Store
 from codesearch.types import STORE_FILE
 
@@ -232,7 +232,7 @@ def test_index_on_ray_equals_local_run(pool, local_index, tmp_path, single_vecto
 def test_worker_killed_mid_run_is_retried_and_nothing_is_lost(
     pool, local_index, tmp_path, monkeypatch, single_vector_dir, colbert_dir
 ):
-    monkeypatch.setattr(pipeline, "ENCODE_BATCH", 2)  # many batches, so the kill lands mid-run
+    monkeypatch.setattr(encode, "ENCODE_BATCH", 2)  # many batches, so the kill lands mid-run
     # The reference is a local run with the same batches: the encoder's last float bits
     # depend on which texts share a forward pass (up to 1e-4 on a tiny random model).
     _index(local_index[0], tmp_path / "local", single_vector_dir, colbert_dir)
@@ -301,11 +301,11 @@ def test_an_address_nobody_answers_is_a_one_line_error_at_once(tmp_path, colbert
 _LOSE_THE_HEAD = r"""
 import os, signal, sys, time
 from codesearch.encoder.ray import backend, cluster
-from codesearch.indexing import pipeline
+from codesearch.indexing import encode
 from codesearch.encoder import runtime
 from codesearch.cli import main
 
-pipeline.ENCODE_BATCH = 1
+encode.ENCODE_BATCH = 1
 cluster.HEAD_CHECK_S, cluster.HEAD_LOST_AFTER_S = 0.2, 1.0
 runtime.cpu_has_fast_bf16 = lambda: False  # float32, like the reference
 collect, killed = backend.RayEncoder._collect, []
@@ -351,7 +351,7 @@ def test_a_lost_head_ends_the_run_in_one_line_and_the_next_run_resumes(
     from codesearch.cli.app import app
 
     repo = local_index[0]
-    monkeypatch.setattr(pipeline, "ENCODE_BATCH", 1)
+    monkeypatch.setattr(encode, "ENCODE_BATCH", 1)
     full, _ = _index(repo, tmp_path / "local", single_vector_dir, colbert_dir)  # the reference
     done = subprocess.run(
         [sys.executable, "-c", _LOSE_THE_HEAD, "index", str(repo), "--index-dir", str(tmp_path / "index"),

@@ -14,7 +14,7 @@ from codesearch.encoder.base import Encoders
 from codesearch.indexing import chunking
 from codesearch.indexing.chunking import chunk_many, chunk_source, estimate_tokens
 from codesearch.indexing.encoders import MAX_CHUNK_TOKENS, chunk_budget
-from codesearch.indexing.pipeline import build_index
+from codesearch.indexing.run import build_index
 
 SOURCES = {
     "python": "import os\n\n\nclass Client:\n    def get(self, url):\n        return os.path.join(url, 'x')\n\n"

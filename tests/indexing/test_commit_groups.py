@@ -1,4 +1,4 @@
-"""The vector writer's commits (pipeline._Commits) on a real SQLite store, watched from a
+"""The vector writer's commits (commit.Commits) on a real SQLite store, watched from a
 second connection as a query process would: batches in quick succession share a commit that
 takes batches for a bounded time, a slow batch commits at once, a waiting group commits once
 old enough, a failing batch leaves nothing, and the batches of an open group are kept when the
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from codesearch.indexing import pipeline
+from codesearch.indexing import commit
 from codesearch.store import Store
 
 
@@ -23,7 +23,7 @@ class Clock:
 
 @pytest.fixture
 def stores(tmp_path, monkeypatch):
-    monkeypatch.setattr(pipeline, "COMMIT_GROUP_S", 1.0)
+    monkeypatch.setattr(commit, "COMMIT_GROUP_S", 1.0)
     path = tmp_path / "store.sqlite"
     with Store(path) as writer, Store(path, readonly=True) as reader:
         yield writer, reader
@@ -37,7 +37,7 @@ def _one_committed_then_one_waiting(writer, second: int):
     """A batch of 1 vector (committed alone), then one of ``second`` 0.1 s later (waiting in
     a group)."""
     clock = Clock()
-    commits = pipeline._Commits(writer, clock)
+    commits = commit.Commits(writer, clock)
     with commits.batch():
         _put(writer, 1)
     clock.now += 0.1
@@ -53,7 +53,7 @@ def _seen(reader) -> int:
 def test_quick_batches_share_a_commit_and_slow_ones_commit_at_once(stores):
     writer, reader = stores
     clock = Clock()
-    commits = pipeline._Commits(writer, clock)
+    commits = commit.Commits(writer, clock)
     reported = []
     commits.on_commit = lambda: reported.append(_seen(reader))
     with commits.batch():

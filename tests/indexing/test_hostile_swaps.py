@@ -18,7 +18,7 @@ import pytest
 
 from codesearch.api import CodeSearch
 from codesearch.encoder.base import Encoders
-from codesearch.indexing.pipeline import build_index
+from codesearch.indexing.run import build_index
 from codesearch.store import Store
 from codesearch.types import STORE_FILE
 

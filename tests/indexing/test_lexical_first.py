@@ -15,8 +15,8 @@ from fixtures.pipeline_helpers import CountingEncoder, check_consistent, module_
 from codesearch.api import CodeSearch
 from codesearch.encoder.base import Encoders
 from codesearch.errors import IndexLockedError
-from codesearch.indexing import pipeline
-from codesearch.indexing.pipeline import build_index
+from codesearch.indexing import encode, publish
+from codesearch.indexing.run import build_index
 from codesearch.search.ranking import _impute
 from codesearch.search.searcher import Searcher
 from codesearch.store import IndexLock, Store
@@ -93,7 +93,7 @@ def test_source_is_embedded_before_tests_and_docs(tmp_path, dense_encoder):
 def test_a_killed_run_is_searchable_and_the_next_run_completes_it(tmp_path, dense_encoder, monkeypatch):
     repo = _repo(tmp_path / "repo")
     idir = default_index_dir(repo)
-    monkeypatch.setattr(pipeline, "ENCODE_BATCH", 2)  # several committed batches
+    monkeypatch.setattr(encode, "ENCODE_BATCH", 2)  # several committed batches
     with pytest.raises(KeyboardInterrupt):
         build_index(repo, encoders=Encoders(dense=_StopAfter(dense_encoder, 2)))
     with Store(idir / STORE_FILE, readonly=True) as s:
@@ -111,8 +111,8 @@ def test_a_killed_run_is_searchable_and_the_next_run_completes_it(tmp_path, dens
 def test_vectors_are_published_while_encoding(tmp_path, dense_encoder, monkeypatch):
     repo = _repo(tmp_path / "repo")
     idir = default_index_dir(repo)
-    monkeypatch.setattr(pipeline, "ENCODE_BATCH", 2)
-    monkeypatch.setattr(pipeline, "PUBLISH_EVERY_S", 0.0)
+    monkeypatch.setattr(encode, "ENCODE_BATCH", 2)
+    monkeypatch.setattr(publish, "PUBLISH_EVERY_S", 0.0)
     gens: list[int] = []
 
     def progress(event):
@@ -130,8 +130,8 @@ def test_a_search_during_a_run_uses_the_published_vectors_and_rebuilds_nothing(t
 
     repo = _repo(tmp_path / "repo")
     idir = default_index_dir(repo)
-    monkeypatch.setattr(pipeline, "ENCODE_BATCH", 2)
-    monkeypatch.setattr(pipeline, "PUBLISH_EVERY_S", 1e9)  # no publication until the end
+    monkeypatch.setattr(encode, "ENCODE_BATCH", 2)
+    monkeypatch.setattr(publish, "PUBLISH_EVERY_S", 1e9)  # no publication until the end
     real, rebuilt = registry._rebuild_index, []
     seen: list[tuple[int, int, int, list[str]]] = []
 
@@ -237,7 +237,7 @@ def test_a_lexical_only_index_run_never_imports_torch(tmp_path):
 def test_an_open_codesearch_follows_another_process_s_commits(tmp_path):
     # A long-lived object (a notebook, a retriever) must not stay on the generation it
     # first opened while another process's lexical-first run publishes newer ones.
-    from codesearch.indexing.pipeline import build_index as run
+    from codesearch.indexing.run import build_index as run
 
     repo = _repo(tmp_path / "repo")
     with CodeSearch(repo, model=None, multi_model=None) as cs:

@@ -31,10 +31,10 @@ from codesearch.errors import (
 )
 from codesearch.indexes import registry
 from codesearch.indexes.registry import load_derived
-from codesearch.indexing import pipeline
+from codesearch.indexing import run as pipeline
 from codesearch.indexing.chunking import CHUNKER_VERSION
 from codesearch.indexing.encoders import resolve_encoders
-from codesearch.indexing.pipeline import build_index
+from codesearch.indexing.run import build_index
 from codesearch.indexing.status import staleness
 from codesearch.store import IndexLock, Store
 from codesearch.types import STORE_FILE
@@ -552,7 +552,7 @@ def test_a_model_switched_off_stays_off_without_a_notice(offline_hub, repo, sing
 def test_a_gpu_encoder_gets_batches_its_size_and_a_cpu_one_keeps_small_commits():
     from types import SimpleNamespace
 
-    from codesearch.indexing.pipeline import ENCODE_BATCH, ENCODE_BATCH_CHARS, _batch_size
+    from codesearch.indexing.encode import ENCODE_BATCH, ENCODE_BATCH_CHARS, _batch_size
 
     # What the Encoder protocol says of a CPU and a GPU encoder (its device is its own business).
     assert _batch_size(SimpleNamespace(offloaded=False, batch_tokens=16384)) == (ENCODE_BATCH, ENCODE_BATCH_CHARS)

@@ -26,21 +26,21 @@ from fixtures.pipeline_helpers import (
 )
 
 from codesearch.encoder.base import Encoders
-from codesearch.indexing import pipeline
-from codesearch.indexing.pipeline import build_index
+from codesearch.indexing import run as pipeline
+from codesearch.indexing.run import build_index
 from codesearch.store import Store
 from codesearch.types import STORE_FILE
 
 CHILD = textwrap.dedent(
     """
     import sys, time
-    from codesearch.indexing import pipeline
+    from codesearch.indexing import commit, encode
     from codesearch.encoder.base import Encoders
-    from codesearch.indexing.pipeline import build_index
+    from codesearch.indexing.run import build_index
 
     repo, dense_dir, colbert_dir, group_s = sys.argv[1:5]
-    pipeline.ENCODE_BATCH = 3  # several committed batches even on a small repo
-    pipeline.COMMIT_GROUP_S = float(group_s)  # 0: each batch commits alone, as on a CPU run of a real model
+    encode.ENCODE_BATCH = 3  # several committed batches even on a small repo
+    commit.COMMIT_GROUP_S = float(group_s)  # 0: each batch commits alone, as on a CPU run of a real model
     import codesearch.encoder as E
     encoders = Encoders(E.load(dense_dir), E.load(colbert_dir))
 

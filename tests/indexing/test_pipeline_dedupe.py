@@ -14,8 +14,8 @@ import pytest
 from fixtures.pipeline_helpers import CountingEncoder, check_consistent, make_repo
 
 from codesearch.encoder.base import Encoders
-from codesearch.indexing import pipeline
-from codesearch.indexing.pipeline import build_index
+from codesearch.indexing import run as pipeline
+from codesearch.indexing.run import build_index
 from codesearch.store import Store
 from codesearch.types import STORE_FILE
 

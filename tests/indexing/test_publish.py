@@ -17,8 +17,8 @@ from fixtures.pipeline_helpers import check_consistent, module_source
 
 from codesearch.encoder.base import Encoders
 from codesearch.indexes import registry
-from codesearch.indexing import pipeline
-from codesearch.indexing.pipeline import build_index
+from codesearch.indexing import encode, publish
+from codesearch.indexing.run import build_index
 from codesearch.search.searcher import Searcher
 from codesearch.store import Store
 from codesearch.types import STORE_FILE, default_index_dir
@@ -44,8 +44,8 @@ def repo(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def publish_often(monkeypatch):
-    monkeypatch.setattr(pipeline, "ENCODE_BATCH", 2)  # many committed batches
-    monkeypatch.setattr(pipeline, "PUBLISH_EVERY_S", 0.0)
+    monkeypatch.setattr(encode, "ENCODE_BATCH", 2)  # many committed batches
+    monkeypatch.setattr(publish, "PUBLISH_EVERY_S", 0.0)
 
 
 def _count_rebuilds(monkeypatch) -> list[str]:
@@ -57,7 +57,7 @@ def _count_rebuilds(monkeypatch) -> list[str]:
 def _in_background(monkeypatch, before) -> None:
     """Publications run in the background (as with workers), and ``before(path)`` runs in
     the publication's thread before each index file it saves."""
-    monkeypatch.setattr(pipeline, "_encodes_elsewhere", lambda enc: True)
+    monkeypatch.setattr(encode, "_encodes_elsewhere", lambda enc: True)
     real_save = registry._save_index
 
     def save(index, path):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from codesearch.errors import NotIndexedError, QueryError
-from codesearch.indexing import pipeline
+from codesearch.indexing import run as pipeline
 from codesearch.indexing.encoders import resolve_encoders
 from codesearch.search.searcher import Searcher
 from codesearch.types import SearchHit, SearchResult
