@@ -11,8 +11,8 @@ from fixtures.pipeline_helpers import chunk_set, make_repo
 
 from codesearch.encoder import load
 from codesearch.encoder.base import Encoders
-from codesearch.indexing import chunking
 from codesearch.indexing.chunking import chunk_many, chunk_source, estimate_tokens
+from codesearch.indexing.chunking import parallel as chunk_pool
 from codesearch.indexing.encoders import MAX_CHUNK_TOKENS, chunk_budget
 from codesearch.indexing.run import build_index
 
@@ -64,9 +64,9 @@ def test_few_files_or_unpicklable_counter_stay_in_process(tmp_path):
 def test_pipeline_chunks_the_same_in_parallel(tmp_path, monkeypatch):
     serial_repo = make_repo(tmp_path / "serial", n_files=6)
     build_index(serial_repo)
-    monkeypatch.setattr(chunking, "PARALLEL_MIN_FILES", 0)
-    monkeypatch.setattr(chunking, "PARALLEL_MIN_FILES_FORKSERVER", 0)
-    monkeypatch.setattr(chunking.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(chunk_pool, "PARALLEL_MIN_FILES", 0)
+    monkeypatch.setattr(chunk_pool, "PARALLEL_MIN_FILES_FORKSERVER", 0)
+    monkeypatch.setattr(chunk_pool.os, "cpu_count", lambda: 2)
     parallel_repo = make_repo(tmp_path / "parallel", n_files=6)
     build_index(parallel_repo)
     serial, parallel = chunk_set(serial_repo / ".codesearch"), chunk_set(parallel_repo / ".codesearch")

@@ -9,7 +9,7 @@ import pytest
 
 import codesearch
 from codesearch.indexing import chunking
-from codesearch.indexing.chunking import chunk_source, estimate_tokens
+from codesearch.indexing.chunking import chunk_source, estimate_tokens, grammars, source, tree
 from codesearch.indexing.walk import detect_language, read_source
 from codesearch.types import Chunk
 
@@ -151,7 +151,7 @@ def test_a_chunk_of_imports_only_is_kind_imports():
     "/*\n * Licence\n */\npackage com.google.gson;\n\nimport java.util.List;",
 ])
 def test_import_only_text(text):
-    assert chunking._imports_only(text)
+    assert source.imports_only(text)
 
 
 @pytest.mark.parametrize("text", [
@@ -166,7 +166,7 @@ def test_import_only_text(text):
     "local M = {}",
 ])
 def test_not_import_only_text(text):
-    assert not chunking._imports_only(text)
+    assert not source.imports_only(text)
 
 
 def test_budget_counts_the_header():
@@ -288,8 +288,8 @@ def test_local_syntax_error_keeps_the_tree():
 
 
 def test_missing_grammar_falls_back(monkeypatch, caplog):
-    fake = chunking._LangSpec("no_such_grammar_xyz", {"function_definition": "function"})
-    monkeypatch.setitem(chunking._SPECS, "fakelang", fake)
+    fake = grammars.LangSpec("no_such_grammar_xyz", {"function_definition": "function"})
+    monkeypatch.setitem(grammars.SPECS, "fakelang", fake)
     src = big_function(30)
     with caplog.at_level(logging.WARNING):
         chunks = chunk_source("f.fake", src, "fakelang", max_tokens=64)
@@ -428,7 +428,7 @@ def minilm_count():
 
 def test_real_tokenizer_budget_holds(minilm_count):
     count = minilm_count
-    src = read_source(Path(chunking.__file__))
+    src = read_source(Path(tree.__file__))  # a real source file (the chunker's own splitter)
     for text, language in [(src, "python"), (src, "text")]:
         chunks = chunk_source("chunking.py", text, language, max_tokens=128, count_tokens=count)
         assert_invariants(text, chunks)
