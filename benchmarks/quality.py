@@ -258,7 +258,7 @@ def _keep_vector_share(searcher, share: float, seed: int = 0) -> None:
     the others leave its dense index, its coverage and its file centroids (in memory only)."""
     import numpy as np
 
-    dense = searcher._dense
+    dense = searcher._indexes.get("dense_chunks")
     if dense is None or not len(dense):
         return
     ids = np.asarray(dense.ids(), dtype=np.int64)

@@ -9,6 +9,7 @@ from typing import Any
 
 from codesearch.api.refresh import Recorded, stale_files
 from codesearch.indexing.status import index_info
+from codesearch.store import VECTOR_KINDS
 from codesearch.types import SCHEMA_VERSION, STORE_FILE
 
 __all__ = ["IndexStatus", "index_status"]
@@ -83,7 +84,7 @@ def index_status(root: Path, index_dir: Path, default_max_file_bytes: int) -> In
         stale={"added": len(stale.added), "changed": len(stale.changed), "removed": len(stale.removed)},
         disk_bytes=_disk_usage(index_dir),
         vectors={
-            kind: round(n / max(1, info.files if kind == "file" else info.chunks), 4)
+            kind: round(n / max(1, info.files if VECTOR_KINDS[kind].per_file else info.chunks), 4)
             for kind, n in info.vectors.items()
         },
         embedded={"multi" if role == "colbert" else role: how for role, how in info.embedded.items()},

@@ -28,8 +28,11 @@ class Index(Protocol):
     float array for a dense one, one ``(tokens, dim)`` array per id for a multi-vector one.
     ``save`` writes atomically (a temp name, then ``os.replace``), so a crash leaves the old
     file or the new one. An index whose internals went stale after many updates (PLAID's
-    centroids) says so with a true ``needs_rebuild`` attribute; the registry then rebuilds it.
+    centroids) says so with a true ``needs_rebuild``; the registry then rebuilds it.
     """
+
+    @property
+    def needs_rebuild(self) -> bool: ...
 
     def add(self, ids: np.ndarray, items: Any) -> None: ...
 

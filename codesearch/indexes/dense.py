@@ -146,6 +146,9 @@ class DenseIndex:
         """``"exact"`` (flat inner product) or ``"ivf"`` (IVF-Flat, approximate)."""
         return "ivf" if self._is_ivf else "exact"
 
+    #: A FAISS index never goes stale: adds and removes keep it exact (`Index.needs_rebuild`).
+    needs_rebuild = False
+
     def __len__(self) -> int:
         return int(self._index.ntotal)
 

@@ -250,6 +250,9 @@ class LexicalIndex:
 
     # ---- building ---------------------------------------------------------------------
 
+    #: Counts are exact after any update (`Index.needs_rebuild`).
+    needs_rebuild = False
+
     def __len__(self) -> int:
         self._flush()
         return int(self._ids.shape[0])

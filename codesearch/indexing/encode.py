@@ -19,6 +19,7 @@ from codesearch.indexing.encoders import EMBEDDED_KEY, VECTORS_PENDING_KEY
 from codesearch.indexing.options import Run
 from codesearch.indexing.publish import Publisher
 from codesearch.pathnames import text_name
+from codesearch.store import VECTOR_KINDS
 from codesearch.store.files import decode_source, hash_bytes, read_inside
 from codesearch.types import path_kind
 
@@ -88,9 +89,9 @@ def encode_missing(run: Run) -> None:
     streams: list[tuple[Encoder, list[_Item]]] = []
     for role, enc in roles.items():
         items: dict[tuple[str, str], _Item] = {}
-        for kind in ("dense", "file") if role == "dense" else ("colbert",):
-            if kind == "file":
-                for fid, path, h in store.files_missing_vectors(enc.identity):
+        for kind in (k.name for k in VECTOR_KINDS.values() if k.role == role):
+            if VECTOR_KINDS[kind].per_file:
+                for fid, path, h in store.files_missing_vectors(enc.identity, kind):
                     if (kind, h) not in items:
                         text = _current_text(run.opts.root, path, h, texts)
                         if text is not None:

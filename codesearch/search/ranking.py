@@ -23,6 +23,7 @@ BENCHMARKS.md "Search quality" for the ablations.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,6 +81,16 @@ class RankingParams:
     # files use a name the file defines (see centrality). The file a question is about is
     # more often the one the rest of the code leans on (SqlMapper.cs, not SqlMapper.Cache.cs).
     w_central: float = 0.3
+
+
+@dataclass(frozen=True, slots=True)
+class Candidates:
+    """What one vector index proposed for a query: corpus rows (-1 for an id the corpus
+    lacks), their scores, and the weight of the index's signal in the fused score."""
+
+    rows: np.ndarray
+    scores: np.ndarray
+    weight: float
 
 
 def _minmax(x: np.ndarray, present: np.ndarray) -> np.ndarray:
@@ -239,19 +250,19 @@ class Ranker:
         q: Query,
         *,
         use_lexical: bool,
-        dense: tuple[np.ndarray, np.ndarray] | None = None,
+        vectors: Mapping[str, Candidates] | None = None,
         file_dense: tuple[np.ndarray, np.ndarray] | None = None,
-        colbert: tuple[np.ndarray, np.ndarray] | None = None,
         mask: np.ndarray | None = None,
         params: RankingParams | None = None,
         covered: dict[str, np.ndarray] | None = None,
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Fused score per corpus row, and the raw per-source scores (for ``sources``).
 
-        ``dense``/``colbert`` are ``(rows, scores)`` of candidates; ``file_dense`` is
-        ``(file indexes, scores)``. ``covered`` (while an index run is still embedding)
-        says which rows (``dense``, ``colbert``) and files (``files``) have a vector yet;
-        see `_impute`.
+        ``vectors`` are the candidates of each vector index, by signal name (``dense``,
+        ``colbert``: `codesearch.indexes.registry.DERIVED`), fused in their order;
+        ``file_dense`` is ``(file indexes, scores)``. ``covered`` (while an index run is still
+        embedding) says which rows (by signal) and files (``files``) have a vector yet; see
+        `_impute`.
         """
         p = params or self.params
         c = self.corpus
@@ -287,10 +298,11 @@ class Ranker:
                 total += p.w_stem * stem_hit[c.file_idx]
         # A bare identifier is a lookup: the exact-name signals know best, vectors blur it.
         vscale = p.vector_symbol_scale if q.is_symbol else 1.0
-        for name, cand, w in (("dense", dense, p.w_dense * vscale), ("colbert", colbert, p.w_colbert * vscale)):
-            if cand is None or not len(cand[0]):
+        for name, cand in (vectors or {}).items():
+            w = cand.weight * vscale
+            if not len(cand.rows):
                 continue
-            rows, scores = cand
+            rows, scores = cand.rows, cand.scores
             keep = rows >= 0
             raw = np.zeros(n, dtype=np.float32)
             present = np.zeros(n, dtype=bool)

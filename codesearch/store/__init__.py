@@ -10,10 +10,11 @@ from codesearch.store.files import atomic_write, read_text
 from codesearch.store.lock import IndexLock, ReadWriteLock
 from codesearch.store.records import ChunkMeta, FileRecord, ModelRecord, StoredChunk
 from codesearch.store.sqlite import Store
-from codesearch.store.vectors import KIND_ROLE
+from codesearch.store.vectors import KIND_ROLE, VECTOR_KINDS, VectorKind
 
 __all__ = [
     "KIND_ROLE",
+    "VECTOR_KINDS",
     "ChunkMeta",
     "FileRecord",
     "IndexLock",
@@ -21,6 +22,7 @@ __all__ = [
     "ReadWriteLock",
     "Store",
     "StoredChunk",
+    "VectorKind",
     "atomic_write",
     "read_text",
 ]

@@ -14,6 +14,7 @@ import os
 import sqlite3
 import sys
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,12 +25,43 @@ from codesearch.store.records import StoredChunk
 from codesearch.store.rows import CHUNK_SQL, chunked, paths_at, stored_chunk
 from codesearch.store.segments import SegmentError
 
+
+@dataclass(frozen=True, slots=True)
+class VectorKind:
+    """One kind of vector in the cache: which model makes it, of what text, in what shape.
+
+    A new kind is an entry in `VECTOR_KINDS` (and, for the store's CHECK constraint on
+    ``vectors.kind``, a migration), plus the derived index that searches it
+    (`codesearch.indexes.registry.DERIVED`).
+    """
+
+    name: str
+    role: str  # the model role ("dense" | "colbert") whose identity keys these vectors
+    per_file: bool = False  # one vector per file, keyed by the file's hash (else per chunk text)
+    multi: bool = False  # one (tokens, dim) array per text: kept in segment files on disk
+
+    @property
+    def keyed_by(self) -> tuple[str, str]:
+        """(table, column) whose hash keys these vectors: files' content or chunks' text."""
+        return ("files", "hash") if self.per_file else ("chunks", "text_hash")
+
+
+#: Every vector kind, in the order an index run encodes them.
+VECTOR_KINDS: dict[str, VectorKind] = {
+    kind.name: kind
+    for kind in (
+        VectorKind("dense", "dense"),
+        VectorKind("file", "dense", per_file=True),
+        # Multi-vector arrays go to segment files (an on-disk store): tens of KB per text,
+        # written once there instead of twice through SQLite's WAL. Single vectors (1.5 KB)
+        # stay in rows: a query reads them, and their cost is per row, not per byte.
+        VectorKind("colbert", "colbert", multi=True),
+    )
+}
 #: Vector kinds in the cache, and the model role whose identity keys each of them.
-KIND_ROLE = {"dense": "dense", "file": "dense", "colbert": "colbert"}
-#: Kinds whose arrays go to segment files (an on-disk store): tens of KB per text, written
-#: once there instead of twice through SQLite's WAL. Single vectors (1.5 KB) stay in rows:
-#: a query reads them, and their cost is per row, not per byte.
-SEGMENT_KINDS = frozenset({"colbert"})
+KIND_ROLE = {name: kind.role for name, kind in VECTOR_KINDS.items()}
+#: Kinds whose arrays go to segment files.
+SEGMENT_KINDS = frozenset(name for name, kind in VECTOR_KINDS.items() if kind.multi)
 
 #: The columns a vector read selects (table alias ``v``), on schema 3 and before it.
 VEC_COLS = "v.n, v.dim, v.data, v.seg, v.off, v.crc"
@@ -135,7 +167,7 @@ class VectorCache(Connection):
         ids = [int(i) for i in ids]
         if model is None or not ids:
             return np.zeros(0, dtype=np.int64), []
-        table, col = ("files", "hash") if kind == "file" else ("chunks", "text_hash")
+        table, col = VECTOR_KINDS[kind].keyed_by
         found: dict[int, np.ndarray] = {}
         for part in chunked(ids):
             marks = ",".join("?" * len(part))
@@ -158,7 +190,7 @@ class VectorCache(Connection):
         model = self.model_identity(kind)
         if model is None:
             return
-        table, col = ("files", "hash") if kind == "file" else ("chunks", "text_hash")
+        table, col = VECTOR_KINDS[kind].keyed_by
         cur = self._vector_rows(
             f"SELECT t.id, {{cols}} FROM {table} t JOIN vectors v ON v.text_hash = t.{col}"
             f" AND v.model = ? AND v.kind = ? ORDER BY t.id",
@@ -213,7 +245,7 @@ class VectorCache(Connection):
         model = self.model_identity(kind)
         if model is None:
             return 0
-        table, col = ("files", "hash") if kind == "file" else ("chunks", "text_hash")
+        table, col = VECTOR_KINDS[kind].keyed_by
         return self._exec(
             f"SELECT count(*) FROM {table} t JOIN vectors v ON v.text_hash = t.{col} AND v.model = ? AND v.kind = ?",
             (model, kind),
@@ -228,12 +260,12 @@ class VectorCache(Connection):
         )
         return [stored_chunk(r) for r in rows]
 
-    def files_missing_vectors(self, model: str) -> list[tuple[int, str, str]]:
-        """(file id, path, hash) of files with no cached file-level vector."""
+    def files_missing_vectors(self, model: str, kind: str = "file") -> list[tuple[int, str, str]]:
+        """(file id, path, hash) of files with no cached vector of a per-file ``kind``."""
         rows = self._exec(
             "SELECT f.id, f.path, f.hash FROM files f WHERE NOT EXISTS (SELECT 1 FROM vectors v"
-            " WHERE v.model = ? AND v.kind = 'file' AND v.text_hash = f.hash)",
-            (model,),
+            " WHERE v.model = ? AND v.kind = ? AND v.text_hash = f.hash)",
+            (model, kind),
         )
         return [tuple(r) for r in paths_at(rows.fetchall(), 1)]
 

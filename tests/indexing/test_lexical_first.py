@@ -146,7 +146,7 @@ def test_a_search_during_a_run_uses_the_published_vectors_and_rebuilds_nothing(t
                     committed = st.count_with_vectors("dense")
                 with Searcher(idir, encoders=Encoders(dense=dense_encoder)) as s:
                     result = s.search("engine plans query", 3, mode="hybrid")
-                    seen.append((committed, len(s._dense), len(result.hits), result.notices))
+                    seen.append((committed, len(s._indexes["dense_chunks"]), len(result.hits), result.notices))
             finally:
                 monkeypatch.setattr(registry, "_rebuild_index", real)
 

@@ -284,7 +284,7 @@ def test_file_centroids_are_the_normalised_mean_of_chunk_vectors(minilm_index):
 
     cent = minilm_index._file_centroids()
     c = minilm_index._ranker.corpus
-    ids, vecs = minilm_index._dense._all_vectors()
+    ids, vecs = minilm_index._indexes["dense_chunks"]._all_vectors()
     rows = minilm_index._ranker.rows_of(ids)
     f = next(i for i, p in enumerate(c.files) if p == "src/net/http_client.py")
     mine = vecs[c.file_idx[rows] == f]
@@ -595,3 +595,20 @@ def test_a_name_defined_only_in_a_test_file_ranks_its_definition_first(definitio
     # A name defined in source keeps source first: the exemption is only for names that
     # nothing but tests define.
     assert definitions_index.search("build_widget_registry_cache", k=1).hits[0].path == "src/widgets.py"
+
+
+def test_a_new_index_of_chunk_vectors_is_one_registry_entry(minilm_index, monkeypatch):
+    """The searcher and the ranker loop over the registry: an index added to DERIVED (here a
+    second FAISS index over the same dense vectors, under a signal of its own and an existing
+    weight) is filled from the store, searched, fused and named, with no other change."""
+    from codesearch.indexes import registry
+
+    spec = registry.IndexSpec("dense_copy", "dense_copy.faiss", "dense", "codesearch.indexes.dense:DenseIndex",
+                              signal="dense_copy", weight="w_dense")
+    monkeypatch.setitem(registry.DERIVED, spec.name, spec)
+    before = minilm_index.search("remove a file from disk", k=5)
+    with Searcher(minilm_index.index_dir, encoders=minilm_index._encoders) as searcher:
+        result = searcher.search("remove a file from disk", k=5)
+        assert len(searcher._indexes["dense_copy"]) == len(searcher._indexes["dense_chunks"])
+    assert result.indexes_used == (*before.indexes_used, "dense_copy")
+    assert result.hits[0].path == "src/storage/cleanup.py" and "dense_copy" in result.hits[0].sources
