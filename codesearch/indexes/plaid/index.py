@@ -4,13 +4,12 @@ package's notes)."""
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 
 import numpy as np
 
-from codesearch.indexes.plaid import files
 from codesearch.indexes.plaid.codec import ResidualCodec
+from codesearch.indexes.plaid.files import PlaidFiles
 from codesearch.indexes.plaid.maxsim import (
     _EMPTY_IDS,
     _EMPTY_SCORES,
@@ -19,7 +18,7 @@ from codesearch.indexes.plaid.maxsim import (
     _top_k,
     exact_maxsim,
 )
-from codesearch.indexes.plaid.search import plaid_search
+from codesearch.indexes.plaid.search import PlaidSearch
 
 __all__ = ["EXACT_TOKEN_THRESHOLD", "PlaidIndex"]
 
@@ -28,7 +27,7 @@ __all__ = ["EXACT_TOKEN_THRESHOLD", "PlaidIndex"]
 EXACT_TOKEN_THRESHOLD = 2**18
 
 
-class PlaidIndex:
+class PlaidIndex(PlaidSearch, PlaidFiles):
     """Multi-vector MaxSim index: exact below ``exact_threshold`` tokens, PLAID above.
 
     Parameters
@@ -323,31 +322,11 @@ class PlaidIndex:
         if self._codec is None:
             scores = exact_maxsim(self._starts, self._doclens, live, queries, self._exact_vectors)
             return [_top_k(self._ids[live], s, k) for s in scores.T]
-        return [plaid_search(self, q, k, nprobe or self.nprobe, ndocs) for q in queries]
+        return [self._plaid_search(q, k, nprobe or self.nprobe, ndocs) for q in queries]
 
     def _exact_vectors(self, tokens: np.ndarray) -> np.ndarray:
         return self._vectors[tokens].astype(np.float32)
 
-    def _decompressed(self, tokens: np.ndarray) -> np.ndarray:
-        return self._codec.decompress(self._codes[tokens], self._residuals[tokens])
-
-    # -- persistence (`codesearch.indexes.plaid.files`) ----------------------------------
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the index atomically; ``path`` is a directory (the index goes to
-        ``path/index.npz``) or a file name ending in ``.npz``."""
-        files.save(self, path)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> PlaidIndex:
-        """Read an index written by :meth:`save` (same ``path`` convention).
-
-        Raises
-        ------
-        IndexCorruptError
-            When the file is missing, truncated, altered or inconsistent.
-        """
-        return files.load(cls, path)
 
     # -- internals -----------------------------------------------------------------------
 
