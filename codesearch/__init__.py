@@ -14,7 +14,7 @@ Example
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from codesearch import _compat
 from codesearch.errors import CodeSearchError
@@ -37,7 +37,7 @@ _LAZY = {
 _compat.install()  # old import paths (codesearch.build.*) for one release
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in _LAZY:
         import importlib
 

@@ -15,7 +15,6 @@ import sys
 import warnings
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any
 
 #: Old dotted prefix -> new dotted prefix. The longest matching prefix wins.
 MOVED: dict[str, str] = {
@@ -72,7 +71,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         return importlib.util.spec_from_loader(fullname, _Alias(moved), is_package=hasattr(module, "__path__"))
 
 
-def moved_names(module: str, names: dict[str, str]) -> Callable[[str], Any]:
+def moved_names(module: str, names: dict[str, str]) -> Callable[[str], object]:
     """A module ``__getattr__`` for names that moved to another module (``"package.module"``)
     or became another name there (``"package.module:NewName"``): each resolves to the same
     object as its new home, with a `DeprecationWarning`.
@@ -82,7 +81,7 @@ def moved_names(module: str, names: dict[str, str]) -> Callable[[str], Any]:
         __getattr__ = _compat.moved_names(__name__, {"Encoders": "codesearch.encoder.base"})
     """
 
-    def __getattr__(name: str) -> Any:
+    def __getattr__(name: str) -> object:
         home = names.get(name)
         if home is None:
             raise AttributeError(f"module {module!r} has no attribute {name!r}")

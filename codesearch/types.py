@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, TypeAlias
 
 from codesearch.errors import QueryError
 from codesearch.globs import check_globs
@@ -25,12 +25,14 @@ __all__ = [
     "DEFAULT",
     "DEFAULT_MAX_FILE_BYTES",
     "INDEX_DIR_NAME",
+    "JSON",
     "MODES",
     "ROLES",
     "SCHEMA_VERSION",
     "Chunk",
     "Device",
     "IndexSummary",
+    "JSONDict",
     "Mode",
     "ProgressEvent",
     "Role",
@@ -44,6 +46,10 @@ __all__ = [
     "path_kind",
     "result_document",
 ]
+
+#: JSON, as the documents, the records' ``to_dict()`` and the server's answers hold it.
+JSON: TypeAlias = "str | int | float | bool | list[JSON] | dict[str, JSON] | None"
+JSONDict: TypeAlias = "dict[str, JSON]"
 
 SCHEMA_VERSION = 1
 """Version of the JSON documents `codesearch query --json/--jsonl` prints (and the server
@@ -202,7 +208,7 @@ class SearchRequest:
         *,
         language: str | Iterable[str] | None = None,
         glob: str | Iterable[str] | None = None,
-        **fields: Any,
+        **fields: object,
     ) -> SearchRequest:
         """Build one from keyword arguments, taking the single-value names too.
 
@@ -231,14 +237,14 @@ class SearchRequest:
         """The same search with no output control (what a ranking needs)."""
         return SearchRequest(self.query, self.k, self.mode, self.languages, self.globs, self.files_only)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         """JSON-ready: the mode as its name, tuples as lists."""
         doc = asdict(self)
         doc.update(mode=self.mode.value, languages=list(self.languages), globs=list(self.globs))
         return doc
 
     @classmethod
-    def from_dict(cls, doc: Mapping[str, Any]) -> SearchRequest:
+    def from_dict(cls, doc: Mapping[str, object]) -> SearchRequest:
         """The inverse of `to_dict` (``language``/``glob`` single values accepted too)."""
         return cls.of(**dict(doc))
 
@@ -258,7 +264,7 @@ def canonical_languages(names: Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def _check_int(value: Any, name: str, least: int, fix: str) -> None:
+def _check_int(value: object, name: str, least: int, fix: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise QueryError(f"{name} must be a whole number, got {value!r} ({fix})")
     if value < least:
@@ -409,7 +415,7 @@ class SearchHit:
             text=chunk.text, chunk_id=chunk_id, sources=sources,
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         """A JSON-ready dict of every field."""
         return {
             "path": self.path,
@@ -438,7 +444,7 @@ class SearchResult:
     #: Ranked hits an output control (min_score, budget) left out; None when none was asked.
     left_out: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         """A JSON-ready dict (hits as dicts)."""
         return {
             "query": self.query,
@@ -488,14 +494,14 @@ class IndexSummary:
     #: Seconds per stage (walk, chunk, write, sync, encode): what bounds a run.
     stage_seconds: dict[str, float] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return asdict(self)
 
 
 # -- the JSON documents ----------------------------------------------------------------------
 
 
-def hit_document(hit: SearchHit) -> dict[str, Any]:
+def hit_document(hit: SearchHit) -> JSONDict:
     """One hit as the stable JSON schema: path (relative to the indexed root), start_line,
     end_line (1-based, inclusive), score, language, symbol, kind, text."""
     return {
@@ -510,7 +516,7 @@ def hit_document(hit: SearchHit) -> dict[str, Any]:
     }
 
 
-def result_document(result: SearchResult) -> dict[str, Any]:
+def result_document(result: SearchResult) -> JSONDict:
     """A whole search as the stable JSON schema (``codesearch query --json``)."""
     doc = {
         "schema_version": SCHEMA_VERSION,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from codesearch import _compat
 from codesearch.api.models import EncoderPool, ModelArgs, ModelInfo, Models, list_models, model_info, pull_model
@@ -290,7 +290,7 @@ class CodeSearch:
         glob: str | Sequence[str] | None = None,
         files_only: bool = False,
         refresh: bool = False,
-        **options: Any,
+        **options: object,
     ) -> SearchResult:
         """Search and return the hits together with how they were found.
 
@@ -358,7 +358,7 @@ class CodeSearch:
         glob: str | Sequence[str] | None = None,
         files_only: bool = False,
         refresh: bool = False,
-        **options: Any,
+        **options: object,
     ) -> list[SearchHit]:
         """Search and return the hits, best first. Same parameters as `query`.
 

@@ -12,13 +12,12 @@ import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from codesearch.encoder.base import Encoder, Encoders
 from codesearch.errors import CodeSearchError
 from codesearch.indexing.encoders import resolve_encoders
 from codesearch.indexing.status import IndexInfo, index_info
-from codesearch.types import DEFAULT
+from codesearch.types import DEFAULT, JSONDict
 
 __all__ = ["EncoderPool", "ModelArgs", "ModelInfo", "Models", "list_models", "model_info", "pull_model"]
 
@@ -202,11 +201,11 @@ class ModelInfo:
     dim: int
     max_length: int
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return dataclasses.asdict(self)
 
 
-def list_models() -> list[dict[str, Any]]:
+def list_models() -> list[JSONDict]:
     """The models in the local Hugging Face cache, plus the two defaults even when absent.
 
     Each row: ``name`` (hub id), ``role`` (``"default dense"``, ``"default multi-vector"``

@@ -5,12 +5,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from codesearch.api.refresh import Recorded, stale_files
 from codesearch.indexing.status import index_info
 from codesearch.store import VECTOR_KINDS
-from codesearch.types import SCHEMA_VERSION, STORE_FILE
+from codesearch.types import SCHEMA_VERSION, STORE_FILE, JSONDict
 
 __all__ = ["IndexStatus", "index_status"]
 
@@ -62,7 +61,7 @@ class IndexStatus:
         """True when some file was added, changed or removed since the last index run."""
         return any(self.stale.values())
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         """A JSON-ready dict (``codesearch status --json``)."""
         return {"schema_version": SCHEMA_VERSION, **dataclasses.asdict(self), "is_stale": self.is_stale}
 

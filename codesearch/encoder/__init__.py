@@ -14,7 +14,7 @@ Example
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 DEFAULT_DENSE_MODEL = "Alibaba-NLP/gte-modernbert-base"
 DEFAULT_MULTI_MODEL = "lightonai/LateOn-Code-edge"
@@ -46,7 +46,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in _LAZY:
         import importlib
 

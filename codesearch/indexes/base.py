@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, TypeAlias, runtime_checkable
 
 import numpy as np
 
-__all__ = ["Index"]
+__all__ = ["Index", "Items"]
+
+#: What an index ranks by, and what it is queried with: texts (lexical), an ``(n, dim)``
+#: array (dense), one ``(tokens, dim)`` array per text (multi-vector).
+Items: TypeAlias = "Sequence[str] | np.ndarray | Sequence[np.ndarray]"
 
 
 @runtime_checkable
@@ -34,11 +38,11 @@ class Index(Protocol):
     @property
     def needs_rebuild(self) -> bool: ...
 
-    def add(self, ids: np.ndarray, items: Any) -> None: ...
+    def add(self, ids: np.ndarray, items: Items) -> None: ...
 
     def remove(self, ids: np.ndarray) -> None: ...
 
-    def search(self, queries: Sequence[Any] | np.ndarray, k: int) -> list[tuple[np.ndarray, np.ndarray]]: ...
+    def search(self, queries: Items, k: int) -> list[tuple[np.ndarray, np.ndarray]]: ...
 
     def save(self, path: str | os.PathLike) -> None: ...
 

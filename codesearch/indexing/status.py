@@ -8,13 +8,13 @@ import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from codesearch.indexing.encoders import EMBEDDED_KEY
 from codesearch.indexing.run import check_root
-from codesearch.store import KIND_ROLE, Store
+from codesearch.store import KIND_ROLE, FileRecord, Store
 from codesearch.store.files import hash_bytes, read_inside
-from codesearch.types import STORE_FILE, default_index_dir
+from codesearch.types import STORE_FILE, JSONDict, default_index_dir
 
 if TYPE_CHECKING:  # pragma: no cover
     pass
@@ -35,7 +35,7 @@ class Staleness:
     def stale(self) -> bool:
         return bool(self.added or self.changed or self.removed)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return {
             "indexed": self.indexed,
             "new": len(self.added),
@@ -63,7 +63,7 @@ class IndexInfo:
     vectors: dict[str, int] = field(default_factory=dict)
     embedded: dict[str, str] = field(default_factory=dict)  # role -> how the last run embedded
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return asdict(self)
 
 
@@ -85,7 +85,7 @@ def staleness(
     root_path = check_root(root)
     idir = Path(index_dir).expanduser().resolve() if index_dir is not None else default_index_dir(root_path)
     store_path = idir / STORE_FILE
-    old: dict[str, Any] = {}
+    old: dict[str, FileRecord] = {}
     if store_path.is_file():
         with Store(store_path, readonly=True) as store:
             old = store.files()

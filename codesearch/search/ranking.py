@@ -23,9 +23,8 @@ BENCHMARKS.md "Search quality" for the ablations.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -148,7 +147,7 @@ class Ranker:
         self.lexical = lexical
         self.params = params or RankingParams()
         self._centrality: np.ndarray | None = None
-        self.centrality_source: Any = None  # () -> array, set by Searcher (a cached copy)
+        self.centrality_source: Callable[[], np.ndarray] | None = None  # set by Searcher (a cached copy)
         n, nf = len(corpus), len(corpus.files)
         # Lexical rows -> corpus rows (the corpus is built in lexical order, but a lexical
         # index may hold ids the store no longer has, or miss some).

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -139,7 +139,7 @@ def main() -> None:
     from codesearch.errors import CodeSearchError
 
     @functools.wraps(serve)
-    def one_line_errors(*args: Any, **kwargs: Any) -> None:
+    def one_line_errors(*args: object, **kwargs: object) -> None:
         try:
             serve(*args, **kwargs)
         except CodeSearchError as exc:

@@ -32,12 +32,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING
 
 from codesearch.api import DEFAULT, CodeSearch, EncoderPool
 from codesearch.api.snapshot import with_notices
 from codesearch.errors import CodeSearchError, IndexLockedError, NotIndexedError, PathError
-from codesearch.types import Mode, SearchRequest, SearchResult
+from codesearch.types import JSONDict, Mode, ProgressEvent, SearchRequest, SearchResult
+
+if TYPE_CHECKING:  # pragma: no cover
+    from codesearch.server.watch import RepoWatcher
 
 log = logging.getLogger("codesearch.server")
 
@@ -78,14 +81,14 @@ class RepoOptions:
     ``model``/``multi_model`` use `codesearch.api.DEFAULT` for "what the index records".
     """
 
-    model: Any = DEFAULT  # hub id or folder; DEFAULT: what the index records; None: no dense
-    multi_model: Any = DEFAULT  # same, for the ColBERT model
+    model: str | None = DEFAULT  # hub id or folder; DEFAULT: what the index records; None: no dense
+    multi_model: str | None = DEFAULT  # same, for the ColBERT model
     device: str = "auto"
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     index_dir: Path | None = None
 
-    def kwargs(self) -> dict[str, Any]:
+    def kwargs(self) -> dict[str, str | Path | tuple[str, ...] | None]:
         return {
             "index_dir": self.index_dir,
             "model": self.model,
@@ -109,11 +112,11 @@ class IndexRunState:
     generation: int = 0  # reader swaps; bumps when new results become searchable
     started_at: float | None = None
     finished_at: float | None = None
-    progress: dict[str, Any] | None = None
-    last_summary: dict[str, Any] | None = None
+    progress: JSONDict | None = None
+    last_summary: JSONDict | None = None
     last_error: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return dataclasses.asdict(self)
 
 
@@ -142,7 +145,7 @@ class ServedRepo:
         options: RepoOptions,
         *,
         encoder_pool: EncoderPool | None = None,
-        run_lock: Any = None,
+        run_lock: threading.Lock | None = None,
         query_batching: bool = True,
         name: str | None = None,
     ):
@@ -169,7 +172,7 @@ class ServedRepo:
         self._rebuild = False
         self._stopping = False
         self.run_state = IndexRunState()
-        self.watcher: Any = None  # RepoWatcher, set by start()
+        self.watcher: RepoWatcher | None = None  # set by start()
         self.watch_error: str | None = None
         self._thread = threading.Thread(target=self._index_loop, name=f"codesearch-index-{self.root.name}", daemon=True)
 
@@ -354,13 +357,11 @@ class ServedRepo:
                 timer.daemon = True  # never holds up shutdown
                 timer.start()
 
-    def _on_progress(self, event: Any) -> None:
+    def _on_progress(self, event: ProgressEvent) -> None:
         if self._stopping:
             raise _Cancelled()
-        self.run_state.progress = (
-            dataclasses.asdict(event) if dataclasses.is_dataclass(event) else {"event": str(event)}
-        )
-        if getattr(event, "stage", None) in ("searchable", "published"):
+        self.run_state.progress = dataclasses.asdict(event)
+        if event.stage in ("searchable", "published"):
             # Lexical first: the files are committed (or more vectors are in) while the run
             # goes on embedding; searches move to that generation now, not at the run's end.
             try:
@@ -370,10 +371,10 @@ class ServedRepo:
 
     # -- status ------------------------------------------------------------------------
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> JSONDict:
         """This root's part of ``GET /status``: the index, the indexer, the watcher."""
         try:
-            index: dict[str, Any] | None = self._statuser.status().to_dict()
+            index: JSONDict | None = self._statuser.status().to_dict()
             error = None
         except CodeSearchError as exc:  # e.g. read while a rebuild recreates the store
             index, error = None, str(exc)

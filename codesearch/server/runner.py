@@ -18,13 +18,15 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from types import FrameType
+from typing import TextIO
 
 from codesearch.errors import ServerError
 from codesearch.server.discovery import ServerInfo, remove_discovery, write_discovery
 from codesearch.server.network import bind_socket, check_bind, client_host, normalize_token
 from codesearch.server.repos import RepoOptions, RepoSet
 from codesearch.server.service import Limits, Service
+from codesearch.types import JSONDict
 
 log = logging.getLogger("codesearch.server")
 
@@ -73,12 +75,12 @@ class ServeOptions:
     query_batching: bool = True
 
 
-def _announce(payload: dict[str, Any], *, stream: Any) -> None:
+def _announce(payload: JSONDict, *, stream: TextIO) -> None:
     stream.write(json.dumps(payload) + "\n")
     stream.flush()
 
 
-def _exit_on_sigterm(_signum: int, _frame: Any) -> None:
+def _exit_on_sigterm(_signum: int, _frame: FrameType | None) -> None:
     # uvicorn restores this handler after its graceful shutdown and re-raises the signal;
     # SystemExit then runs our `finally` blocks (discovery files, index threads) and exits 0.
     raise SystemExit(0)

@@ -23,13 +23,12 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
 
 from codesearch import __version__
 from codesearch.errors import NotIndexedError, QueryError, ServerError
 from codesearch.server.batching import batching_stats
 from codesearch.server.repos import RepoSet
-from codesearch.types import SearchRequest
+from codesearch.types import JSONDict, SearchRequest, SearchResult
 
 SCHEMA_VERSION = 1
 MAX_K = 1000  # results per search; bounds the work and the response size of one request
@@ -80,14 +79,14 @@ class DaemonPool:
     def __init__(self, workers: int, name: str):
         self._workers = workers
         self._name = name
-        self._queue: queue.SimpleQueue[tuple[Future, Callable[[], Any]] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[Future, Callable[[], object]] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._closed = False
         self._idle = threading.Condition()
         self._running = 0
 
-    def submit(self, fn: Callable[[], Any]) -> Future:
+    def submit(self, fn: Callable[[], object]) -> Future:
         """Queue ``fn()``; its `Future` holds the result or the exception.
 
         Raises
@@ -200,8 +199,8 @@ class Service:
         files_only: bool = False,
         path: str | None = None,
         repo: str | None = None,
-        **options: Any,
-    ) -> dict[str, Any]:
+        **options: object,
+    ) -> JSONDict:
         """Run one search in the calling thread; returns the CLI's ``--json`` document.
 
         ``query`` is a `SearchRequest` (the routes build one), or the query text with the
@@ -230,7 +229,7 @@ class Service:
             raise QueryError(f"k={request.k} is more than this server returns (pass k <= {MAX_K})")
         selected = self.repos.select(path, repo)
         several = len(self.repos.repos) > 1
-        results: list[tuple[str, Any]] = []
+        results: list[tuple[str, SearchResult]] = []
         not_ready: list[NotIndexedError] = []
         for served, sub in selected:
             scoped = scope_globs(sub, request.globs)
@@ -260,7 +259,7 @@ class Service:
             hit_doc["repo"] = names[hit.chunk_id]
         return doc
 
-    async def search(self, **request: Any) -> dict[str, Any]:
+    async def search(self, **request: object) -> JSONDict:
         """`search_sync` on the pool, bounded and timed out; ``request`` is its arguments,
         checked there (a `SearchRequest` is built in the pool, not on the event loop).
 
@@ -297,7 +296,7 @@ class Service:
                 "or start the server with a larger --search-timeout)"
             ) from None
 
-    def _search_by(self, deadline: float, request: dict[str, Any]) -> dict[str, Any]:
+    def _search_by(self, deadline: float, request: dict[str, object]) -> JSONDict:
         """`search_sync` in a pool thread; its glob filter gives up at ``deadline``, when the
         request has been answered 504 (the rest of a search is bounded by the request's
         limits, the filter by the clock)."""
@@ -312,7 +311,7 @@ class Service:
 
     # -- index, status, health -------------------------------------------------------------
 
-    def index(self, path: str | None = None, *, rebuild: bool = False) -> dict[str, Any]:
+    def index(self, path: str | None = None, *, rebuild: bool = False) -> JSONDict:
         """Queue an index run for the root of ``path`` (every root without one); returns at
         once. ``root`` and ``indexing`` describe the first root queued, ``roots`` lists all."""
         repos = [repo for repo, _ in self.repos.select(path)]
@@ -325,7 +324,7 @@ class Service:
             "indexing": states[0].to_dict(),
         }
 
-    def status(self, path: str | None = None) -> dict[str, Any]:
+    def status(self, path: str | None = None) -> JSONDict:
         """Every root's index, indexer and watcher (or only the roots ``path`` selects)."""
         repos = [repo for repo, _ in self.repos.select(path)]
         return {
@@ -343,7 +342,7 @@ class Service:
             "roots": [repo.status() for repo in repos],
         }
 
-    def health(self) -> dict[str, Any]:
+    def health(self) -> JSONDict:
         """Cheap liveness answer: no disk access, no lock."""
         return {
             "status": "ok",
@@ -354,7 +353,9 @@ class Service:
         }
 
 
-def _merge(query: str, k: int, results: list[tuple[str, Any]], not_ready: list[str]) -> tuple[Any, list[str]]:
+def _merge(
+    query: str, k: int, results: list[tuple[str, SearchResult]], not_ready: list[str]
+) -> tuple[SearchResult, list[str]]:
     """One `SearchResult` from several roots' results: the best ``k`` hits by score, indexes
     used and notices from every root (a notice says which root), and each hit's root name.
 
@@ -363,7 +364,6 @@ def _merge(query: str, k: int, results: list[tuple[str, Any]], not_ready: list[s
     """
     import dataclasses
 
-    from codesearch.types import SearchResult
 
     # Stable: equal scores keep the served order of the roots.
     ranked = sorted(((hit, name) for name, result in results for hit in result.hits), key=lambda hn: -hn[0].score)[:k]

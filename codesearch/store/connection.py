@@ -13,7 +13,7 @@ import os
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from codesearch.errors import IndexCorruptError
 from codesearch.store import schema
@@ -186,7 +186,7 @@ class Connection:
         else:
             self._exec(f"RELEASE sp{self._depth}")
 
-    def _exec(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+    def _exec(self, sql: str, params: Sequence[object] = ()) -> sqlite3.Cursor:
         try:
             return self.conn.execute(sql, params)
         except sqlite3.DatabaseError as exc:
@@ -201,14 +201,14 @@ class Connection:
         if any(m in str(exc).lower() for m in schema.CORRUPT_MARKERS):
             raise schema.corrupt(self.path, exc) from exc
 
-    def _write(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+    def _write(self, sql: str, params: Sequence[object] = ()) -> sqlite3.Cursor:
         # Every write goes through a transaction; a bare call opens (and commits) its own.
         if self._depth == 0:
             with self.transaction():
                 return self._exec(sql, params)
         return self._exec(sql, params)
 
-    def _writemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+    def _writemany(self, sql: str, rows: Iterable[Sequence[object]]) -> None:
         with self.transaction():
             try:
                 self.conn.executemany(sql, rows)

@@ -17,7 +17,7 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import BinaryIO
 
 import xxhash
 
@@ -43,7 +43,7 @@ _NOCTTY = getattr(os, "O_NOCTTY", 0)
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike) -> Iterator[Any]:
+def atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
     """Open a temp file beside ``path`` for binary writing; on success fsync it and
     ``os.replace`` it onto ``path``, so a reader finds the old file or the new one, never
     half of one. On an error (or a kill) the temp file is removed and ``path`` is untouched.

@@ -4,9 +4,9 @@ chunk metadata a searcher keeps in memory, and a recorded model."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from codesearch.types import Chunk
+from codesearch.types import Chunk, JSONDict
 
 __all__ = ["ChunkMeta", "FileRecord", "ModelRecord", "StoredChunk"]
 
@@ -23,7 +23,7 @@ class FileRecord:
     language: str
     n_lines: int
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return asdict(self)
 
 
@@ -37,7 +37,7 @@ class StoredChunk:
     text_hash: str
     chunk: Chunk
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         """The ids and the hash, then the chunk's own fields."""
         return {"id": self.id, "file_id": self.file_id, "text_hash": self.text_hash, **self.chunk.to_dict()}
 
@@ -66,5 +66,5 @@ class ModelRecord:
     identity: str
     dim: int
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return asdict(self)

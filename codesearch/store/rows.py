@@ -4,10 +4,12 @@ and the one query that reads a chunk."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TypeVar
 
 from codesearch.store.records import StoredChunk
 from codesearch.types import Chunk
+
+_T = TypeVar("_T")
 
 #: A chunk's columns in `Chunk`'s order after its ids (table aliases ``c`` and ``f``).
 CHUNK_SQL = (
@@ -16,12 +18,12 @@ CHUNK_SQL = (
 )
 
 
-def stored_chunk(row: Sequence[Any]) -> StoredChunk:
+def stored_chunk(row: Sequence[object]) -> StoredChunk:
     """The `StoredChunk` of a row of `CHUNK_SQL`."""
     return StoredChunk(row[0], row[1], row[2], Chunk(from_db(row[3]), *row[4:]))
 
 
-def chunked(seq: Sequence[Any], size: int = 900) -> Iterator[Sequence[Any]]:
+def chunked(seq: Sequence[_T], size: int = 900) -> Iterator[Sequence[_T]]:
     # SQLite caps bound parameters (999 on old builds); stay under it.
     for i in range(0, len(seq), size):
         yield seq[i : i + size]
@@ -44,6 +46,6 @@ def from_db(value: str | bytes) -> str:
     return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else value
 
 
-def paths_at(rows: list[Any], i: int) -> list[Any]:
+def paths_at(rows: list[tuple[object, ...]], i: int) -> list[tuple[object, ...]]:
     """``rows`` with the stored path at column ``i`` made a str (rows of text paths as they are)."""
     return [r if not isinstance(r[i], bytes) else (*r[:i], from_db(r[i]), *r[i + 1 :]) for r in rows]

@@ -15,7 +15,6 @@ import sqlite3
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -215,7 +214,7 @@ class VectorCache(Connection):
         """No read of this store holds a snapshot (so no unlinked segment is needed)."""
         return not self.conn.in_transaction and self._cursors == 0
 
-    def _vector_rows(self, sql: str, params: Sequence[Any], kind: str) -> sqlite3.Cursor:
+    def _vector_rows(self, sql: str, params: Sequence[object], kind: str) -> sqlite3.Cursor:
         """Run a vector read (``{cols}`` in ``sql`` the columns :meth:`_array` takes, table
         alias ``v``), on any readable schema. For a kind kept in segments, every segment file
         is opened first, so one that a compaction unlinks after this read's snapshot began

@@ -99,7 +99,7 @@ class RayEncoder(BatchEncoder):
         *,
         dtype: str | None = None,
         progress: Callable[[ClusterProgress], None] | None = None,
-        **pool_kwargs: Any,
+        **pool_kwargs: object,
     ) -> None:
         self.local = local
         self.owns_pool = pool is None

@@ -14,12 +14,13 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 from codesearch.errors import ClusterError, MissingDependencyError
 
 
-def require_ray() -> Any:
+def require_ray() -> ModuleType:
     """Import and return ``ray``, or raise the one-line error naming the extra.
 
     Raises
@@ -62,7 +63,7 @@ class Cluster:
     gpus: float
 
 
-def connect(address: str = "auto", *, num_cpus: int | None = None, **init_kwargs: Any) -> Cluster:
+def connect(address: str = "auto", *, num_cpus: int | None = None, **init_kwargs: object) -> Cluster:
     """Connect to a Ray cluster, or start a local one.
 
     Parameters
@@ -92,7 +93,7 @@ def connect(address: str = "auto", *, num_cpus: int | None = None, **init_kwargs
         target = os.environ.get("RAY_ADDRESS") if address == "auto" else address
         running = None if target else _local_head()
         # Workers' logs stay in the cluster's log folder: the CLI's stderr is for progress.
-        opts: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
+        opts: dict[str, object] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
         opts.update(init_kwargs)
         if target:
             # ray.init retries an address nobody listens on for minutes, printing a warning
@@ -196,7 +197,7 @@ class HeadWatch:
         self.silent_since: float | None = None
 
     @classmethod
-    def of(cls, ray: Any) -> HeadWatch | None:
+    def of(cls, ray: ModuleType) -> HeadWatch | None:
         """The watch of the cluster this process is connected to; None under Ray Client,
         whose own connection reports a loss."""
         try:

@@ -233,7 +233,7 @@ class WorkerPool:
         depth: int = DEFAULT_DEPTH,
         max_restarts: int = 3,
         num_cpus: int | None = None,
-        init_kwargs: dict[str, Any] | None = None,
+        init_kwargs: dict[str, object] | None = None,
     ) -> None:
         require_ray()
         self.address = address
@@ -280,7 +280,7 @@ class WorkerPool:
         gpus = self.cluster.gpus >= 1
         if gpus:
             n = self.workers or int(self.cluster.gpus)
-            opts: dict[str, Any] = {"num_gpus": 1, "num_cpus": 1}
+            opts: dict[str, object] = {"num_gpus": 1, "num_cpus": 1}
             threads = None
         else:
             n = self.workers or max(1, int(self.cluster.cpus // self.cpus_per_worker))
@@ -421,5 +421,5 @@ def cause(exc: BaseException) -> BaseException:
     return cause if isinstance(cause, CodeSearchError) else exc
 
 
-def replace_stats(stats: WorkerStats, **changes: Any) -> WorkerStats:
+def replace_stats(stats: WorkerStats, **changes: int | float) -> WorkerStats:
     return dataclasses.replace(stats, **changes)

@@ -8,7 +8,7 @@ import json
 import os
 import zipfile
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
@@ -16,6 +16,7 @@ from codesearch.errors import IndexCorruptError
 from codesearch.indexes.plaid.codec import ResidualCodec
 from codesearch.indexes.plaid.maxsim import _segment_starts
 from codesearch.store import atomic_write
+from codesearch.types import JSONDict
 
 __all__ = ["PlaidFiles"]
 
@@ -126,7 +127,7 @@ class PlaidFiles:
         return self
 
 
-    def _params(self) -> dict[str, Any]:
+    def _params(self) -> JSONDict:
         """The constructor arguments ``index`` was made with (kept in the manifest)."""
         return {
             "nbits": self.nbits,
