@@ -165,12 +165,15 @@ def main() -> None:
               f"{res['tokens']:8d} tokens  load {res['load_before']:.2f} -> {res['load_after']:.2f}", flush=True)
 
     base = results.get("lexical", {}).get("wall_s")
-    print("\n| configuration | wall time | chunks | texts encoded | tokens encoded | chunks/s | x lexical | load (1 min) |")
+    print("\n| configuration | wall time | chunks | texts encoded | tokens encoded | chunks/s | x lexical "
+          "| load (1 min) |")
     print("|---|---:|---:|---:|---:|---:|---:|---|")
     for name, r in results.items():
         ratio = f"{r['wall_s'] / base:.1f}x" if base else "-"
-        print(f"| {LABELS[name]} | {r['wall_s']:.1f} s | {r['chunks']} | {r['texts']} | {r['tokens']:,} | "
-              f"{r['chunks'] / r['wall_s']:.1f} | {ratio} | {r['load_before']:.2f} -> {r['load_after']:.2f} |")
+        print(
+            f"| {LABELS[name]} | {r['wall_s']:.1f} s | {r['chunks']} | {r['texts']} | {r['tokens']:,} | "
+            f"{r['chunks'] / r['wall_s']:.1f} | {ratio} | {r['load_before']:.2f} -> {r['load_after']:.2f} |"
+        )
     print(f"load average at end {load1():.2f}")
     if args.json:
         args.json.write_text(json.dumps({"repo": str(args.repo), "device": args.device, "results": results}, indent=2))

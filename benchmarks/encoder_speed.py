@@ -238,7 +238,8 @@ def spawn(impl: str, workload: str, dtype: str, scale: float, variant: str = "")
     res = json.loads(r.stdout.strip().splitlines()[-1])
     print(
         f"  {impl:12s} {workload:6s} {dtype:4s} {variant or '':10s} {res['tokens']:7d} tok "
-        f"{res['seconds']:7.2f} s {res['tok_per_s']:8.0f} tok/s ({res['tok_per_cpu_s']:6.0f}/CPU s)  peak {res['peak_rss_mb']:6.0f} MB "
+        f"{res['seconds']:7.2f} s {res['tok_per_s']:8.0f} tok/s ({res['tok_per_cpu_s']:6.0f}/CPU s)  "
+        f"peak {res['peak_rss_mb']:6.0f} MB "
         f"(+{res['peak_rss_mb'] - res['base_rss_mb']:.0f} over loaded model)",
         flush=True,
     )
@@ -274,24 +275,46 @@ def head_dirs(model_dir: Path) -> dict[str, Path]:
                 {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
             ]
             (d / "1_Pooling").mkdir(exist_ok=True)
-            (d / "1_Pooling" / "config.json").write_text(json.dumps(
-                {"word_embedding_dimension": 768, "pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}))
+            (d / "1_Pooling" / "config.json").write_text(
+                json.dumps(
+                    {"word_embedding_dimension": 768, "pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}
+                )
+            )
         else:
             modules = [
                 {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                 {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
             ]
             (d / "1_Dense").mkdir(exist_ok=True)
-            (d / "1_Dense" / "config.json").write_text(json.dumps({
-                "in_features": 768, "out_features": COLBERT_DIM, "bias": False,
-                "activation_function": "torch.nn.modules.linear.Identity"}))
+            (d / "1_Dense" / "config.json").write_text(
+                json.dumps(
+                    {
+                        "in_features": 768,
+                        "out_features": COLBERT_DIM,
+                        "bias": False,
+                        "activation_function": "torch.nn.modules.linear.Identity",
+                    }
+                )
+            )
             g = torch.Generator().manual_seed(1)
-            save_file({"linear.weight": torch.randn(COLBERT_DIM, 768, generator=g) / 768 ** 0.5},
-                      str(d / "1_Dense" / "model.safetensors"))
+            save_file(
+                {"linear.weight": torch.randn(COLBERT_DIM, 768, generator=g) / 768**0.5},
+                str(d / "1_Dense" / "model.safetensors"),
+            )
             # no prefix tokens: the code BPE has no spare ids; documents up to the model's 8192 tokens
-            (d / "config_sentence_transformers.json").write_text(json.dumps({
-                "model_type": "ColBERT", "query_prefix": "", "document_prefix": "", "query_length": 32,
-                "document_length": 8192, "do_query_expansion": True, "attend_to_expansion_tokens": False}))
+            (d / "config_sentence_transformers.json").write_text(
+                json.dumps(
+                    {
+                        "model_type": "ColBERT",
+                        "query_prefix": "",
+                        "document_prefix": "",
+                        "query_length": 32,
+                        "document_length": 8192,
+                        "do_query_expansion": True,
+                        "attend_to_expansion_tokens": False,
+                    }
+                )
+            )
         (d / "modules.json").write_text(json.dumps(modules))
     return out
 
@@ -414,9 +437,20 @@ def encode_worker(impl: str, workload: str, head: str, dtype_name: str, scale: f
 
     counter = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     tokens = sum(min(len(e.ids), 8192) for e in counter.encode_batch(texts))
-    return {"impl": impl, "workload": workload, "head": head, "dtype": dtype_name, "texts": len(texts),
-            "tokens": tokens, "rows": rows, "seconds": seconds, "tok_per_s": tokens / seconds,
-            "warmup_s": warm, "peak_mb": d.peak_mb(), **info}
+    return {
+        "impl": impl,
+        "workload": workload,
+        "head": head,
+        "dtype": dtype_name,
+        "texts": len(texts),
+        "tokens": tokens,
+        "rows": rows,
+        "seconds": seconds,
+        "tok_per_s": tokens / seconds,
+        "warmup_s": warm,
+        "peak_mb": d.peak_mb(),
+        **info,
+    }
 
 
 def spawn_encode(impl: str, workload: str, head: str, dtype: str, scale: float, device: str) -> dict:
@@ -425,9 +459,12 @@ def spawn_encode(impl: str, workload: str, head: str, dtype: str, scale: float, 
     if r.returncode:
         raise SystemExit(f"worker {impl}/{workload}/{head} failed:\n{r.stderr[-3000:]}")
     res = json.loads(r.stdout.strip().splitlines()[-1])
-    print(f"  {impl:12s} {workload:6s} {head:7s} {res['tokens']:8d} tok {res['seconds']:7.2f} s "
-          f"{res['tok_per_s']:9.0f} tok/s  peak {res['peak_mb']:7.0f} MB  warm-up {res['warmup_s']:.1f} s "
-          f"({res['backend']}, batches of {res['batch_tokens']})", flush=True)
+    print(
+        f"  {impl:12s} {workload:6s} {head:7s} {res['tokens']:8d} tok {res['seconds']:7.2f} s "
+        f"{res['tok_per_s']:9.0f} tok/s  peak {res['peak_mb']:7.0f} MB  warm-up {res['warmup_s']:.1f} s "
+        f"({res['backend']}, batches of {res['batch_tokens']})",
+        flush=True,
+    )
     return res
 
 
@@ -442,8 +479,10 @@ def main_encode(args) -> None:
         name = torch.cuda.get_device_name(torch.device(args.device))
         print(f"device: {name}, torch {torch.__version__}, CUDA {torch.version.cuda}")
     else:
-        print(f"device: CPU ({os.cpu_count()} cores), torch {torch.__version__}; "
-              f"load average at start {os.getloadavg()[0]:.1f}")
+        print(
+            f"device: CPU ({os.cpu_count()} cores), torch {torch.__version__}; "
+            f"load average at start {os.getloadavg()[0]:.1f}"
+        )
     for name, ts in texts.items():
         print(f"workload {name}: {len(ts)} texts, {sum(map(len, ts))} characters")
     print(f"\nencode() end to end, ours vs transformers ModernBertModel (sdpa), {args.dtype}:")
@@ -453,12 +492,16 @@ def main_encode(args) -> None:
             ours = spawn_encode("ours", workload, head, args.dtype, scale, args.device)
             hf = spawn_encode("transformers", workload, head, args.dtype, scale, args.device)
             rows.append((workload, head, ours, hf))
-    print("\n| workload | head | ours tok/s | transformers tok/s | speed-up | ours peak MB | transformers peak MB "
-          "| ours warm-up s (compile) |")
+    print(
+        "\n| workload | head | ours tok/s | transformers tok/s | speed-up | ours peak MB | transformers peak MB "
+        "| ours warm-up s (compile) |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for workload, head, o, h in rows:
-        print(f"| {workload} | {head} | {o['tok_per_s']:.0f} | {h['tok_per_s']:.0f} | "
-              f"{o['tok_per_s'] / h['tok_per_s']:.2f}x | {o['peak_mb']:.0f} | {h['peak_mb']:.0f} | {o['warmup_s']:.1f} |")
+        print(
+            f"| {workload} | {head} | {o['tok_per_s']:.0f} | {h['tok_per_s']:.0f} | "
+            f"{o['tok_per_s'] / h['tok_per_s']:.2f}x | {o['peak_mb']:.0f} | {h['peak_mb']:.0f} | {o['warmup_s']:.1f} |"
+        )
 
 
 # ------------------------------------------------------------------------------ main
@@ -469,10 +512,18 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a quarter of the tokens per workload")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"], help="dtype of the main comparison")
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda: cuda runs the encode() suite")
-    ap.add_argument("--suite", choices=["forward", "encode"], help="forward: the CPU comparison of forward "
-                    "passes (default on cpu); encode: encode() end to end (default on cuda)")
-    ap.add_argument("--scale", type=float, help="tokens per workload relative to the CPU run (encode suite; "
-                    "default 16 on cuda: ~1M tokens short, 1.5M mixed, 0.8M files)")
+    ap.add_argument(
+        "--suite",
+        choices=["forward", "encode"],
+        help="forward: the CPU comparison of forward "
+        "passes (default on cpu); encode: encode() end to end (default on cuda)",
+    )
+    ap.add_argument(
+        "--scale",
+        type=float,
+        help="tokens per workload relative to the CPU run (encode suite; "
+        "default 16 on cuda: ~1M tokens short, 1.5M mixed, 0.8M files)",
+    )
     ap.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), help="encode suite: only these workloads")
     ap.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
     ap.add_argument("--encode-worker", nargs=6, help=argparse.SUPPRESS)
@@ -497,12 +548,16 @@ def main() -> None:
     model_dir = build_assets()
     loads = build_workloads(model_dir, scale)
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
-    print(f"machine: {cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads), "
-          f"{platform.python_version()}; load average at start {os.getloadavg()[0]:.1f}")
+    print(
+        f"machine: {cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads), "
+        f"{platform.python_version()}; load average at start {os.getloadavg()[0]:.1f}"
+    )
     for name, seqs in loads.items():
         lens = sorted(len(s) for s in seqs)
-        print(f"workload {name}: {len(seqs)} sequences, {sum(lens)} tokens, lengths {lens[0]}-{lens[-1]}, "
-              f"median {lens[len(lens) // 2]}")
+        print(
+            f"workload {name}: {len(seqs)} sequences, {sum(lens)} tokens, lengths {lens[0]}-{lens[-1]}, "
+            f"median {lens[len(lens) // 2]}"
+        )
 
     print(f"\nours vs transformers ModernBertModel (sdpa), {args.dtype}, batches of <= {BATCH_TOKENS} tokens:")
     table = []
@@ -516,22 +571,32 @@ def main() -> None:
     glob = spawn("ours", "files", args.dtype, scale, "all_global")
     print("\nprecision, ours, mixed workload:")
     fp32 = spawn("ours", "mixed", "fp32", scale)
-    bf16 = next(o for w, o, _ in table if w == "mixed") if args.dtype == "bf16" else spawn("ours", "mixed", "bf16", scale)
+    bf16 = (
+        next(o for w, o, _ in table if w == "mixed") if args.dtype == "bf16" else spawn("ours", "mixed", "bf16", scale)
+    )
 
     print("\nsummary")
-    print("| workload | ours tok/s (per CPU s) | transformers tok/s (per CPU s) | speed-up wall (CPU) "
-          "| ours peak MB | transformers peak MB |")
+    print(
+        "| workload | ours tok/s (per CPU s) | transformers tok/s (per CPU s) | speed-up wall (CPU) "
+        "| ours peak MB | transformers peak MB |"
+    )
     print("|---|---:|---:|---:|---:|---:|")
     for workload, o, h in table:
-        print(f"| {workload} | {o['tok_per_s']:.0f} ({o['tok_per_cpu_s']:.0f}) | {h['tok_per_s']:.0f} "
-              f"({h['tok_per_cpu_s']:.0f}) | {o['tok_per_s'] / h['tok_per_s']:.2f}x "
-              f"({o['tok_per_cpu_s'] / h['tok_per_cpu_s']:.2f}x) | {o['peak_rss_mb']:.0f} | {h['peak_rss_mb']:.0f} |")
-    print(f"8192 tokens: alternating {alt['seconds']:.2f} s ({alt['cpu_seconds']:.2f} CPU s), all global "
-          f"{glob['seconds']:.2f} s ({glob['cpu_seconds']:.2f} CPU s): local layers save "
-          f"{glob['cpu_seconds'] / alt['cpu_seconds']:.2f}x CPU")
-    print(f"mixed: fp32 {fp32['tok_per_s']:.0f} tok/s ({fp32['tok_per_cpu_s']:.0f}/CPU s), bf16 "
-          f"{bf16['tok_per_s']:.0f} tok/s ({bf16['tok_per_cpu_s']:.0f}/CPU s): bf16 "
-          f"{bf16['tok_per_cpu_s'] / fp32['tok_per_cpu_s']:.2f}x per CPU s")
+        print(
+            f"| {workload} | {o['tok_per_s']:.0f} ({o['tok_per_cpu_s']:.0f}) | {h['tok_per_s']:.0f} "
+            f"({h['tok_per_cpu_s']:.0f}) | {o['tok_per_s'] / h['tok_per_s']:.2f}x "
+            f"({o['tok_per_cpu_s'] / h['tok_per_cpu_s']:.2f}x) | {o['peak_rss_mb']:.0f} | {h['peak_rss_mb']:.0f} |"
+        )
+    print(
+        f"8192 tokens: alternating {alt['seconds']:.2f} s ({alt['cpu_seconds']:.2f} CPU s), all global "
+        f"{glob['seconds']:.2f} s ({glob['cpu_seconds']:.2f} CPU s): local layers save "
+        f"{glob['cpu_seconds'] / alt['cpu_seconds']:.2f}x CPU"
+    )
+    print(
+        f"mixed: fp32 {fp32['tok_per_s']:.0f} tok/s ({fp32['tok_per_cpu_s']:.0f}/CPU s), bf16 "
+        f"{bf16['tok_per_s']:.0f} tok/s ({bf16['tok_per_cpu_s']:.0f}/CPU s): bf16 "
+        f"{bf16['tok_per_cpu_s'] / fp32['tok_per_cpu_s']:.2f}x per CPU s"
+    )
     print(f"load average at end {os.getloadavg()[0]:.1f}")
 
 

@@ -34,8 +34,8 @@ def main() -> None:
     ap.add_argument("--searchable-only", action="store_true", help="stop the run once it is searchable")
     args = ap.parse_args()
 
-    from codesearch.build.encoders import resolve_encoders
-    from codesearch.build.pipeline import build_index
+    from codesearch.indexing.encoders import resolve_encoders
+    from codesearch.indexing.run import build_index
     from codesearch.search.searcher import Searcher
 
     dense = None if args.model == "none" else args.model

@@ -27,8 +27,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from codesearch.build.chunking import chunk_many, chunk_source
-from codesearch.build.walk import SourceFile, read_source, walk
+from codesearch.indexing.chunking import chunk_many, chunk_source
+from codesearch.indexing.walk import SourceFile, read_source, walk
 
 SITE = Path(sys.prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
 # Python, C and C++ of several shapes; about 10,000 indexable files in all.
@@ -94,13 +94,13 @@ def measure_chunk(files: list[SourceFile], max_tokens: int = 512, workers: int =
 
 def measure_parse_only(files: list[SourceFile]) -> dict:
     """Read and tree-sitter-parse each file, nothing else: the floor under chunking."""
-    from codesearch.build.chunking import _SPECS, _parser
+    from codesearch.indexing.chunking.grammars import SPECS, parser_for
 
     wall, cpu = time.perf_counter(), time.process_time()
     parsed = 0
     for f in files:
-        spec = _SPECS.get(f.language)
-        parser = _parser(spec.grammar) if spec is not None else None
+        spec = SPECS.get(f.language)
+        parser = parser_for(spec.grammar) if spec is not None else None
         if parser is not None:
             parser.parse(read_source(f.abs_path).encode("utf-8", errors="surrogatepass"))
             parsed += 1
@@ -156,8 +156,8 @@ def measure_chunk_memory(roots: list[Path], n_files: int = 10_000, max_tokens: i
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     # The interpreter and imports alone, for scale.
     base = subprocess.run(
-        [sys.executable, "-c", "import resource, codesearch.build.chunking as c;"
-         "c._parser('python');print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024)"],
+        [sys.executable, "-c", "import resource, codesearch.indexing.chunking.grammars as c;"
+         "c.parser_for('python');print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024)"],
         capture_output=True, text=True, check=True,
     )
     return {

@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import torch
-from torch import nn
+import torch  # noqa: E402 - after the sys.path lines above
+from torch import nn  # noqa: E402
 
 SITE = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
 
@@ -101,8 +101,8 @@ def variant(model_dir: Path, name: str):
 
 def code_chunks(repo: Path, limit: int) -> list[str]:
     """The chunker's encoder texts (header + code) of the repository's files, in path order."""
-    from codesearch.build.chunking import chunk_source
-    from codesearch.build.languages import detect_language
+    from codesearch.indexing.chunking import chunk_source
+    from codesearch.languages import detect_language
 
     texts: list[str] = []
     for f in sorted(repo.rglob("*")):

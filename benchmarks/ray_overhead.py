@@ -37,6 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from codesearch.encoder.base import BatchEncoder  # noqa: E402 - after the sys.path lines above
+
 # Measured on one H100 in issue #13 (not here: this task had no GPU). Tokens/s of
 # codesearch's encode() on short chunks with today's sdpa backend, and with torch's varlen
 # flash attention plugged in (hidden_states end to end).
@@ -74,7 +76,7 @@ def peak_rss_mb() -> float:
 def writer_ceiling(payload_mb: int = 384, grouped: bool = True) -> list[tuple[str, float, float]]:
     """(kind, vectors/s, MB/s of float16 payload) of the vector writer alone, batches of 64
     arriving as fast as it takes them: committed as the pipeline commits them (``grouped``:
-    batches in quick succession share a commit of up to ``pipeline.COMMIT_GROUP_S``) or one
+    batches in quick succession share a commit of up to ``commit.COMMIT_GROUP_S``) or one
     commit per batch (every batch before grouping).
 
     Steady state: each kind writes ``payload_mb`` (several of SQLite's WAL checkpoints, which
@@ -84,7 +86,7 @@ def writer_ceiling(payload_mb: int = 384, grouped: bool = True) -> list[tuple[st
     made them has)."""
     import torch  # noqa: F401  (the store's float16 cast uses it when loaded)
 
-    from codesearch.build.pipeline import _Commits
+    from codesearch.indexing.commit import Commits as _Commits
     from codesearch.store import Store
 
     rng = np.random.default_rng(0)
@@ -123,8 +125,8 @@ def main() -> None:
     import torch
     from fixtures import models
 
-    from codesearch.build.distributed import RayEncoder, WorkerPool, connect
     from codesearch.encoder import load
+    from codesearch.encoder.ray import RayEncoder, WorkerPool, connect
 
     print(f"load at start: {open('/proc/loadavg').read().split()[:3]}  cores: {args.cores}")
     tmp = Path(tempfile.mkdtemp(prefix="ray-bench-"))
@@ -217,11 +219,14 @@ def main() -> None:
               f"{colbert_ceiling * 300 / rate:,.1f} ColBERT (48-dim) workers")
 
 
-class InstantEncoder:
+class InstantEncoder(BatchEncoder):
     """A real encoder's identity and shapes, with vectors made without running the model:
     what the driver of an index run (store writes, commits, publications to the vector
     indexes, progress) costs per text when the workers are arbitrarily fast. As on a Ray
     run, the driver does not tokenize: counts are estimated at 4 characters a token."""
+
+    offloaded = True  # as a pool of workers: publications run beside the batches
+    batch_tokens = 0
 
     def __init__(self, inner, seed: int = 0, rate: float | None = None):
         self.inner = inner
@@ -260,9 +265,9 @@ def driver_ceiling(root: Path, model: Path, rate: float | None = None) -> None:
     print the encode stage's rate: the ceiling the driver puts on any number of workers.
     With ``rate`` (--rate TOK_S), the stand-in cluster makes vectors at that many tokens/s,
     and the encode stage is compared with the time the workers alone would take."""
-    from codesearch.build.encoders import Encoders
-    from codesearch.build.pipeline import build_index
     from codesearch.encoder import load
+    from codesearch.encoder.base import Encoders
+    from codesearch.indexing.run import build_index
 
     enc = InstantEncoder(load(str(model), device="cpu"), rate=rate)
     with tempfile.TemporaryDirectory() as d:

@@ -11,8 +11,9 @@ requests:
 
 Each client is an asyncio task with its own keep-alive connection, sending one request at
 a time (closed loop); by default over a minimal raw HTTP/1.1 client, so that the client's
-own CPU use (it shares the cores with the server) stays small. Reported per phase: requests, failures (anything but HTTP 200 with a
-result list, or a transport error), p50/p99 latency, requests/s, and index runs finished.
+own CPU use (it shares the cores with the server) stays small. Reported per phase: requests,
+failures (anything but HTTP 200 with a result list, or a transport error), p50/p99 latency,
+requests/s, and index runs finished.
 
 The folder is copied to a temp dir and indexed there first (nothing is written next to the
 source); the server runs in a subprocess, exactly as ``codesearch serve`` does.
@@ -75,12 +76,27 @@ def _model_arg(value: str) -> str:
     return str(MINILM) if value == "minilm" else value
 
 
-def _start_server(root: Path, args: argparse.Namespace, log: Path, *, watch: bool = False) -> tuple[subprocess.Popen, str]:
+def _start_server(
+    root: Path, args: argparse.Namespace, log: Path, *, watch: bool = False
+) -> tuple[subprocess.Popen, str]:
     cmd = [
-        sys.executable, "-m", "codesearch.server", str(root), "--port", "0", "--no-index-on-start",
+        sys.executable,
+        "-m",
+        "codesearch.server",
+        str(root),
+        "--port",
+        "0",
+        "--no-index-on-start",
         "--watch" if watch else "--no-watch",
-        "--model", args.model, "--multi-model", args.multi_model, "--device", "cpu",
-        "--workers", str(args.workers), "--query-batching" if args.query_batching else "--no-query-batching",
+        "--model",
+        args.model,
+        "--multi-model",
+        args.multi_model,
+        "--device",
+        "cpu",
+        "--workers",
+        str(args.workers),
+        "--query-batching" if args.query_batching else "--no-query-batching",
     ]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(log, "w"), text=True, env=env)
@@ -98,7 +114,7 @@ def _percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 class RawConnection:
@@ -120,8 +136,10 @@ class RawConnection:
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host.strip("[]"), self.port)
         data = json.dumps(body).encode()
-        head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(data)}\r\n\r\n").encode()
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n\r\n"
+        ).encode()
         self.writer.write(head + data)
         status_line = await self.reader.readline()
         status = int(status_line.split()[1])
@@ -142,8 +160,16 @@ class RawConnection:
             self.writer = None
 
 
-async def _client(url: str, http: httpx.AsyncClient, n: int, args, deadline: float, budget: list[int],
-                  latencies: list[float], failures: list[str]) -> None:
+async def _client(
+    url: str,
+    http: httpx.AsyncClient,
+    n: int,
+    args,
+    deadline: float,
+    budget: list[int],
+    latencies: list[float],
+    failures: list[str],
+) -> None:
     raw = RawConnection(url) if args.client == "raw" else None
     i = n
     try:
@@ -181,7 +207,7 @@ async def _reindexer(url: str, stop: asyncio.Event, runs: list[int], how: str, r
             if how == "rebuild":
                 await http.post("/index", json={"rebuild": True})
             else:  # edit: append a function to three files, then an incremental run
-                for path in files[n % len(files): n % len(files) + 3]:
+                for path in files[n % len(files) : n % len(files) + 3]:
                     with open(path, "a", encoding="utf-8") as fh:
                         fh.write(f"\n\ndef _serve_load_added_{n}(value):\n    return value + {n}\n")
                 n += 3
@@ -208,15 +234,17 @@ async def _phase(url: str, clients: int, reindex: bool, args, root: Path) -> dic
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as http:
         # Warm-up: one request per connection, not measured.
-        await asyncio.gather(*(http.post("/search", json={"query": "warm up", "k": 1, "mode": args.mode})
-                               for _ in range(clients)))
+        await asyncio.gather(
+            *(http.post("/search", json={"query": "warm up", "k": 1, "mode": args.mode}) for _ in range(clients))
+        )
         background = asyncio.create_task(_reindexer(url, stop, runs, args.reindex, root)) if reindex else None
         if reindex:
             await asyncio.sleep(0.5)  # let the first rebuild start
         start = time.perf_counter()
         deadline = start + args.duration
-        await asyncio.gather(*(_client(url, http, n, args, deadline, budget, latencies, failures)
-                               for n in range(clients)))
+        await asyncio.gather(
+            *(_client(url, http, n, args, deadline, budget, latencies, failures) for n in range(clients))
+        )
         elapsed = time.perf_counter() - start
         stop.set()
         if background is not None:
@@ -276,14 +304,30 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--workers", type=int, default=8, help="server search threads")
     ap.add_argument("--no-reindex", action="store_true", help="skip the phases with a concurrent re-index")
-    ap.add_argument("--reindex", default="rebuild", choices=["rebuild", "edit"],
-                    help="rebuild: full rebuilds back to back; edit: append to 3 files + incremental run, repeated")
-    ap.add_argument("--client", default="raw", choices=["raw", "httpx"],
-                    help="raw: a minimal keep-alive HTTP/1.1 client (cheap); httpx: httpx.AsyncClient")
-    ap.add_argument("--watch-saves", type=int, default=10,
-                    help="then save a new file this many times in a watched server and time until it is found")
-    ap.add_argument("--no-query-batching", dest="query_batching", action="store_false",
-                    help="start the server with --no-query-batching (A/B of the micro-batching)")
+    ap.add_argument(
+        "--reindex",
+        default="rebuild",
+        choices=["rebuild", "edit"],
+        help="rebuild: full rebuilds back to back; edit: append to 3 files + incremental run, repeated",
+    )
+    ap.add_argument(
+        "--client",
+        default="raw",
+        choices=["raw", "httpx"],
+        help="raw: a minimal keep-alive HTTP/1.1 client (cheap); httpx: httpx.AsyncClient",
+    )
+    ap.add_argument(
+        "--watch-saves",
+        type=int,
+        default=10,
+        help="then save a new file this many times in a watched server and time until it is found",
+    )
+    ap.add_argument(
+        "--no-query-batching",
+        dest="query_batching",
+        action="store_false",
+        help="start the server with --no-query-batching (A/B of the micro-batching)",
+    )
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     args.model = _model_arg(args.model)
@@ -321,8 +365,11 @@ def main() -> None:
             proc.wait(30)
         watch = _watch_latency(root, args, Path(tmp) / "server-watch.log") if args.watch_saves else None
         if watch:
-            print(f"watch: saved {watch['saves']} new files, found {watch['found']}, "
-                  f"p50 {watch['p50_s']:.2f}s max {watch['max_s']:.2f}s (debounce 0.25s)", flush=True)
+            print(
+                f"watch: saved {watch['saves']} new files, found {watch['found']}, "
+                f"p50 {watch['p50_s']:.2f}s max {watch['max_s']:.2f}s (debounce 0.25s)",
+                flush=True,
+            )
     report = {
         "repo": args.repo,
         "files": summary.files_indexed,

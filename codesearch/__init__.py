@@ -14,13 +14,14 @@ Example
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from codesearch import _compat
 from codesearch.errors import CodeSearchError
 
 __version__ = "0.1.0"
 
-__all__ = ["CodeSearch", "SearchHit", "Chunk", "CodeSearchError", "__version__"]
+__all__ = ["Chunk", "CodeSearch", "CodeSearchError", "SearchHit", "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from codesearch.api import CodeSearch
@@ -33,7 +34,10 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
+_compat.install()  # old import paths (codesearch.build.*) for one release
+
+
+def __getattr__(name: str) -> object:
     if name in _LAZY:
         import importlib
 

@@ -1,7 +1,8 @@
-"""The records and names every layer shares: chunks, hits, search modes, progress events,
-the JSON documents the CLI and the server print, and the names of the files in an index
-folder. Nothing here imports numpy, torch or another codesearch module but `errors`, so the
-CLI, the server and every package below them can use it for free.
+"""The records and names every layer shares: chunks, hits, search requests and modes,
+progress events, the JSON documents the CLI and the server print, and the names of the
+files in an index folder. Nothing here imports numpy or torch, and of codesearch only the
+modules below it (`errors`, `pathnames`, `globs`, `languages`), so the CLI, the server and
+every package above can use it for free.
 """
 
 from __future__ import annotations
@@ -13,19 +14,25 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, TypeAlias
 
 from codesearch.errors import QueryError
+from codesearch.globs import check_globs
+from codesearch.languages import canonical_language
 from codesearch.pathnames import text_name
 
 __all__ = [
+    "DEFAULT",
     "DEFAULT_MAX_FILE_BYTES",
     "INDEX_DIR_NAME",
+    "JSON",
     "MODES",
     "ROLES",
     "SCHEMA_VERSION",
     "Chunk",
+    "Device",
     "IndexSummary",
+    "JSONDict",
     "Mode",
     "ProgressEvent",
     "Role",
@@ -35,13 +42,39 @@ __all__ = [
     "canonical_languages",
     "default_index_dir",
     "hit_document",
+    "model_option",
     "path_kind",
     "result_document",
 ]
 
+#: JSON, as the documents, the records' ``to_dict()`` and the server's answers hold it.
+JSON: TypeAlias = "str | int | float | bool | list[JSON] | dict[str, JSON] | None"
+JSONDict: TypeAlias = "dict[str, JSON]"
+
 SCHEMA_VERSION = 1
 """Version of the JSON documents `codesearch query --json/--jsonl` prints (and the server
 returns). Bumped only when a field changes meaning or disappears; new fields may be added."""
+
+
+#: The model argument that means "the model the index records, else the package default"
+#: (``CodeSearch(model=DEFAULT)``); None means no such model.
+DEFAULT = "default"
+
+
+class Device(str, Enum):
+    """``--device``: where the encoders run."""
+
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+def model_option(value: str | None) -> str | None:
+    """``--model``/``--multi-model`` as typed: not given -> `DEFAULT` (the index's model,
+    else the package default); ``"none"`` -> None (that index disabled); else the name."""
+    if value is None:
+        return DEFAULT
+    return None if value.strip().lower() == "none" else value
 
 
 #: What a model is for, as the store records it: ``dense`` (one vector per chunk and per
@@ -152,8 +185,6 @@ class SearchRequest:
         put(self, "languages", canonical_languages(_strings(self.languages, "a language")))
         globs = _strings(self.globs, "a glob")
         if globs:
-            from codesearch.search.globs import check_globs
-
             check_globs(globs)
         put(self, "globs", globs)
         _check_int(self.context, "context", 0, "pass 0 or more lines")
@@ -162,7 +193,8 @@ class SearchRequest:
         if self.budget is not None:
             _check_int(self.budget, "budget", 1, "pass a number of tokens such as 2000")
         if self.min_score is not None:
-            if isinstance(self.min_score, bool) or not isinstance(self.min_score, (int, float)) or not math.isfinite(self.min_score):
+            number = isinstance(self.min_score, (int, float)) and not isinstance(self.min_score, bool)
+            if not number or not math.isfinite(self.min_score):
                 raise QueryError(f"min_score must be a number, got {self.min_score!r} (pass 0.5 for example)")
             put(self, "min_score", float(self.min_score))
         put(self, "files_only", bool(self.files_only))
@@ -176,7 +208,7 @@ class SearchRequest:
         *,
         language: str | Iterable[str] | None = None,
         glob: str | Iterable[str] | None = None,
-        **fields: Any,
+        **fields: object,
     ) -> SearchRequest:
         """Build one from keyword arguments, taking the single-value names too.
 
@@ -194,22 +226,25 @@ class SearchRequest:
     def shapes_output(self) -> bool:
         """True when an output control (context, max_lines, no_snippet, min_score, budget) is set."""
         return bool(
-            self.context or self.max_lines is not None or self.no_snippet
-            or self.min_score is not None or self.budget is not None
+            self.context
+            or self.max_lines is not None
+            or self.no_snippet
+            or self.min_score is not None
+            or self.budget is not None
         )
 
     def without_output(self) -> SearchRequest:
         """The same search with no output control (what a ranking needs)."""
         return SearchRequest(self.query, self.k, self.mode, self.languages, self.globs, self.files_only)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         """JSON-ready: the mode as its name, tuples as lists."""
         doc = asdict(self)
         doc.update(mode=self.mode.value, languages=list(self.languages), globs=list(self.globs))
         return doc
 
     @classmethod
-    def from_dict(cls, doc: Mapping[str, Any]) -> SearchRequest:
+    def from_dict(cls, doc: Mapping[str, object]) -> SearchRequest:
         """The inverse of `to_dict` (``language``/``glob`` single values accepted too)."""
         return cls.of(**dict(doc))
 
@@ -220,8 +255,6 @@ def canonical_languages(names: Iterable[str]) -> tuple[str, ...]:
     A real language that an index lacks is not an error: it filters that index to nothing,
     as a glob that matches nothing does (and as it must across several served roots).
     """
-    from codesearch.build.languages import canonical_language
-
     out: list[str] = []
     for name in names:
         lang = canonical_language(name)
@@ -231,7 +264,7 @@ def canonical_languages(names: Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def _check_int(value: Any, name: str, least: int, fix: str) -> None:
+def _check_int(value: object, name: str, least: int, fix: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise QueryError(f"{name} must be a whole number, got {value!r} ({fix})")
     if value < least:
@@ -343,7 +376,8 @@ class Chunk:
 
     @property
     def encoder_text(self) -> str:
-        """What the encoder embeds: the header line, then the code."""
+        """What the encoder embeds, and the lexical index reads: the header line, then the
+        code. The one place this text is made."""
         return self.header + "\n" + self.text
 
     def to_dict(self) -> dict:
@@ -370,7 +404,18 @@ class SearchHit:
     chunk_id: int
     sources: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
+    @classmethod
+    def of(cls, chunk: Chunk, *, chunk_id: int, score: float, sources: tuple[str, ...] = ()) -> SearchHit:
+        """The hit of a stored chunk: its place, what it defines and its text, with the score
+        and the indexes that proposed it. (A hit has no byte range or header: the JSON
+        documents and the renderers never showed them.)"""
+        return cls(
+            path=chunk.path, start_line=chunk.start_line, end_line=chunk.end_line, score=score,
+            language=chunk.language, symbol=chunk.symbol, kind=chunk.kind, scope=chunk.scope,
+            text=chunk.text, chunk_id=chunk_id, sources=sources,
+        )
+
+    def to_dict(self) -> JSONDict:
         """A JSON-ready dict of every field."""
         return {
             "path": self.path,
@@ -399,7 +444,7 @@ class SearchResult:
     #: Ranked hits an output control (min_score, budget) left out; None when none was asked.
     left_out: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         """A JSON-ready dict (hits as dicts)."""
         return {
             "query": self.query,
@@ -408,7 +453,6 @@ class SearchResult:
             "indexes_used": list(self.indexes_used),
             "notices": list(self.notices),
         }
-
 
 
 @dataclass(frozen=True)
@@ -450,14 +494,14 @@ class IndexSummary:
     #: Seconds per stage (walk, chunk, write, sync, encode): what bounds a run.
     stage_seconds: dict[str, float] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return asdict(self)
 
 
 # -- the JSON documents ----------------------------------------------------------------------
 
 
-def hit_document(hit: SearchHit) -> dict[str, Any]:
+def hit_document(hit: SearchHit) -> JSONDict:
     """One hit as the stable JSON schema: path (relative to the indexed root), start_line,
     end_line (1-based, inclusive), score, language, symbol, kind, text."""
     return {
@@ -472,7 +516,7 @@ def hit_document(hit: SearchHit) -> dict[str, Any]:
     }
 
 
-def result_document(result: SearchResult) -> dict[str, Any]:
+def result_document(result: SearchResult) -> JSONDict:
     """A whole search as the stable JSON schema (``codesearch query --json``)."""
     doc = {
         "schema_version": SCHEMA_VERSION,

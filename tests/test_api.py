@@ -119,10 +119,11 @@ def test_lexical_and_hybrid_searches_share_one_searcher(model_repo):
     root, _ = model_repo
     with CodeSearch(root) as cs:
         lexical = cs.query("parseConfigFile", k=2, mode="lexical")
-        searcher, _ = cs._get_searcher(lexical=True)
-        assert searcher._encoders is None and cs._encoders == {}
+        with cs._live.lease(lexical=True) as (searcher, _):
+            assert searcher._encoders is None and not cs._models.loaded(cs._models.for_search())
         hybrid = cs.query("parseConfigFile", k=2)
-        assert cs._get_searcher(lexical=False)[0] is searcher
+        with cs._live.lease(lexical=False) as (again, _):
+            assert again is searcher
         assert searcher._encoders is not None and "dense" in hybrid.indexes_used
         assert cs.query("parseConfigFile", k=2, mode="lexical").hits == lexical.hits
 
@@ -316,7 +317,7 @@ def test_refresh_while_another_process_indexes_searches_the_current_index(tmp_pa
 
 
 def test_encoders_load_once_and_are_shared_by_index_and_search(tmp_path, monkeypatch, single_vector_dir, colbert_dir):
-    import codesearch.api as api_mod
+    import codesearch.api.models as api_mod
 
     calls: list[tuple[object, object]] = []
     real = api_mod.resolve_encoders

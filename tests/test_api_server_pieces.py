@@ -63,6 +63,44 @@ def test_a_pool_loads_a_model_once_for_every_codesearch_and_snapshot(tmp_path, s
 
 
 def test_the_library_does_not_import_its_server_or_cli():
-    code = "import sys, codesearch.api; print(sorted(m for m in sys.modules if m.startswith(('codesearch.server', 'codesearch.cli'))))"
+    code = (
+        "import sys, codesearch.api; "
+        "print(sorted(m for m in sys.modules if m.startswith(('codesearch.server', 'codesearch.cli'))))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_request_is_checked_once_on_its_way_to_the_searcher(tmp_path, monkeypatch):
+    """A SearchRequest is made (and so checked) once, then passes whole: the API, a
+    snapshot, and the server's search pool down to the searcher make no second one."""
+    from codesearch.server.repos import RepoOptions, RepoSet
+    from codesearch.server.service import Service
+    from codesearch.types import SearchRequest
+
+    root = write_sample_repo(tmp_path / "repo")
+    made = []
+    checked = SearchRequest.__post_init__
+
+    def counting(self):
+        made.append(self.query)
+        checked(self)
+
+    with CodeSearch(root, model=None, multi_model=None) as cs:
+        cs.index()
+        monkeypatch.setattr(SearchRequest, "__post_init__", counting)
+        assert cs.query("parseConfigFile", 3, mode="lexical", glob="src/**", language="js").hits
+        assert made == ["parseConfigFile"]
+        with cs.snapshot() as snap:
+            made.clear()
+            assert snap.search("parseConfigFile", 3, mode="lexical", glob="src/**").hits
+            assert made == ["parseConfigFile"]
+    repos = RepoSet([root], RepoOptions(model=None, multi_model=None))
+    repos.start(index_now=False, watch=False)
+    service = Service(repos)
+    try:
+        made.clear()
+        doc = service.search_sync("parseConfigFile", 3, mode="lexical", lang="js", path="src")
+        assert doc["results"] and made == ["parseConfigFile"]
+    finally:
+        service.close()

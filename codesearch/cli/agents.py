@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -202,9 +202,18 @@ def _check_toml(path: Path, text: str) -> None:
 
 
 def agents(
-    clients: Annotated[Optional[list[Client]], typer.Argument(help="Which clients (default: all five).", show_default=False)] = None,
-    path: Annotated[Path, typer.Option("--path", "-p", help="The project folder, where project config files go.")] = Path("."),
-    write: Annotated[bool, typer.Option("--write", help="Write or merge the config files instead of printing them (Codex: $CODEX_HOME/config.toml).")] = False,
+    clients: Annotated[
+        list[Client] | None, typer.Argument(help="Which clients (default: all five).", show_default=False)
+    ] = None,
+    path: Annotated[
+        Path, typer.Option("--path", "-p", help="The project folder, where project config files go.")
+    ] = Path("."),
+    write: Annotated[
+        bool,
+        typer.Option(
+            "--write", help="Write or merge the config files instead of printing them (Codex: $CODEX_HOME/config.toml)."
+        ),
+    ] = False,
 ) -> None:
     """Set up coding agents and editors (Claude Code, Cursor, Codex, VS Code, Zed) to use
     codesearch over MCP, and print a snippet for AGENTS.md / CLAUDE.md."""

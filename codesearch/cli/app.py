@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from typer.core import TyperGroup
 
-from codesearch.cli.options import Device, model_option
 from codesearch.errors import CodeSearchError
 from codesearch.pathnames import escape_controls
-from codesearch.types import Mode
+from codesearch.types import Device, Mode, model_option
 
 
 class _Group(TyperGroup):
@@ -105,7 +104,7 @@ def _parse_size(value: str) -> int:
 
 PathArg = Annotated[Path, typer.Argument(help="Repository folder.", show_default=True)]
 IndexDirOpt = Annotated[
-    Optional[Path],
+    Path | None,
     typer.Option("--index-dir", help="Where the index lives (default: PATH/.codesearch)."),
 ]
 
@@ -113,26 +112,65 @@ IndexDirOpt = Annotated[
 @app.command(epilog="Example: codesearch index ./repo --model none --exclude 'tests/**'")
 def index(
     path: PathArg = Path("."),
-    model: Annotated[Optional[str], typer.Option(help="Dense model: hub id or local folder; 'none' disables.", show_default="the index's model, else gte-modernbert-base on a GPU, none on a CPU")] = None,
-    multi_model: Annotated[Optional[str], typer.Option("--multi-model", help="ColBERT model: hub id or local folder; 'none' disables.", show_default="the index's model, else LateOn-Code-edge")] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="Dense model: hub id or local folder; 'none' disables.",
+            show_default="the index's model, else gte-modernbert-base on a GPU, none on a CPU",
+        ),
+    ] = None,
+    multi_model: Annotated[
+        str | None,
+        typer.Option(
+            "--multi-model",
+            help="ColBERT model: hub id or local folder; 'none' disables.",
+            show_default="the index's model, else LateOn-Code-edge",
+        ),
+    ] = None,
     device: Annotated[Device, typer.Option(help="Where the encoder runs.")] = Device.auto,
     index_dir: IndexDirOpt = None,
     rebuild: Annotated[bool, typer.Option("--rebuild", help="Drop the index and build it again.")] = False,
-    include: Annotated[Optional[list[str]], typer.Option("--include", help="Only index files matching GLOB (repeatable).", metavar="GLOB")] = None,
-    exclude: Annotated[Optional[list[str]], typer.Option("--exclude", help="Skip files matching GLOB (repeatable).", metavar="GLOB")] = None,
-    max_file_size: Annotated[str, typer.Option("--max-file-size", help="Skip files larger than this (bytes, or 500k, 2MB, 1MiB).")] = "1MB",
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar, no summary (notices still show).")] = False,
-    ray: Annotated[bool, typer.Option("--ray", help="Embed on a Ray cluster: RAY_ADDRESS, else one ray-started on this machine, else a new local one (needs codesearch[ray]).")] = False,
-    ray_address: Annotated[Optional[str], typer.Option("--ray-address", metavar="ADDRESS", help="Embed on the Ray cluster at ADDRESS (implies --ray).")] = None,
+    include: Annotated[
+        list[str] | None, typer.Option("--include", help="Only index files matching GLOB (repeatable).", metavar="GLOB")
+    ] = None,
+    exclude: Annotated[
+        list[str] | None, typer.Option("--exclude", help="Skip files matching GLOB (repeatable).", metavar="GLOB")
+    ] = None,
+    max_file_size: Annotated[
+        str, typer.Option("--max-file-size", help="Skip files larger than this (bytes, or 500k, 2MB, 1MiB).")
+    ] = "1MB",
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="No progress bar, no summary (notices still show).")
+    ] = False,
+    ray: Annotated[
+        bool,
+        typer.Option(
+            "--ray",
+            help="Embed on a Ray cluster: RAY_ADDRESS, else one ray-started on this machine, else a new local one "
+            "(needs codesearch[ray]).",
+        ),
+    ] = False,
+    ray_address: Annotated[
+        str | None,
+        typer.Option("--ray-address", metavar="ADDRESS", help="Embed on the Ray cluster at ADDRESS (implies --ray)."),
+    ] = None,
 ) -> None:
     """Index a repository (incremental: unchanged files cost a stat)."""
     size = _parse_size(max_file_size)
     from codesearch.api import CodeSearch
     from codesearch.cli import render
 
-    with CodeSearch(path, index_dir=index_dir, model=model_option(model), multi_model=model_option(multi_model),
-                    device=device.value, include=tuple(include or ()), exclude=tuple(exclude or ()),
-                    max_file_bytes=size, ray=ray_address or ("auto" if ray else None)) as cs:
+    with CodeSearch(
+        path,
+        index_dir=index_dir,
+        model=model_option(model),
+        multi_model=model_option(multi_model),
+        device=device.value,
+        include=tuple(include or ()),
+        exclude=tuple(exclude or ()),
+        max_file_bytes=size,
+        ray=ray_address or ("auto" if ray else None),
+    ) as cs:
         with render.IndexProgress(enabled=not quiet) as progress:
             summary = cs.index(rebuild=rebuild, progress=progress)
     if quiet:
@@ -141,24 +179,66 @@ def index(
         render.index_summary(summary)
 
 
-@app.command("query", epilog="Example: codesearch query 'parse the config file' -p ./repo -k 5 --glob '!tests/**' --budget 2000 --json")
+@app.command(
+    "query",
+    epilog="Example: codesearch query 'parse the config file' -p ./repo -k 5 --glob '!tests/**' --budget 2000 --json",
+)
 def query_command(
     query: Annotated[str, typer.Argument(help="What to look for, in words or code.")],
-    path: Annotated[Optional[Path], typer.Option("--path", "-p", help="Repository (default: nearest indexed parent of the current folder, else its git root). Indexed first if it has no index.")] = None,
+    path: Annotated[
+        Path | None,
+        typer.Option(
+            "--path",
+            "-p",
+            help="Repository (default: nearest indexed parent of the current folder, else its git root). "
+            "Indexed first if it has no index.",
+        ),
+    ] = None,
     top_k: Annotated[int, typer.Option("--top-k", "-k", min=1, help="How many results.")] = 10,
     mode: Annotated[Mode, typer.Option(help="Which indexes rank the results.")] = Mode.hybrid,
-    lang: Annotated[Optional[list[str]], typer.Option("--lang", help="Only this language (python, go, ...); repeat for any of several.")] = None,
-    glob: Annotated[Optional[list[str]], typer.Option("--glob", "-g", help="Only paths matching GLOB, as ripgrep's: '*.{rs,md}', '!tests/**' excludes; repeatable, last match wins.", metavar="GLOB")] = None,
+    lang: Annotated[
+        list[str] | None,
+        typer.Option("--lang", help="Only this language (python, go, ...); repeat for any of several."),
+    ] = None,
+    glob: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--glob",
+            "-g",
+            help="Only paths matching GLOB, as ripgrep's: '*.{rs,md}', '!tests/**' excludes; repeatable, "
+            "last match wins.",
+            metavar="GLOB",
+        ),
+    ] = None,
     context: Annotated[int, typer.Option("--context", "-C", min=0, help="Extra lines around each snippet.")] = 0,
-    max_lines: Annotated[Optional[int], typer.Option("--max-lines", min=1, help="Cut each snippet to N lines.", metavar="N")] = None,
+    max_lines: Annotated[
+        int | None, typer.Option("--max-lines", min=1, help="Cut each snippet to N lines.", metavar="N")
+    ] = None,
     no_snippet: Annotated[bool, typer.Option("--no-snippet", help="Locations and scores only, no code.")] = False,
-    min_score: Annotated[Optional[float], typer.Option("--min-score", help="Leave out results scoring below X.", metavar="X")] = None,
-    budget: Annotated[Optional[int], typer.Option("--budget", min=1, help="Fit all snippets in about TOKENS tokens, best first (the JSON's left_out counts the rest).", metavar="TOKENS")] = None,
+    min_score: Annotated[
+        float | None, typer.Option("--min-score", help="Leave out results scoring below X.", metavar="X")
+    ] = None,
+    budget: Annotated[
+        int | None,
+        typer.Option(
+            "--budget",
+            min=1,
+            help="Fit all snippets in about TOKENS tokens, best first (the JSON's left_out counts the rest).",
+            metavar="TOKENS",
+        ),
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
     jsonl_out: Annotated[bool, typer.Option("--jsonl", help="One JSON hit per line on stdout.")] = False,
-    files_only: Annotated[bool, typer.Option("--files-only", "-l", help="Only the matching files, best first.")] = False,
+    files_only: Annotated[
+        bool, typer.Option("--files-only", "-l", help="Only the matching files, best first.")
+    ] = False,
     no_refresh: Annotated[bool, typer.Option("--no-refresh", help="Do not update a stale index first.")] = False,
-    no_server: Annotated[bool, typer.Option("--no-server", help="Search in this process even when 'codesearch serve' runs for the repository.")] = False,
+    no_server: Annotated[
+        bool,
+        typer.Option(
+            "--no-server", help="Search in this process even when 'codesearch serve' runs for the repository."
+        ),
+    ] = False,
     index_dir: IndexDirOpt = None,
 ) -> None:
     """Search a repository (indexing it first, lexical only, if it has no index yet)."""
@@ -170,17 +250,29 @@ def query_command(
     from codesearch.types import SearchRequest
 
     request = SearchRequest(
-        query, top_k, mode, tuple(lang or ()), tuple(glob or ()), files_only, context=context,
-        max_lines=max_lines, no_snippet=no_snippet, min_score=min_score, budget=budget,
+        query,
+        top_k,
+        mode,
+        tuple(lang or ()),
+        tuple(glob or ()),
+        files_only,
+        context=context,
+        max_lines=max_lines,
+        no_snippet=no_snippet,
+        min_score=min_score,
+        budget=budget,
     )
     root = path if path is not None or index_dir is not None else _query_root(Path.cwd())
     with CodeSearch(root or Path("."), index_dir=index_dir) as cs:
         if not cs.indexed:
             # As ck, ColGREP and semble do: build it rather than refuse. Lexical only, so
             # the answer comes in seconds; a plain 'codesearch index' adds the vectors.
-            render.notices([
-                f"no index yet: indexing {cs.root} first (lexical only; 'codesearch index {cs.root}' adds semantic vectors)"
-            ])
+            render.notices(
+                [
+                    f"no index yet: indexing {cs.root} first "
+                    f"(lexical only; 'codesearch index {cs.root}' adds semantic vectors)"
+                ]
+            )
             render.notices(cs.index(lexical_only=True).notices)
         result = None if no_server else try_server_result(cs.root, request_body(request), index_dir=cs.index_dir)
         if result is None:
@@ -208,7 +300,13 @@ def _query_root(cwd: Path) -> Path:
 
 @app.command(epilog="Example: codesearch status ./repo --json")
 def status(
-    path: Annotated[Optional[Path], typer.Argument(help="Repository folder (default: nearest indexed parent of the current folder, else the current folder).", show_default=False)] = None,
+    path: Annotated[
+        Path | None,
+        typer.Argument(
+            help="Repository folder (default: nearest indexed parent of the current folder, else the current folder).",
+            show_default=False,
+        ),
+    ] = None,
     index_dir: IndexDirOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
@@ -262,9 +360,9 @@ def models_info(
     render.model_info(api.model_info(name, device=device.value), as_json=json_out)
 
 
-# `codesearch serve` lives with the server (codesearch/cli/serve.py, which imports only
-# typer at module level, so --help stays fast); it adds itself to this app.
-from codesearch.cli.serve import register as _register_serve  # noqa: E402
+# `codesearch serve` lives with the server (codesearch/server/command.py, which imports
+# only typer at module level, so --help stays fast); it adds itself to this app.
+from codesearch.server.command import register as _register_serve  # noqa: E402
 
 _register_serve(app)
 from codesearch.cli.agents import register as _register_agents  # noqa: E402

@@ -203,7 +203,8 @@ class IndexProgress:
             return
         task = self._tasks.get(event.stage)
         if task is None:
-            task = self._tasks[event.stage] = self._progress.add_task(event.stage, total=None, files=0, chunks=0, rate="")
+            task = self._progress.add_task(event.stage, total=None, files=0, chunks=0, rate="")
+            self._tasks[event.stage] = task
         self._progress.update(
             task,
             completed=event.done,
@@ -211,8 +212,11 @@ class IndexProgress:
             files=event.files,
             chunks=event.chunks,
             # on Ray the message holds the cluster's and each worker's rate
-            rate=event.message if event.message.startswith("ray ") else
-            f"{event.tokens_per_s:,.0f} tok/s" if event.tokens_per_s else "",
+            rate=event.message
+            if event.message.startswith("ray ")
+            else f"{event.tokens_per_s:,.0f} tok/s"
+            if event.tokens_per_s
+            else "",
         )
 
 

@@ -59,7 +59,7 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
 
             return load_file(str(path))
         return torch.load(str(path), map_location="cpu", weights_only=True)
-    except Exception as e:  # safetensors/pickle raise assorted types for a damaged file
+    except Exception as e:  # noqa: BLE001 - safetensors/pickle raise assorted types for a damaged file
         raise CheckpointError(f"Checkpoint file '{path}' cannot be read ({type(e).__name__}); re-download it") from None
 
 
@@ -135,7 +135,7 @@ class TextTokenizer:
             raise CheckpointError(f"Checkpoint '{directory}' has no tokenizer.json; re-download the model")
         try:
             self._tok = Tokenizer.from_file(str(path))
-        except Exception as e:  # tokenizers raises a bare Exception on a bad file
+        except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception on a bad file
             raise CheckpointError(f"Checkpoint file '{path}' cannot be parsed ({e}); re-download it") from None
         self._tok.no_padding()
         self._tok.no_truncation()

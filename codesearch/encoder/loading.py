@@ -49,7 +49,7 @@ def _unavailable(model_id: str) -> ModelUnavailableError:
 
 
 def _looks_like_path(name: str) -> bool:
-    return name.startswith(("/", "./", "../", "~", ".\\")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
+    return name.startswith(("/", "./", "../", "~", ".\\")) or name.count("/") > 1 or (os.sep != "/" and os.sep in name)
 
 
 def resolve(path_or_id: str | os.PathLike) -> Path:

@@ -75,7 +75,7 @@ def cpu_has_fast_bf16() -> bool:
     try:
         if "AMX" in str(torch.backends.cpu.get_cpu_capability()).upper():
             return True
-    except Exception:  # older torch without the probe
+    except Exception:  # noqa: BLE001 - older torch without the probe
         pass
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
@@ -568,6 +568,15 @@ class Encoder:
     def backend(self) -> str:
         """Attention backend in use: "varlen", "sdpa" or "transformers"."""
         return self.backbone.backend_name
+
+    @property
+    def offloaded(self) -> bool:
+        """True on a GPU: the CPU is free while it encodes (`codesearch.encoder.base.Encoder`)."""
+        return self.device.type == "cuda"
+
+    def describe(self) -> str:
+        """How this encoder embeds, for ``status``: ``local cpu (float32)``."""
+        return f"local {self.device} ({str(self.dtype).removeprefix('torch.')})"
 
     def __repr__(self) -> str:
         return (

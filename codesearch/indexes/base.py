@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, TypeAlias, runtime_checkable
 
 import numpy as np
 
-__all__ = ["Index"]
+__all__ = ["Index", "Items"]
+
+#: What an index ranks by, and what it is queried with: texts (lexical), an ``(n, dim)``
+#: array (dense), one ``(tokens, dim)`` array per text (multi-vector).
+Items: TypeAlias = "Sequence[str] | np.ndarray | Sequence[np.ndarray]"
 
 
 @runtime_checkable
@@ -28,14 +32,17 @@ class Index(Protocol):
     float array for a dense one, one ``(tokens, dim)`` array per id for a multi-vector one.
     ``save`` writes atomically (a temp name, then ``os.replace``), so a crash leaves the old
     file or the new one. An index whose internals went stale after many updates (PLAID's
-    centroids) says so with a true ``needs_rebuild`` attribute; the registry then rebuilds it.
+    centroids) says so with a true ``needs_rebuild``; the registry then rebuilds it.
     """
 
-    def add(self, ids: np.ndarray, items: Any) -> None: ...
+    @property
+    def needs_rebuild(self) -> bool: ...
+
+    def add(self, ids: np.ndarray, items: Items) -> None: ...
 
     def remove(self, ids: np.ndarray) -> None: ...
 
-    def search(self, queries: Sequence[Any] | np.ndarray, k: int) -> list[tuple[np.ndarray, np.ndarray]]: ...
+    def search(self, queries: Items, k: int) -> list[tuple[np.ndarray, np.ndarray]]: ...
 
     def save(self, path: str | os.PathLike) -> None: ...
 

@@ -34,7 +34,7 @@ import numpy as np
 from codesearch.errors import IndexCorruptError
 from codesearch.store import atomic_write
 
-__all__ = ["DenseIndex", "EXACT_THRESHOLD"]
+__all__ = ["EXACT_THRESHOLD", "DenseIndex"]
 
 #: Vector count past which the index switches from exact search to IVF-Flat. Exact
 #: search over 50k x 768 float32 is ~40M multiply-adds per query (a few ms on 2 cores).
@@ -145,6 +145,9 @@ class DenseIndex:
     def kind(self) -> str:
         """``"exact"`` (flat inner product) or ``"ivf"`` (IVF-Flat, approximate)."""
         return "ivf" if self._is_ivf else "exact"
+
+    #: A FAISS index never goes stale: adds and removes keep it exact (`Index.needs_rebuild`).
+    needs_rebuild = False
 
     def __len__(self) -> int:
         return int(self._index.ntotal)

@@ -44,7 +44,7 @@ import scipy.sparse as sp
 from codesearch.errors import IndexCorruptError
 from codesearch.store import atomic_write
 
-__all__ = ["LexicalIndex", "tokenize", "query_tokens", "split_identifier", "stem_word", "STOPWORDS"]
+__all__ = ["STOPWORDS", "LexicalIndex", "query_tokens", "split_identifier", "stem_word", "tokenize"]
 
 FORMAT_VERSION = 1
 
@@ -249,6 +249,9 @@ class LexicalIndex:
         self._row_of: dict[int, int] | None = None
 
     # ---- building ---------------------------------------------------------------------
+
+    #: Counts are exact after any update (`Index.needs_rebuild`).
+    needs_rebuild = False
 
     def __len__(self) -> int:
         self._flush()

@@ -1,7 +1,9 @@
 """Every derived index in one table: its file in the index folder, the kind of vector it
-holds, and how it is made empty, loaded, filled from the store, updated by a delta and kept
-at the store's generation. Adding an index type means a class in its own module and one
-entry in `DERIVED`.
+holds, the signal it gives a search (and the fusion weight of that signal), and how it is
+made empty, loaded, filled from the store, updated by a delta and kept at the store's
+generation. The searcher and the ranker loop over this table: a new index of chunk vectors
+is one entry in `DERIVED` (with its class in its own module, for a new type of index), and
+its vector kind one entry in `codesearch.store.VECTOR_KINDS`.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -26,7 +27,7 @@ from codesearch.errors import (
     IndexLockedError,
 )
 from codesearch.indexes.base import Index
-from codesearch.store import KIND_ROLE, IndexLock, Store
+from codesearch.store import KIND_ROLE, VECTOR_KINDS, IndexLock, Store
 from codesearch.types import STORE_FILE
 
 log = logging.getLogger(__name__)
@@ -36,9 +37,13 @@ class IndexSpec:
     """One derived index: where it lives, what it holds and how it is made.
 
     ``kind`` is the store's vector kind it is filled from (None: the chunks' text), and so
-    also the model role it needs (`KIND_ROLE`); ``per_file`` indexes have file ids, the
-    others chunk ids; ``one_add`` indexes learn from what they are given (PLAID's centroids),
-    so a rebuild hands them everything in one ``add``.
+    also the model role whose encoder makes its vectors and encodes its queries (`role`);
+    ``per_file`` indexes have file ids, the others chunk ids; ``one_add`` indexes learn
+    from what they are given (PLAID's centroids), so a rebuild hands them everything in one
+    ``add``. ``signal`` names what it gives a search (in ``indexes_used``, a hit's
+    ``sources``, and the `Mode` that searches it alone); ``weight`` is the
+    `RankingParams` field that weighs its candidates in the fused score (None: the index
+    feeds signals the ranker computes its own way: lexical, whole-file vectors).
     """
 
     name: str
@@ -47,6 +52,8 @@ class IndexSpec:
     index_class: str  # "module:Class", imported only when the index is used
     per_file: bool = False
     one_add: bool = False
+    signal: str = ""
+    weight: str | None = None
 
     def cls(self) -> type[Index]:
         module, _, attr = self.index_class.partition(":")
@@ -55,16 +62,24 @@ class IndexSpec:
     def role(self) -> str | None:
         return None if self.kind is None else KIND_ROLE[self.kind]
 
+    @property
+    def multi(self) -> bool:
+        """Its vectors (and queries) are one array of token vectors per text."""
+        return self.kind is not None and VECTOR_KINDS[self.kind].multi
 
-#: Every derived index, in the order they are synced. A new index type: its class in a
-#: module of this package, and one entry here.
+
+#: Every derived index, in the order they are synced (and their signals are fused). A new
+#: index type: its class in a module of this package, and one entry here.
 DERIVED: dict[str, IndexSpec] = {
     spec.name: spec
     for spec in (
-        IndexSpec("lexical", "lexical.npz", None, "codesearch.indexes.lexical:LexicalIndex"),
-        IndexSpec("dense_chunks", "dense_chunks.faiss", "dense", "codesearch.indexes.dense:DenseIndex"),
-        IndexSpec("dense_files", "dense_files.faiss", "file", "codesearch.indexes.dense:DenseIndex", per_file=True),
-        IndexSpec("plaid", "plaid", "colbert", "codesearch.indexes.plaid:PlaidIndex", one_add=True),
+        IndexSpec("lexical", "lexical.npz", None, "codesearch.indexes.lexical:LexicalIndex", signal="lexical"),
+        IndexSpec("dense_chunks", "dense_chunks.faiss", "dense", "codesearch.indexes.dense:DenseIndex",
+                  signal="dense", weight="w_dense"),
+        IndexSpec("dense_files", "dense_files.faiss", "file", "codesearch.indexes.dense:DenseIndex", per_file=True,
+                  signal="dense_files"),
+        IndexSpec("plaid", "plaid", "colbert", "codesearch.indexes.plaid:PlaidIndex", one_add=True,
+                  signal="colbert", weight="w_colbert"),
     )
 }
 
@@ -111,11 +126,11 @@ def _add_from_store(name: str, index: Index, store: Store, ids: Sequence[int] | 
             texts: list[str] = []
             for rec in store.iter_chunk_records():
                 batch_ids.append(rec.id)
-                texts.append(rec.header + "\n" + rec.text)
+                texts.append(rec.chunk.encoder_text)
             index.add(np.asarray(batch_ids, dtype=np.int64), texts)
         elif ids:
             recs = store.chunk_records(ids)
-            index.add(np.asarray([r.id for r in recs], dtype=np.int64), [r.header + "\n" + r.text for r in recs])
+            index.add(np.asarray([r.id for r in recs], dtype=np.int64), [r.chunk.encoder_text for r in recs])
         return
     batches = store.iter_vectors(spec.kind) if ids is None else [store.vectors_for(ids, spec.kind)]
     if spec.one_add:
@@ -159,7 +174,7 @@ def _apply_delta(name: str, index: Index, store: Store, delta: Delta) -> None:
     _add_from_store(name, index, store, sorted(add))
 
 
-def _save_index(index: Any, path: Path) -> None:
+def _save_index(index: Index, path: Path) -> None:
     # Every index class writes atomically (temp file + os.replace), so a crash here leaves
     # the previous file, whose recorded generation then no longer matches the store.
     index.save(path)
@@ -212,7 +227,7 @@ def sync_derived(
             try:
                 index = _load_index(name, path)
                 _apply_delta(name, index, store, delta)
-                if len(index) != _expected_len(name, store) or getattr(index, "needs_rebuild", False):
+                if len(index) != _expected_len(name, store) or index.needs_rebuild:
                     index = None  # drifted (or PLAID's codec went stale): rebuild below
             except (CodeSearchError, ValueError, KeyError):
                 index = None
@@ -244,7 +259,7 @@ def record_generation(store: Store, gen: int, names: Sequence[str]) -> None:
             store.set_meta(f"gen.{name}", gen)
 
 
-def load_derived(index_dir: str | os.PathLike[str], store: Store, *, wait_s: float = 5.0) -> dict[str, Any]:
+def load_derived(index_dir: str | os.PathLike[str], store: Store, *, wait_s: float = 5.0) -> dict[str, Index]:
     """Load every derived index the store calls for, at the store's generation.
 
     An index whose recorded generation differs from the store's, or whose file is missing
@@ -263,7 +278,7 @@ def load_derived(index_dir: str | os.PathLike[str], store: Store, *, wait_s: flo
     """
     idir = Path(index_dir)
     deadline = time.monotonic() + wait_s
-    out: dict[str, Any] = {}
+    out: dict[str, Index] = {}
     for _attempt in range(3):
         gen = store.generation
         if _out_of_sync(idir, store, gen):
@@ -312,7 +327,7 @@ def _wait_for_writer(idir: Path, store: Store, deadline: float) -> None:
             return
 
 
-def _persist_rebuilt(idir: Path, store: Store, gen: int, indexes: dict[str, Any]) -> None:
+def _persist_rebuilt(idir: Path, store: Store, gen: int, indexes: dict[str, Index]) -> None:
     """Save indexes a search rebuilt, when it can: saving spares the next search the
     rebuild, and nothing more. A search answers from the rebuilt indexes in memory
     whether or not they could be saved (a full disk, a read-only folder): it never fails
@@ -323,7 +338,7 @@ def _persist_rebuilt(idir: Path, store: Store, gen: int, indexes: dict[str, Any]
         log.debug("rebuilt indexes of %s not saved: %s", idir, exc)
 
 
-def _save_rebuilt(idir: Path, store: Store, gen: int, indexes: dict[str, Any]) -> None:
+def _save_rebuilt(idir: Path, store: Store, gen: int, indexes: dict[str, Index]) -> None:
     if not os.access(idir, os.W_OK):
         return
     if IndexLock.writer_active(idir):

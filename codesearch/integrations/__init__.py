@@ -11,12 +11,15 @@ never imports a framework and a missing framework fails only where it is used.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from codesearch.errors import MissingDependencyError
 
+if TYPE_CHECKING:  # pragma: no cover
+    from codesearch.types import JSONDict, SearchHit
 
-def hit_metadata(hit: Any) -> dict[str, Any]:
+
+def hit_metadata(hit: SearchHit) -> JSONDict:
     """The metadata every adapter attaches to a hit: the fields of the JSON schema
     (`codesearch.api.hit_document`) but the text, which is the document's content, plus
     ``source`` (``"path:start-end"``) for citing it."""

@@ -12,7 +12,7 @@ Example
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from codesearch.integrations import hit_metadata, missing
 
@@ -50,8 +50,8 @@ class CodeSearchRetriever(BaseRetriever):
     codesearch: Any
     k: int = 5
     mode: str = "hybrid"
-    language: Optional[str] = None
-    glob: Optional[str] = None
+    language: str | None = None
+    glob: str | None = None
 
     def _get_relevant_documents(
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun

@@ -12,9 +12,12 @@ Example
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from codesearch.integrations import hit_metadata, missing
+
+if TYPE_CHECKING:  # pragma: no cover
+    from codesearch.api import CodeSearch
 
 try:
     from llama_index.core.retrievers import BaseRetriever
@@ -48,13 +51,13 @@ class CodeSearchRetriever(BaseRetriever):
 
     def __init__(
         self,
-        codesearch: Any,
+        codesearch: CodeSearch,
         k: int = 5,
         *,
         mode: str = "hybrid",
         language: str | None = None,
         glob: str | None = None,
-        **kwargs: Any,
+        **kwargs: object,
     ) -> None:
         self.codesearch = codesearch
         self.k = k

@@ -218,7 +218,12 @@ def centrality(
     defines = sp.csr_matrix((np.ones(len(rows), bool), (rows, cols)), shape=(nf, n_terms), dtype=bool)
     uses = sp.csr_matrix(file_tf, copy=True).astype(bool)
     if not own_path_counts:
-        own = [(f, t) for f, path in enumerate(corpus.files) for t in {vocab.get(x) for x in tokenize(path)} if t is not None]
+        own = [
+            (f, t)
+            for f, path in enumerate(corpus.files)
+            for t in {vocab.get(x) for x in tokenize(path)}
+            if t is not None
+        ]
         if own:
             fr, tc = zip(*own)
             uses = uses > sp.csr_matrix((np.ones(len(own), bool), (fr, tc)), shape=uses.shape, dtype=bool)

@@ -15,15 +15,16 @@ A query is scored against every chunk by a few signals, each normalised to [0, 1
 
 The fused score is a weighted sum, multiplied by a demotion for tests, docs, examples and
 benchmarks when the query does not ask for them. Hits are then picked greedily with a
-per-file decay (so the top 10 spans several files) and overlapping chunks dropped. Every weight was chosen on the dev split of the semble benchmark
-(``benchmarks/quality.py``); see BENCHMARKS.md "Search quality" for the ablations.
+per-file decay (so the top 10 spans several files) and overlapping chunks dropped. Every
+weight was chosen on the dev split of the semble benchmark (``benchmarks/quality.py``); see
+BENCHMARKS.md "Search quality" for the ablations.
 """
 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -81,6 +82,16 @@ class RankingParams:
     w_central: float = 0.3
 
 
+@dataclass(frozen=True, slots=True)
+class Candidates:
+    """What one vector index proposed for a query: corpus rows (-1 for an id the corpus
+    lacks), their scores, and the weight of the index's signal in the fused score."""
+
+    rows: np.ndarray
+    scores: np.ndarray
+    weight: float
+
+
 def _minmax(x: np.ndarray, present: np.ndarray) -> np.ndarray:
     """Scale the present entries to [0, 1]; absent entries are 0."""
     out = np.zeros_like(x, dtype=np.float32)
@@ -136,7 +147,7 @@ class Ranker:
         self.lexical = lexical
         self.params = params or RankingParams()
         self._centrality: np.ndarray | None = None
-        self.centrality_source: Any = None  # () -> array, set by Searcher (a cached copy)
+        self.centrality_source: Callable[[], np.ndarray] | None = None  # set by Searcher (a cached copy)
         n, nf = len(corpus), len(corpus.files)
         # Lexical rows -> corpus rows (the corpus is built in lexical order, but a lexical
         # index may hold ids the store no longer has, or miss some).
@@ -238,19 +249,19 @@ class Ranker:
         q: Query,
         *,
         use_lexical: bool,
-        dense: tuple[np.ndarray, np.ndarray] | None = None,
+        vectors: Mapping[str, Candidates] | None = None,
         file_dense: tuple[np.ndarray, np.ndarray] | None = None,
-        colbert: tuple[np.ndarray, np.ndarray] | None = None,
         mask: np.ndarray | None = None,
         params: RankingParams | None = None,
         covered: dict[str, np.ndarray] | None = None,
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Fused score per corpus row, and the raw per-source scores (for ``sources``).
 
-        ``dense``/``colbert`` are ``(rows, scores)`` of candidates; ``file_dense`` is
-        ``(file indexes, scores)``. ``covered`` (while an index run is still embedding)
-        says which rows (``dense``, ``colbert``) and files (``files``) have a vector yet;
-        see `_impute`.
+        ``vectors`` are the candidates of each vector index, by signal name (``dense``,
+        ``colbert``: `codesearch.indexes.registry.DERIVED`), fused in their order;
+        ``file_dense`` is ``(file indexes, scores)``. ``covered`` (while an index run is still
+        embedding) says which rows (by signal) and files (``files``) have a vector yet; see
+        `_impute`.
         """
         p = params or self.params
         c = self.corpus
@@ -286,10 +297,11 @@ class Ranker:
                 total += p.w_stem * stem_hit[c.file_idx]
         # A bare identifier is a lookup: the exact-name signals know best, vectors blur it.
         vscale = p.vector_symbol_scale if q.is_symbol else 1.0
-        for name, cand, w in (("dense", dense, p.w_dense * vscale), ("colbert", colbert, p.w_colbert * vscale)):
-            if cand is None or not len(cand[0]):
+        for name, cand in (vectors or {}).items():
+            w = cand.weight * vscale
+            if not len(cand.rows):
                 continue
-            rows, scores = cand
+            rows, scores = cand.rows, cand.scores
             keep = rows >= 0
             raw = np.zeros(n, dtype=np.float32)
             present = np.zeros(n, dtype=bool)
@@ -399,7 +411,7 @@ class Ranker:
         place[by_file] = np.arange(len(order)) - first
         if cap:
             order, place = order[place < cap], place[place < cap]
-        return order, total[order].astype(np.float64) * decay ** place
+        return order, total[order].astype(np.float64) * decay**place
 
 
 def _overlapping_files(corpus: Corpus) -> np.ndarray:

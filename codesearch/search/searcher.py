@@ -16,19 +16,62 @@ import threading
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from codesearch.encoder.base import Encoders
 from codesearch.errors import CodeSearchError, NotIndexedError, QueryError
+from codesearch.globs import GlobFilter
 from codesearch.indexes.lexical import (
     LexicalIndex,
 )
+from codesearch.indexes.registry import DERIVED, IndexSpec, load_derived
 from codesearch.search.corpus import CENTRALITY_VERSION, Corpus
 from codesearch.search.query import analyse
-from codesearch.search.ranking import FILE_VECTOR_MIN_TOKENS, Ranker, RankingParams
-from codesearch.store import IndexLock, atomic_write
-from codesearch.types import CENTRALITY_FILE, MODES, STORE_FILE, SearchHit, SearchResult, canonical_languages
+from codesearch.search.ranking import FILE_VECTOR_MIN_TOKENS, Candidates, Ranker, RankingParams
+from codesearch.store import IndexLock, Store, atomic_write
+from codesearch.types import CENTRALITY_FILE, STORE_FILE, Mode, SearchHit, SearchRequest, SearchResult
+
+
+def _chunk_vectors() -> list[IndexSpec]:
+    """The indexes of chunk vectors in the registry, in the order their signals are fused."""
+    return [spec for spec in DERIVED.values() if spec.kind is not None and not spec.per_file]
+
+
+def _file_vectors() -> tuple[IndexSpec, IndexSpec]:
+    """The index of whole-file vectors, and the chunk index of the same model (its chunk
+    vectors make the files' centroids for a short-context model)."""
+    files = next(spec for spec in DERIVED.values() if spec.per_file)
+    return files, next(spec for spec in _chunk_vectors() if spec.role() == files.role())
+
+#: Why a mode that names a vector index cannot search it: (built, no encoder), (not built).
+_UNSEARCHABLE = {
+    "dense": (
+        "dense search needs the index's model to encode the query and it is not loaded (make the "
+        "model available again, or re-embed with 'codesearch index --rebuild --model PATH_OR_ID')",
+        "this index has no dense vectors (index with a model: 'codesearch index --model PATH_OR_ID')",
+    ),
+    "colbert": (
+        "colbert search needs the index's ColBERT model to encode the query and it is not loaded "
+        "(make it available again, or re-embed with 'codesearch index --rebuild --multi-model PATH_OR_ID')",
+        "this index has no multi-vector index (index with a ColBERT model: 'codesearch index --multi-model ID')",
+    ),
+}
+
+
+def _unsearchable(spec: IndexSpec, built: bool) -> str:
+    loaded, absent = _UNSEARCHABLE.get(spec.signal, (
+        f"{spec.signal} search needs the index's {spec.role()} model to encode the query and it is not loaded "
+        "(make it available again, or re-embed with 'codesearch index --rebuild')",
+        f"this index has no {spec.signal} vectors (index with a {spec.role()} model)",
+    ))
+    return loaded if built else absent
+
+
+def _weight(params: RankingParams, spec: IndexSpec) -> float:
+    """The fused score's weight of ``spec``'s candidates: the `RankingParams` field it names."""
+    assert spec.weight is not None, spec  # every index of chunk vectors names its weight
+    return float(getattr(params, spec.weight))
 
 
 class Searcher:
@@ -38,7 +81,7 @@ class Searcher:
     ----------
     index_dir : path
         The ``.codesearch`` folder (``store.sqlite`` and the derived index files).
-    encoders : pipeline.Encoders, optional
+    encoders : codesearch.encoder.base.Encoders, optional
         Query encoders for the dense and multi-vector indexes; without them only the
         lexical index is searched (the result's ``notices`` say so).
 
@@ -49,10 +92,9 @@ class Searcher:
     ...     print(hit.path, hit.start_line, round(hit.score, 3))
     """
 
-    def __init__(self, index_dir: str | Path, *, encoders: Any = None, params: RankingParams | None = None) -> None:
-        from codesearch.indexes.registry import load_derived
-        from codesearch.store import Store
-
+    def __init__(
+        self, index_dir: str | Path, *, encoders: Encoders | None = None, params: RankingParams | None = None
+    ) -> None:
         self.index_dir = Path(index_dir)
         store_path = self.index_dir / STORE_FILE
         if not store_path.is_file():
@@ -65,13 +107,10 @@ class Searcher:
                 f"the first index run of {str(self.index_dir)!r} is still reading the files and nothing is "
                 "searchable yet (try again in a few seconds)"
             )
-        derived = load_derived(self.index_dir, self._store)
+        self._indexes = load_derived(self.index_dir, self._store)
         self._encoders = encoders
-        self._dense = _get(derived, "dense", "dense_chunks")
-        self._dense_files = _get(derived, "dense_files")
-        self._plaid = _get(derived, "plaid", "colbert")
-        lexical = _get(derived, "lexical")
-        if lexical is None:
+        lexical = self._indexes.get("lexical")
+        if not isinstance(lexical, LexicalIndex):
             lexical = LexicalIndex()
             lexical.add(*_lexical_inputs(self._store))
         # Metadata only: chunk text is fetched for the returned hits (see _hits), which
@@ -83,25 +122,29 @@ class Searcher:
         self._ranker.centrality_source = self._cached_centrality
         self._file_row = {int(f): j for j, f in enumerate(self._ranker.corpus.file_ids.tolist())}
         self._covered = self._coverage()
+        self._centroids: np.ndarray | None = None  # per-file mean chunk vectors, made on first use
 
     # -- public ----------------------------------------------------------------------------
 
     def search(
         self,
-        query: str,
+        query: str | SearchRequest,
         k: int = 10,
         *,
         mode: str = "hybrid",
         language: str | Sequence[str] | None = None,
         glob: str | Sequence[str] | None = None,
         files_only: bool = False,
+        path_rules: Sequence[str] | None = None,
     ) -> SearchResult:
         """Rank the index's chunks for ``query``.
 
         Parameters
         ----------
-        query : str
-            Words, an identifier, or a piece of code.
+        query : str or SearchRequest
+            Words, an identifier, or a piece of code; or a whole `SearchRequest` (checked
+            when it was made, not again here; the other arguments are then not used, and
+            its output controls are the caller's to apply).
         k : int
             Number of hits.
         mode : {"hybrid", "lexical", "dense", "colbert"}
@@ -111,94 +154,89 @@ class Searcher:
             Keep only chunks in (any of) these languages.
         glob : str or sequence of str, optional
             Keep only chunks whose path passes these ripgrep-style rules (gitignore
-            globs, ``!`` excludes, ``{a,b}``; see :mod:`codesearch.search.globs`).
+            globs, ``!`` excludes, ``{a,b}``; see :mod:`codesearch.globs`).
         files_only : bool
             At most one hit per file.
+        path_rules : sequence of str, optional
+            Glob rules to apply instead of the request's: made by the caller from them
+            (the server's, scoped to a folder), so not held to a request's limits.
 
         Raises
         ------
         QueryError
             Empty query, unknown mode, ``k < 1``, or a mode whose index is missing.
         """
-        if not query or not query.strip():
-            raise QueryError("the query is empty (pass some words or code to search for)")
-        if mode not in MODES:
-            raise QueryError(f"unknown mode {mode!r} (use one of: {', '.join(MODES)})")
-        if k < 1:
-            raise QueryError(f"k must be at least 1, got {k} (pass k=10 for example)")
+        request = query if isinstance(query, SearchRequest) else SearchRequest.of(
+            query, k, mode=mode, language=language, glob=glob, files_only=files_only
+        )
+        rules = request.globs if path_rules is None else tuple(path_rules)
+        return self._search(request, rules)
+
+    def _search(self, request: SearchRequest, rules: tuple[str, ...]) -> SearchResult:
+        query, k, mode = request.query, request.k, request.mode.value
         notices: list[str] = []
         q = analyse(query)
-        dense_built = self._dense is not None and len(self._dense) > 0
-        colbert_built = self._plaid is not None and len(self._plaid) > 0
-        # A model is asked for only by a mode that searches its vectors.
-        has_dense = dense_built and mode in ("hybrid", "dense") and self._encoder("dense") is not None
-        has_colbert = colbert_built and mode in ("hybrid", "colbert") and self._encoder("multi") is not None
-        if mode == "dense" and not has_dense:
-            raise QueryError(
-                "dense search needs the index's model to encode the query and it is not loaded (make the "
-                "model available again, or re-embed with 'codesearch index --rebuild --model PATH_OR_ID')"
-                if dense_built
-                else "this index has no dense vectors (index with a model: 'codesearch index --model PATH_OR_ID')"
-            )
-        if mode == "colbert" and not has_colbert:
-            raise QueryError(
-                "colbert search needs the index's ColBERT model to encode the query and it is not loaded "
-                "(make it available again, or re-embed with 'codesearch index --rebuild --multi-model PATH_OR_ID')"
-                if colbert_built
-                else "this index has no multi-vector index (index with a ColBERT model: 'codesearch index --multi-model ID')"
-            )
+        encoders = self._encoders.by_role() if self._encoders is not None else {}
+        # The vector indexes this query searches: in hybrid mode each one built and with its
+        # query encoder; a mode named after one of them searches that one, or says why not.
+        searched: list[IndexSpec] = []
+        built_any = False
+        for spec in _chunk_vectors():
+            index = self._indexes.get(spec.name)
+            built = index is not None and len(index) > 0
+            built_any = built_any or built
+            ready = built and spec.role() in encoders
+            if mode == spec.signal and not ready:
+                raise QueryError(_unsearchable(spec, built))
+            if ready and mode in (Mode.hybrid.value, spec.signal):
+                searched.append(spec)
         use_lex = mode in ("hybrid", "lexical")
-        use_dense = has_dense and mode in ("hybrid", "dense")
-        use_colbert = has_colbert and mode in ("hybrid", "colbert")
-        if mode == "hybrid" and not (has_dense or has_colbert) and self._covered and not (dense_built or colbert_built):
+        if mode == "hybrid" and not searched and self._covered and not built_any:
             notices.append(f"semantic vectors for 0% of chunks so far ({self._still_embedding()}); lexical for all")
-        elif mode == "hybrid" and not (has_dense or has_colbert) and (dense_built or colbert_built):
+        elif mode == "hybrid" and not searched and built_any:
             # Said only when this query lost vectors the index has: an index built lexical-only
             # says so once, at index time, and indexes_used shows it on every answer.
             notices.append(
                 "lexical index only: this index's model is not loaded, so its vectors were not searched "
                 "(make the model available again, or 'codesearch index --rebuild --model PATH_OR_ID')"
             )
-        mask = self._mask(language, glob)
+        mask = self._mask(request.languages, rules)
         p = self._ranker.params
         n_cand = max(p.dense_candidates, 4 * k)
-        dense = file_dense = colbert = None
+        vectors: dict[str, Candidates] = {}
+        file_dense = None
+        _, file_chunks = _file_vectors()
         used: list[str] = ["lexical"] if use_lex else []
-        if use_dense:
-            qv = np.asarray(self._encoder("dense").encode([query], kind="query"), dtype=np.float32)
-            ids, scores = self._dense.search(qv, n_cand)[0]
-            dense = (self._ranker.rows_of(ids), scores)
-            used.append("dense")
-            long_context = int(getattr(self._encoder("dense"), "max_length", 0) or 0) >= FILE_VECTOR_MIN_TOKENS
-            if p.w_file_centroid and not long_context:
-                cent = self._file_centroids()
-                file_dense = (np.arange(len(cent), dtype=np.int64), cent @ qv[0])
-                used.append("dense_files")
-            elif long_context and self._dense_files is not None and len(self._dense_files):
-                fids, fscores = self._dense_files.search(qv, max(50, k * 5))[0]
-                file_dense = (np.array([self._file_row.get(int(f), -1) for f in fids], dtype=np.int64), fscores)
-                used.append("dense_files")
-        if use_colbert:
-            qm = self._encoder("multi").encode([query], kind="query")
-            ids, scores = self._plaid.search([qm[0]], n_cand)[0]
-            colbert = (self._ranker.rows_of(ids), scores)
-            used.append("colbert")
-        used_kinds = [k for k, used in (("dense", use_dense), ("colbert", use_colbert)) if used and k in self._covered]
-        if used_kinds:
-            shares = [f"{int(100 * self._covered[k].mean())}% of chunks" for k in used_kinds]
-            notices.append(f"semantic vectors for {' and '.join(shares)} so far ({self._still_embedding()}); lexical for all")
+        for spec in searched:
+            encoded = encoders[spec.role()].encode([query], kind="query")
+            queries = [encoded[0]] if spec.multi else np.asarray(encoded, dtype=np.float32)
+            ids, scores = self._indexes[spec.name].search(queries, n_cand)[0]
+            vectors[spec.signal] = Candidates(self._ranker.rows_of(ids), scores, _weight(p, spec))
+            used.append(spec.signal)
+            if spec is file_chunks:
+                # The whole-file signal reads the same query vector.
+                file_dense = self._file_scores(queries, encoders[spec.role()].max_length, k, used)
+        shares = [f"{int(100 * self._covered[name].mean())}% of chunks" for name in vectors if name in self._covered]
+        if shares:
+            notices.append(
+                f"semantic vectors for {' and '.join(shares)} so far ({self._still_embedding()}); lexical for all"
+            )
         covered = dict(self._covered)
-        if "file_vectors" in covered and file_dense is not None and "dense_files" in used and long_context:
+        if "file_vectors" in covered and file_dense is not None and file_dense[2]:
             covered["files"] = covered["file_vectors"]
         total, sources = self._ranker.score(
-            q, use_lexical=use_lex, dense=dense, file_dense=file_dense, colbert=colbert, mask=mask,
+            q,
+            use_lexical=use_lex,
+            vectors=vectors,
+            file_dense=None if file_dense is None else file_dense[:2],
+            mask=mask,
             covered=covered or None,
         )
-        picked = self._ranker.select(total, k, files_only=files_only)
+        picked = self._ranker.select(total, k, files_only=request.files_only)
         hits = self._hits(picked, sources)
         return SearchResult(query=query, mode=mode, hits=hits, indexes_used=tuple(used), notices=notices)
 
-    def set_encoders(self, encoders: Any) -> None:
+    def set_encoders(self, encoders: Encoders | None) -> None:
         """Use these query encoders from the next search on (``None``: lexical only)."""
         with self._lock:
             self._encoders = encoders
@@ -245,17 +283,23 @@ class Searcher:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _encoder(self, role: str) -> Any:
-        enc = self._encoders
-        if enc is None:
-            return None
-        names = {"dense": ("dense", "dense_encoder"), "multi": ("multi", "colbert", "multi_encoder")}[role]
-        for name in names:
-            value = getattr(enc, name, None)
-            if callable(value) and not hasattr(value, "encode"):
-                value = value()
-            if value is not None:
-                return value
+    def _file_scores(
+        self, query: np.ndarray, max_length: int, k: int, used: list[str]
+    ) -> tuple[np.ndarray, np.ndarray, bool] | None:
+        """(file rows, scores, from the files' own vectors?) of the whole-file signal: the
+        files' own vectors for a long-context model, else the mean of their chunk vectors;
+        None when there is neither."""
+        long_context = int(max_length) >= FILE_VECTOR_MIN_TOKENS
+        file_vectors, _ = _file_vectors()
+        index = self._indexes.get(file_vectors.name)
+        if self._ranker.params.w_file_centroid and not long_context:
+            cent = self._file_centroids()
+            used.append(file_vectors.signal)
+            return np.arange(len(cent), dtype=np.int64), cent @ query[0], False
+        if long_context and index is not None and len(index):
+            fids, fscores = index.search(query, max(50, k * 5))[0]
+            used.append(file_vectors.signal)
+            return np.array([self._file_row.get(int(f), -1) for f in fids], dtype=np.int64), fscores, True
         return None
 
     def _cached_centrality(self) -> np.ndarray:
@@ -296,22 +340,26 @@ class Searcher:
         c = self._ranker.corpus
         n = len(c.file_idx)
         out: dict[str, np.ndarray] = {}
-        for name, index in (("dense", self._dense), ("colbert", self._plaid)):
+        for spec in _chunk_vectors():
+            index = self._indexes.get(spec.name)
             if index is None or len(index) >= n:
                 continue
             cov = np.zeros(n, dtype=bool)
             rows = self._ranker.rows_of(index.ids())
             cov[rows[rows >= 0]] = True
-            out[name] = cov
-        if "dense" in out:
+            out[spec.signal] = cov
+        file_vectors, file_chunks = _file_vectors()
+        chunk_signal = file_chunks.signal
+        if chunk_signal in out:
             # Files: by chunk centroids (short-context models), covered when any chunk is;
             # by their own vectors (long-context models), covered when they have one.
             files = np.zeros(len(c.files), dtype=bool)
-            files[c.file_idx[out["dense"]]] = True
+            files[c.file_idx[out[chunk_signal]]] = True
             out["files"] = files
             vectors = np.zeros(len(c.files), dtype=bool)
-            if self._dense_files is not None and len(self._dense_files):
-                fr = np.array([self._file_row.get(int(f), -1) for f in self._dense_files.ids()], dtype=np.int64)
+            index = self._indexes.get(file_vectors.name)
+            if index is not None and len(index):
+                fr = np.array([self._file_row.get(int(f), -1) for f in index.ids()], dtype=np.int64)
                 vectors[fr[fr >= 0]] = True
             out["file_vectors"] = vectors
         return out
@@ -319,13 +367,14 @@ class Searcher:
     def _file_centroids(self) -> np.ndarray:
         """(n_files, dim) normalised mean of each file's chunk vectors (built on first use)."""
         with self._lock:
-            cent = getattr(self, "_centroids", None)
+            cent = self._centroids
             if cent is None:
                 # Streamed from the store in batches (the same vectors the dense index
                 # holds), so a large index never holds a second full copy in memory.
                 c = self._ranker.corpus
-                cent = np.zeros((len(c.files), self._dense.dim), dtype=np.float32)
-                for ids, arrays in self._store.iter_vectors("dense"):
+                _, file_chunks = _file_vectors()
+                cent = np.zeros((len(c.files), self._indexes[file_chunks.name].dim), dtype=np.float32)
+                for ids, arrays in self._store.iter_vectors(file_chunks.kind):
                     rows = self._ranker.rows_of(ids)
                     ok = rows >= 0
                     if ok.any():
@@ -335,17 +384,15 @@ class Searcher:
                 self._centroids = cent
         return cent
 
-    def _mask(self, language: str | Sequence[str] | None, glob: str | Sequence[str] | None) -> np.ndarray | None:
+    def _mask(self, languages: tuple[str, ...], globs: tuple[str, ...]) -> np.ndarray | None:
+        """Rows kept by the language and path filters (None: every row). Both are checked
+        already: a language is canonical, a glob parses."""
         c = self._ranker.corpus
         mask = None
-        languages = canonical_languages([language] if isinstance(language, str) else [x for x in language or () if x])
         if languages:
-            # A language this index lacks keeps nothing; a name that is no language raised.
+            # A language this index lacks keeps nothing.
             mask = np.isin(c.language, languages)
-        globs = [glob] if isinstance(glob, str) else list(glob or ())
         if globs:
-            from codesearch.search.globs import GlobFilter
-
             spec = GlobFilter.of(globs)
             fmask = np.fromiter(spec.matches(c.files), dtype=bool, count=len(c.files))
             gm = fmask[c.file_idx]
@@ -356,28 +403,14 @@ class Searcher:
         c = self._ranker.corpus
         ids = [int(c.ids[r]) for r, _ in picked]
         with self._lock:
-            recs = {r.id: r for r in self._store.chunk_records(ids)}
+            stored = {r.id: r for r in self._store.chunk_records(ids)}
         hits = []
         for r, s in picked:
-            rec = recs.get(int(c.ids[r]))
+            rec = stored.get(int(c.ids[r]))
             if rec is None:
                 continue
             src = tuple(name for name, v in sources.items() if v[r] > 0)
-            hits.append(
-                SearchHit(
-                    path=rec.path,
-                    start_line=rec.start_line,
-                    end_line=rec.end_line,
-                    score=float(s),
-                    language=rec.language,
-                    symbol=rec.symbol,
-                    kind=rec.kind,
-                    scope=rec.scope,
-                    text=rec.text,
-                    chunk_id=rec.id,
-                    sources=src,
-                )
-            )
+            hits.append(SearchHit.of(rec.chunk, chunk_id=rec.id, score=float(s), sources=src))
         return hits
 
 
@@ -395,16 +428,6 @@ def _in_lexical_order(rows: list[tuple], lex_ids: np.ndarray) -> list[tuple]:
     return [rows[i] for i in np.argsort(key, kind="stable").tolist()]
 
 
-def _get(obj: Any, *names: str) -> Any:
-    for name in names:
-        if isinstance(obj, dict):
-            if obj.get(name) is not None:
-                return obj[name]
-        elif getattr(obj, name, None) is not None:
-            return getattr(obj, name)
-    return None
-
-
-def _lexical_inputs(store: Any) -> tuple[np.ndarray, list[str]]:
+def _lexical_inputs(store: Store) -> tuple[np.ndarray, list[str]]:
     recs = list(store.iter_chunk_records())
-    return np.array([r.id for r in recs], dtype=np.int64), [f"{r.header}\n{r.text}" for r in recs]
+    return np.array([r.id for r in recs], dtype=np.int64), [r.chunk.encoder_text for r in recs]

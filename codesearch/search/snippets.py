@@ -12,12 +12,9 @@ import dataclasses
 import math
 import sqlite3
 from pathlib import Path
-from typing import Any
 
-import xxhash
-
-from codesearch.store.files import decode_source, read_inside, split_lines
-from codesearch.types import STORE_FILE, default_index_dir
+from codesearch.store.files import decode_source, hash_bytes, read_inside, split_lines
+from codesearch.types import STORE_FILE, SearchHit, SearchRequest, SearchResult, default_index_dir
 
 __all__ = ["CHARS_PER_TOKEN", "HIT_TOKENS", "approx_tokens", "fit", "hit_tokens", "shape", "with_context"]
 
@@ -36,12 +33,14 @@ def approx_tokens(text: str) -> int:
     return math.ceil(len(text) / CHARS_PER_TOKEN)
 
 
-def hit_tokens(hit: Any) -> int:
+def hit_tokens(hit: SearchHit) -> int:
     """Estimated tokens of one hit in an answer: its snippet, its path and `HIT_TOKENS`."""
     return approx_tokens(hit.text) + approx_tokens(hit.path) + HIT_TOKENS
 
 
-def with_context(result: Any, root: Path, lines: int, *, index_dir: str | Path | None = None) -> Any:
+def with_context(
+    result: SearchResult, root: Path, lines: int, *, index_dir: str | Path | None = None
+) -> SearchResult:
     """Widen each hit by `lines` lines above and below, read from the current files.
 
     A hit is widened only from the file the index holds: a regular file inside ``root``
@@ -73,12 +72,12 @@ def _indexed_hashes(index_dir: Path, paths: set[str]) -> dict[str, str] | None:
         return None
 
 
-def _widen(hit: Any, root: Path, lines: int, hashes: dict[str, str] | None) -> Any:
+def _widen(hit: SearchHit, root: Path, lines: int, hashes: dict[str, str] | None) -> SearchHit:
     try:
         data, _ = read_inside(root, hit.path)
     except OSError:
         return hit
-    if hashes is not None and hashes.get(hit.path) != xxhash.xxh3_128_hexdigest(data):
+    if hashes is not None and hashes.get(hit.path) != hash_bytes(data):
         return hit  # not the file the index holds: its lines would not be the hit's
     source = split_lines(decode_source(data))
     if hit.end_line > len(source) or hit.start_line < 1:
@@ -104,7 +103,7 @@ def _cut(text: str, n_lines: int) -> str:
     return f"{kept}... ({len(lines) - n_lines} more lines)"
 
 
-def _cut_to_tokens(hit: Any, tokens: int) -> Any | None:
+def _cut_to_tokens(hit: SearchHit, tokens: int) -> SearchHit | None:
     """The hit with as many whole lines of its snippet as fit in `tokens`; None if none do."""
     lines = split_lines(hit.text)
     fixed = approx_tokens(hit.path) + HIT_TOKENS + approx_tokens("... (0000 more lines)")
@@ -119,7 +118,7 @@ def _cut_to_tokens(hit: Any, tokens: int) -> Any | None:
     return dataclasses.replace(hit, text=_cut(hit.text, n))
 
 
-def fit(result: Any, request: Any) -> Any:
+def fit(result: SearchResult, request: SearchRequest) -> SearchResult:
     """Apply ``request``'s output controls to a ranked `SearchResult`.
 
     In order: hits under ``min_score`` go; snippets are cut to ``max_lines`` (or emptied
@@ -163,7 +162,9 @@ def fit(result: Any, request: Any) -> Any:
     return dataclasses.replace(result, hits=hits, notices=notices, left_out=left_out)
 
 
-def shape(result: Any, request: Any, root: Path, *, index_dir: str | Path | None = None) -> Any:
+def shape(
+    result: SearchResult, request: SearchRequest, root: Path, *, index_dir: str | Path | None = None
+) -> SearchResult:
     """`with_context` (``request.context`` lines from the files under ``root`` that the index
     in ``index_dir`` holds), then `fit`."""
     if not request.shapes_output:

@@ -3,8 +3,9 @@ watcher that keeps their indexes fresh.
 
 Start it with ``codesearch serve [PATH...]`` or ``python -m codesearch.server [PATH...]``.
 Modules: `app` (FastAPI routes, auth), `mcp_tools` (MCP server), `service` (bounded search
-pool), `repos` (reader/writer per root, atomic swaps), `batching` (concurrent queries share
-encoder passes), `watch` (debounced watcher), `discovery` and `client` (the
-``codesearch query`` fast path), `runner` (bind, announce, shutdown). Nothing is imported
-here, so ``codesearch.server.client`` stays light.
+pool), `repos` (an index writer and a pinned live searcher per root), `batching`
+(concurrent queries share encoder passes), `watch` (debounced watcher), `discovery` and
+`client` (the ``codesearch query`` fast path), `runner` (bind, announce, shutdown),
+`network` (loopback and address checks), `command` (the ``serve`` command, for the CLI and
+``__main__``). Nothing is imported here, so ``codesearch.server.client`` stays light.
 """

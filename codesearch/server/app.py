@@ -20,6 +20,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from codesearch import __version__
 from codesearch.errors import (
@@ -30,9 +32,10 @@ from codesearch.errors import (
     QueryError,
 )
 from codesearch.server.discovery import CHALLENGE_HEADER, PROOF_HEADER, token_proof
+from codesearch.server.network import is_loopback
 from codesearch.server.repos import AmbiguousPathError, InvalidPathError, UnknownPathError
-from codesearch.types import Mode
 from codesearch.server.service import MAX_K, SearchTimeoutError, ServerBusyError, Service
+from codesearch.types import Mode
 
 # -- request and response models (they make the OpenAPI schema) ---------------------------
 
@@ -168,12 +171,12 @@ class BearerAuth:
     response timing does not leak how much of a guessed token was right.
     """
 
-    def __init__(self, app: Any, token: str):
+    def __init__(self, app: ASGIApp, token: str):
         self.app = app
         self._token = token.strip()  # the client strips what it sends; so must the server
         self._expected = self._token.encode("utf-8")
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # lifespan
             await self.app(scope, receive, send)
             return
@@ -210,11 +213,11 @@ class BodyLimit:
     choice. The body is read here (up to the limit) and handed on whole.
     """
 
-    def __init__(self, app: Any, limit: int | None = None):
+    def __init__(self, app: ASGIApp, limit: int | None = None):
         self.app = app
         self.limit = MAX_BODY_BYTES if limit is None else limit
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
             return
@@ -239,11 +242,11 @@ class BodyLimit:
                                       receive), send)
 
 
-def _replay(messages: list[dict], then: Any = None) -> Any:
+def _replay(messages: list[Message], then: Receive | None = None) -> Receive:
     """A `receive` that returns ``messages`` first, then defers to ``then``."""
     queue = list(messages)
 
-    async def receive() -> dict:
+    async def receive() -> Message:
         if queue:
             return queue.pop(0)
         if then is not None:
@@ -264,7 +267,7 @@ class HostGuard:
     from another origin cannot know.
     """
 
-    def __init__(self, app: Any, host: str):
+    def __init__(self, app: ASGIApp, host: str):
         self.app = app
         self._hosts = {"127.0.0.1", "localhost", "[::1]", _bracket(host).lower()}
 
@@ -277,7 +280,7 @@ class HostGuard:
             name = name.rsplit(":", 1)[0] if name.count(":") == 1 else name
         return name in self._hosts
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # lifespan
             await self.app(scope, receive, send)
             return
@@ -306,7 +309,7 @@ def _bracket(host: str) -> str:
 # -- the app -------------------------------------------------------------------------------
 
 
-def create_app(service: Service, *, token: str | None = None, mcp: bool = True, host: str = "127.0.0.1") -> Any:
+def create_app(service: Service, *, token: str | None = None, mcp: bool = True, host: str = "127.0.0.1") -> ASGIApp:
     """The ASGI app: FastAPI routes, MCP at ``/mcp``, bearer auth when ``token`` is set.
 
     Parameters
@@ -328,7 +331,7 @@ def create_app(service: Service, *, token: str | None = None, mcp: bool = True, 
         in `HostGuard` on a loopback bind.
     """
     mcp_server = None
-    mcp_routes: list[Any] = []
+    mcp_routes: list[BaseRoute] = []
     if mcp:
         from codesearch.server.mcp_tools import build_mcp
 
@@ -377,7 +380,9 @@ def create_app(service: Service, *, token: str | None = None, mcp: bool = True, 
             parts.append(f"{loc}: {err.get('msg', 'invalid')}")
         return _error(400, "ValidationError", "; ".join(parts) + " (see GET /openapi.json for the schema)")
 
-    @app.post("/search", response_model=SearchResponse, responses={**errors, 503: {"model": ErrorBody}, 504: {"model": ErrorBody}})
+    busy = {503: {"model": ErrorBody}, 504: {"model": ErrorBody}}
+
+    @app.post("/search", response_model=SearchResponse, responses={**errors, **busy})
     async def search(body: SearchRequest) -> JSONResponse:
         """Search one served repository; the result schema is ``codesearch query --json``'s."""
         # A Response is sent as is: the document is already the schema's (it is the CLI's),
@@ -385,8 +390,9 @@ def create_app(service: Service, *, token: str | None = None, mcp: bool = True, 
         # The request is checked (QueryError -> 400) in the search pool, not here: how long
         # its globs take to check is the sender's choice, and this loop answers /health.
         fields = body.model_dump(exclude={"path", "repo", "lang", "glob"})
-        return JSONResponse(await service.search(lang=body.lang, glob=body.glob, path=body.path, repo=body.repo,
-                                                 **fields))
+        return JSONResponse(
+            await service.search(lang=body.lang, glob=body.glob, path=body.path, repo=body.repo, **fields)
+        )
 
     @app.post("/index", status_code=202, response_model=IndexAccepted, responses=errors)
     def index(body: IndexRequest | None = None) -> dict[str, Any]:
@@ -407,9 +413,7 @@ def create_app(service: Service, *, token: str | None = None, mcp: bool = True, 
         return service.health()
 
     app.router.routes.extend(mcp_routes)
-    from codesearch.server.discovery import is_loopback
-
-    guarded: Any = BodyLimit(app)
+    guarded: ASGIApp = BodyLimit(app)
     if token:
         guarded = BearerAuth(guarded, token)
     # Host first: a rebinding page must learn nothing, not even that a token is needed.

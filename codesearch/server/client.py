@@ -20,18 +20,25 @@ import json
 import os
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from codesearch.server.discovery import (
     CHALLENGE_HEADER,
     PROOF_HEADER,
     ServerInfo,
-    is_loopback,
     listener_belongs_to,
     read_discovery,
     token_proof,
 )
-from codesearch.types import SCHEMA_VERSION  # of the documents this client understands
+from codesearch.server.network import is_loopback
+from codesearch.types import (
+    JSON,
+    SCHEMA_VERSION,  # of the documents this client understands
+    JSONDict,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from codesearch.types import SearchRequest, SearchResult
 
 HEALTH_TIMEOUT_S = 0.3
 SEARCH_TIMEOUT_S = 30.0
@@ -44,11 +51,11 @@ def _request(
     method: str,
     path: str,
     *,
-    body: dict[str, Any] | None,
+    body: JSONDict | None,
     token: str | None,
     timeout: float,
     headers: dict[str, str] | None = None,
-) -> tuple[int, Any, http.client.HTTPMessage]:
+) -> tuple[int, JSON, http.client.HTTPMessage]:
     conn = http.client.HTTPConnection(info.host, info.port, timeout=timeout)
     try:
         sent = {"Accept": "application/json", **(headers or {})}
@@ -99,13 +106,13 @@ def _proves_token(info: ServerInfo, token: str, timeout: float) -> bool:
 
 def try_server_search(
     root: str | os.PathLike[str],
-    request: dict[str, Any],
+    request: JSONDict,
     *,
     index_dir: str | os.PathLike[str] | None = None,
     token: str | None = None,
     health_timeout: float = HEALTH_TIMEOUT_S,
     timeout: float = SEARCH_TIMEOUT_S,
-) -> dict[str, Any] | None:
+) -> JSONDict | None:
     """Run a search on a running server for ``root``; None when no usable server is up.
 
     Parameters
@@ -167,7 +174,7 @@ def try_server_search(
     return doc
 
 
-def result_from_document(doc: dict[str, Any]) -> Any:
+def result_from_document(doc: JSONDict) -> SearchResult:
     """Turn a ``POST /search`` document back into a `SearchResult` for the CLI's renderers.
 
     The document carries what ``--json`` prints; fields it lacks (scope, chunk id, sources)
@@ -190,7 +197,7 @@ def result_from_document(doc: dict[str, Any]) -> Any:
     )
 
 
-def request_body(request: Any) -> dict[str, Any]:
+def request_body(request: SearchRequest) -> JSONDict:
     """``POST /search`` body of a `SearchRequest`. One language or glob goes as a string and
     output controls only when set, so that a server of an earlier release still understands
     a plain request (one that does not answers 400, and the query runs locally)."""
@@ -199,7 +206,7 @@ def request_body(request: Any) -> dict[str, Any]:
     def one_or_list(values: tuple[str, ...]) -> str | list[str] | None:
         return None if not values else values[0] if len(values) == 1 else list(values)
 
-    body: dict[str, Any] = {
+    body: JSONDict = {
         "query": request.query, "k": request.k, "mode": request.mode.value,
         "lang": one_or_list(request.languages), "glob": one_or_list(request.globs), "files_only": request.files_only,
     }
@@ -213,11 +220,11 @@ def request_body(request: Any) -> dict[str, Any]:
 
 def try_server_result(
     root: str | os.PathLike[str],
-    request: dict[str, Any],
+    request: JSONDict,
     *,
     index_dir: str | os.PathLike[str] | None = None,
     token: str | None = None,
-) -> Any:
+) -> SearchResult | None:
     """`try_server_search`, returned as a `SearchResult` (None when no usable server is up).
 
     This is the one call ``codesearch query`` makes before opening the index itself. The

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import json
 import os
 import time
@@ -141,16 +140,6 @@ def read_discovery(index_dir: str | os.PathLike[str], *, check_alive: bool = Tru
     if check_alive and not pid_alive(info.pid):
         return None
     return info
-
-
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a host name: it may resolve to anything, so not loopback
 
 
 def token_proof(token: str, port: int, nonce: str) -> str:

@@ -10,15 +10,18 @@ document and goes through the same bounded pool and timeout. Served over stdio
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 # Module level, not in build_mcp: the SDK reads the tools' annotations from this module.
 from mcp.types import CallToolResult, TextContent
 
 from codesearch import __version__
 from codesearch.errors import CodeSearchError
-from codesearch.types import Mode
 from codesearch.server.service import Service
+from codesearch.types import JSONDict, Mode
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mcp.server.mcpserver import MCPServer
 
 INSTRUCTIONS = (
     "Semantic and lexical code search over the repositories this server indexes. "
@@ -29,7 +32,7 @@ INSTRUCTIONS = (
 )
 
 
-def _compact(doc: dict[str, Any]) -> Any:
+def _compact(doc: JSONDict) -> CallToolResult:
     """The tool result: the document as structured content, and as compact JSON text.
 
     Why not return the dict: the SDK would write the text with ``indent=2``, and an agent
@@ -39,7 +42,7 @@ def _compact(doc: dict[str, Any]) -> Any:
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=doc)
 
 
-def build_mcp(service: Service) -> Any:
+def build_mcp(service: Service) -> MCPServer:
     """An `MCPServer` whose tools call ``service``.
 
     Returns

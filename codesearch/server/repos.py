@@ -1,18 +1,20 @@
-"""The served repositories: one writer and a swappable reader per root.
+"""The served repositories: an index writer and a pinned live searcher per root.
 
-Why two `CodeSearch` objects per root instead of one: `CodeSearch` makes an index run wait
-for running searches and block new ones until it is done (a read/write lock), which is
-right for a script but would stall every request of a server for the whole run (seconds
-when a model encodes). Here the *writer* only indexes, and searches go to a *reader* that
-holds the last committed generation in memory. After each run a fresh reader is opened and
-warmed on the new generation and swapped in under a lock; requests already running finish
-on the old reader, which is closed when its last request returns. A search therefore sees
-one committed generation or the next, never a half-written one, and never waits for a run.
+Why not `CodeSearch.query`: `CodeSearch` makes an index run wait for running searches and
+block new ones until it is done (a read/write lock), which is right for a script but would
+stall every request of a server for the whole run (seconds when a model encodes). Here the
+*writer* only indexes, and searches go to a pinned `codesearch.search.live.LiveSearcher`
+(`CodeSearch.live_searcher`) that holds the last committed generation in memory. After each
+stage of a run a fresh generation is opened and warmed and swapped in; requests already
+running finish on the old one, which is closed when its last request returns. A search
+therefore sees one committed generation or the next, never a half-written one, and never
+waits for a run. It is the same live searcher `CodeSearch` searches through, with the
+other policy: swapped when told, not following the store.
 
-The reader is a `codesearch.api.Snapshot` of the writer: it shares the writer's loaded
-encoders, so a swap costs opening the indexes, not loading a model. Every root's writer
-loads through one `EncoderPool`, so roots that name the same model, or whose indexes record
-the same one, load it once. Only public API of `codesearch.api` is used here.
+The live searcher loads its query encoders through the writer's models, so a swap costs
+opening the indexes, not loading a model. Every root's writer loads through one
+`EncoderPool`, so roots that name the same model, or whose indexes record the same one, load
+it once. Only public API of `codesearch.api` is used here.
 
 With several roots, a request without ``path`` searches all of them and merges the hits by
 score (each hit then names its ``repo``); ``path`` or ``repo`` selects one (see
@@ -30,10 +32,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING
 
-from codesearch.api import DEFAULT, CodeSearch, EncoderPool, Snapshot
+from codesearch.api import DEFAULT, CodeSearch, EncoderPool
+from codesearch.api.snapshot import with_notices
 from codesearch.errors import CodeSearchError, IndexLockedError, NotIndexedError, PathError
+from codesearch.types import JSONDict, Mode, ProgressEvent, SearchRequest, SearchResult
+
+if TYPE_CHECKING:  # pragma: no cover
+    from codesearch.server.watch import RepoWatcher
 
 log = logging.getLogger("codesearch.server")
 
@@ -74,14 +81,14 @@ class RepoOptions:
     ``model``/``multi_model`` use `codesearch.api.DEFAULT` for "what the index records".
     """
 
-    model: Any = DEFAULT  # hub id or folder; DEFAULT: what the index records; None: no dense
-    multi_model: Any = DEFAULT  # same, for the ColBERT model
+    model: str | None = DEFAULT  # hub id or folder; DEFAULT: what the index records; None: no dense
+    multi_model: str | None = DEFAULT  # same, for the ColBERT model
     device: str = "auto"
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     index_dir: Path | None = None
 
-    def kwargs(self) -> dict[str, Any]:
+    def kwargs(self) -> dict[str, str | Path | tuple[str, ...] | None]:
         return {
             "index_dir": self.index_dir,
             "model": self.model,
@@ -105,11 +112,11 @@ class IndexRunState:
     generation: int = 0  # reader swaps; bumps when new results become searchable
     started_at: float | None = None
     finished_at: float | None = None
-    progress: dict[str, Any] | None = None
-    last_summary: dict[str, Any] | None = None
+    progress: JSONDict | None = None
+    last_summary: JSONDict | None = None
     last_error: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return dataclasses.asdict(self)
 
 
@@ -119,20 +126,6 @@ class _Cancelled(BaseException):
     A BaseException so that no ``except Exception`` inside the pipeline swallows it; the
     pipeline's own cleanup (lock release, uncommitted transaction dropped) still runs.
     """
-
-
-@dataclass(eq=False)
-class _Reader:
-    """One generation's snapshot, opened and warmed up front, and who is using it.
-
-    Why a snapshot rather than ``CodeSearch.query``: `query` waits for the writer's runs
-    and checks that ``store.sqlite`` exists on disk, which a rebuild deletes for the length
-    of the run; the snapshot holds this generation and goes on answering.
-    """
-
-    snapshot: Snapshot
-    users: int = 0
-    retired: bool = False
 
 
 class ServedRepo:
@@ -152,7 +145,7 @@ class ServedRepo:
         options: RepoOptions,
         *,
         encoder_pool: EncoderPool | None = None,
-        run_lock: Any = None,
+        run_lock: threading.Lock | None = None,
         query_batching: bool = True,
         name: str | None = None,
     ):
@@ -163,22 +156,23 @@ class ServedRepo:
         self.name = name or self.root.name  # how requests and hits name this root
         # Status reads get their own object: the writer's status() waits for its runs.
         self._statuser = CodeSearch(root, **options.kwargs())
-        # Opens the readers' snapshots. Apart from the writer because an index run commits
-        # in stages (lexical first, then vectors as they come) and the reader is swapped at
-        # each stage from inside the run, while the writer holds its own write lock.
-        self._snapper = CodeSearch(root, **options.kwargs(), encoder_pool=encoder_pool)
+        # Searches: swapped to each new generation from inside the writer's runs (an index
+        # run commits in stages: lexical first, then vectors as they come).
+        wrap = None
+        if query_batching:
+            from codesearch.server.batching import batcher_for
+
+            wrap = batcher_for  # only the searches' query encoders: the writer encodes documents
+        self._live = self._writer.live_searcher(wrap_encoder=wrap, missing=self._not_ready)
         # One index run at a time across roots: they would only compete for the same cores,
         # and the second run finds the models the first one loaded.
         self._run_lock = run_lock if run_lock is not None else threading.Lock()
-        self._query_batching = query_batching
-        self._ref_lock = threading.Lock()
-        self._reader: _Reader | None = None
         self._cond = threading.Condition()
         self._requested = False
         self._rebuild = False
         self._stopping = False
         self.run_state = IndexRunState()
-        self.watcher: Any = None  # RepoWatcher, set by start()
+        self.watcher: RepoWatcher | None = None  # set by start()
         self.watch_error: str | None = None
         self._thread = threading.Thread(target=self._index_loop, name=f"codesearch-index-{self.root.name}", daemon=True)
 
@@ -243,12 +237,8 @@ class ServedRepo:
                 log.warning("the index run of %s did not stop within %gs; exiting without it "
                             "(the index keeps its last committed generation)", self.root, timeout)
                 return False
-        with self._ref_lock:
-            reader, self._reader = self._reader, None
-        if reader is not None:
-            reader.snapshot.close()
+        self._live.close()
         self._statuser.close()
-        self._snapper.close()
         self._writer.close()
         return True
 
@@ -261,75 +251,41 @@ class ServedRepo:
 
     def query(
         self,
-        query: str,
+        query: str | SearchRequest,
         k: int = 10,
         *,
         mode: str = "hybrid",
         language: str | None = None,
         glob: str | None = None,
         files_only: bool = False,
-    ) -> Any:
-        """Search the last committed generation; returns the `SearchResult`.
+        path_rules: Sequence[str] | None = None,
+    ) -> SearchResult:
+        """Search the last committed generation; same arguments as `Snapshot.search`.
 
         Raises
         ------
         NotIndexedError
             When the first index run has not finished yet.
         QueryError
-            Invalid query or options (from `CodeSearch.query`).
+            Invalid query or options.
         """
-        reader = self._lease()
-        try:
-            return reader.snapshot.search(query, k, mode=mode, language=language, glob=glob, files_only=files_only)
-        finally:
-            self._unlease(reader)
+        request = query if isinstance(query, SearchRequest) else SearchRequest.of(
+            query, k, mode=mode, language=language, glob=glob, files_only=files_only
+        )
+        with self._live.lease(lexical=request.mode is Mode.lexical) as (searcher, notices):
+            result = searcher.search(request, path_rules=path_rules)
+        return with_notices(result, notices)
 
-    def _lease(self) -> _Reader:
-        with self._ref_lock:
-            reader = self._reader
-            if reader is None:
-                what = "is being indexed" if self.run_state.state != "idle" else "has no index"
-                raise NotIndexedError(
-                    f"{str(self.root)!r} {what} (wait for GET /status to show a finished run, "
-                    "or POST /index to build it)"
-                )
-            reader.users += 1
-            return reader
-
-    def _unlease(self, reader: _Reader) -> None:
-        with self._ref_lock:
-            reader.users -= 1
-            close = reader.retired and reader.users == 0
-        if close:
-            reader.snapshot.close()
+    def _not_ready(self) -> NotIndexedError:
+        what = "is being indexed" if self.run_state.state != "idle" else "has no index"
+        return NotIndexedError(
+            f"{str(self.root)!r} {what} (wait for GET /status to show a finished run, or POST /index to build it)"
+        )
 
     def _swap_reader(self) -> None:
-        """Open a snapshot of the current generation, warm it, and make it the reader."""
-        wrap = None
-        if self._query_batching:
-            from codesearch.server.batching import batcher_for
-
-            # Only the snapshot's query encoders are wrapped: the writer encodes documents.
-            wrap = batcher_for
-        snapshot = self._snapper.snapshot(wrap_encoder=wrap)
-        try:
-            # One query of each kind before the swap, so the first request after it pays nothing.
-            snapshot.search("warm up", 1, mode="lexical")
-            snapshot.search("warm up", 1, mode="hybrid")
-        except BaseException:
-            snapshot.close()
-            raise
-        reader = _Reader(snapshot)
-        with self._ref_lock:
-            old, self._reader = self._reader, reader
-            if old is not None:
-                old.retired = True
-                close_old = old.users == 0
-            else:
-                close_old = False
-            self.run_state.generation += 1
-        if close_old and old is not None:
-            old.snapshot.close()
+        """Open the generation committed now, warm it, and make it the one searches use."""
+        self._live.swap()
+        self.run_state.generation += 1
 
     # -- indexing ----------------------------------------------------------------------
 
@@ -401,11 +357,11 @@ class ServedRepo:
                 timer.daemon = True  # never holds up shutdown
                 timer.start()
 
-    def _on_progress(self, event: Any) -> None:
+    def _on_progress(self, event: ProgressEvent) -> None:
         if self._stopping:
             raise _Cancelled()
-        self.run_state.progress = dataclasses.asdict(event) if dataclasses.is_dataclass(event) else {"event": str(event)}
-        if getattr(event, "stage", None) in ("searchable", "published"):
+        self.run_state.progress = dataclasses.asdict(event)
+        if event.stage in ("searchable", "published"):
             # Lexical first: the files are committed (or more vectors are in) while the run
             # goes on embedding; searches move to that generation now, not at the run's end.
             try:
@@ -415,10 +371,10 @@ class ServedRepo:
 
     # -- status ------------------------------------------------------------------------
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> JSONDict:
         """This root's part of ``GET /status``: the index, the indexer, the watcher."""
         try:
-            index: dict[str, Any] | None = self._statuser.status().to_dict()
+            index: JSONDict | None = self._statuser.status().to_dict()
             error = None
         except CodeSearchError as exc:  # e.g. read while a rebuild recreates the store
             index, error = None, str(exc)
@@ -426,8 +382,7 @@ class ServedRepo:
             # A rebuild deletes and recreates files while status walks and sizes them;
             # the next poll sees the new index. Status must not fail for that.
             index, error = None, f"index is being rewritten ({type(exc).__name__}: {exc}); ask again"
-        with self._ref_lock:
-            ready = self._reader is not None
+        ready = self._live.ready
         return {
             "root": str(self.root),
             "index_dir": str(self.index_dir),
@@ -451,9 +406,7 @@ class RepoSet:
         Passed to each `ServedRepo`; ``index_dir`` only makes sense with one root.
     """
 
-    def __init__(
-        self, roots: Sequence[str | os.PathLike[str]], options: RepoOptions, *, query_batching: bool = True
-    ):
+    def __init__(self, roots: Sequence[str | os.PathLike[str]], options: RepoOptions, *, query_batching: bool = True):
         if not roots:
             roots = ["."]
         if options.index_dir is not None and len(roots) > 1:
@@ -469,10 +422,16 @@ class RepoSet:
         names = _labels(unique)
         try:
             for root, name in zip(unique, names):
-                self.repos.append(ServedRepo(
-                    root, options, encoder_pool=self.encoder_pool, run_lock=run_lock,
-                    query_batching=query_batching, name=name,
-                ))
+                self.repos.append(
+                    ServedRepo(
+                        root,
+                        options,
+                        encoder_pool=self.encoder_pool,
+                        run_lock=run_lock,
+                        query_batching=query_batching,
+                        name=name,
+                    )
+                )
         except BaseException:
             for repo in self.repos:
                 repo.close()
@@ -558,8 +517,11 @@ class RepoSet:
                 return [self._existing(self._inside(r, Path(posix[len(r.name) + 1 :]), path), path)]
         if len(self.repos) == 1:
             return [self._existing(self._inside(self.repos[0], candidate, path), path)]
-        having = [found for r in self.repos if (found := self._inside(r, candidate, path))[1] is None
-                  or (r.root / found[1]).exists()]
+        having = [
+            found
+            for r in self.repos
+            if (found := self._inside(r, candidate, path))[1] is None or (r.root / found[1]).exists()
+        ]
         if len(having) == 1:
             return having
         if having:
@@ -577,7 +539,9 @@ class RepoSet:
             return self.repos[0], None
         selected = self.select(path)
         if len(selected) != 1:  # "." with several roots
-            raise AmbiguousPathError(f"path {path!r} names every served repository (pass one of: {', '.join(self.names)})")
+            raise AmbiguousPathError(
+                f"path {path!r} names every served repository (pass one of: {', '.join(self.names)})"
+            )
         return selected[0]
 
     def by_root(self) -> dict[str, ServedRepo]:
@@ -625,7 +589,7 @@ def _labels(roots: list[Path]) -> list[str]:
     """Unique short names: the folder name, with parent folders added where two clash."""
     depth = {root: 1 for root in roots}
     while True:
-        names = {root: "/".join(root.parts[-depth[root]:]) for root in roots}
+        names = {root: "/".join(root.parts[-depth[root] :]) for root in roots}
         clashes = [r for r in roots if list(names.values()).count(names[r]) > 1 and depth[r] < len(r.parts)]
         if not clashes:
             return [names[r] or str(r) for r in roots]

@@ -14,23 +14,24 @@ import json
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import TextIO
 
 from codesearch.errors import ServerError
-from codesearch.server.discovery import ServerInfo, is_loopback, remove_discovery, write_discovery
+from codesearch.server.discovery import ServerInfo, remove_discovery, write_discovery
+from codesearch.server.network import bind_socket, check_bind, client_host, normalize_token
 from codesearch.server.repos import RepoOptions, RepoSet
 from codesearch.server.service import Limits, Service
+from codesearch.types import JSONDict
 
 log = logging.getLogger("codesearch.server")
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7420
-TOKEN_ENV = "CODESEARCH_TOKEN"
 GRACEFUL_S = 1.0  # requests in flight at SIGTERM get this long (uvicorn's graceful shutdown)
 SHUTDOWN_WAIT_S = 0.5  # then searches and the indexer this long, before the process exits without them
 
@@ -68,88 +69,18 @@ class ServeOptions:
     mcp: str = "http"
     watch: bool = True
     index_on_start: bool = True
-    limits: Limits = Limits()
+    limits: Limits = field(default_factory=Limits)
     max_connections: int = 256
     debounce_s: float = 0.25
     query_batching: bool = True
 
 
-def normalize_token(token: str | None) -> str | None:
-    """The token every request must carry: stripped of surrounding whitespace (a client
-    strips what it sends, so a padded token would refuse everyone); None when not given.
-
-    Raises
-    ------
-    ServerError
-        A token of only whitespace, or with a character an HTTP header cannot carry as is
-        (a control or non-ASCII character). The message never shows the token.
-    """
-    if not token:
-        return None  # --token '' is no token (refused off loopback by check_bind)
-    stripped = token.strip()
-    if not stripped:
-        raise ServerError(f"the token is blank (only whitespace); pass --token SECRET or set {TOKEN_ENV} "
-                          "to visible characters, or unset it")
-    bad = next((i for i, ch in enumerate(stripped) if not " " <= ch <= "~"), None)
-    if bad is not None:
-        raise ServerError(f"the token has a control or non-ASCII character at position {bad + 1}, which an "
-                          f"Authorization header cannot carry; use printable ASCII in --token or {TOKEN_ENV}")
-    return stripped
-
-
-def check_bind(host: str, token: str | None) -> None:
-    """Refuse to listen beyond this machine without a token.
-
-    Raises
-    ------
-    ServerError
-        A non-loopback ``host`` and no token.
-    """
-    if not is_loopback(host) and not token:
-        raise ServerError(
-            f"refusing to listen on non-loopback host {host!r} without a token "
-            f"(pass --token SECRET or set {TOKEN_ENV}, or bind 127.0.0.1)"
-        )
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on (host, port); port 0 picks a free port.
-
-    Why bind here rather than let uvicorn do it: the real port of ``--port 0`` is known
-    before the server runs, so the discovery files and the announce line can carry it.
-
-    Raises
-    ------
-    ServerError
-        The address is in use or cannot be bound.
-    """
-    try:
-        family, kind, proto, _, addr = socket.getaddrinfo(
-            host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-        sock = socket.socket(family, kind, proto)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(addr)
-        sock.listen(1024)
-    except OSError as exc:
-        raise ServerError(
-            f"cannot listen on {host}:{port} ({exc.strerror or exc}); pass another --port, or --port 0 for a free one"
-        ) from None
-    sock.set_inheritable(True)
-    return sock
-
-
-def _client_host(bound_host: str) -> str:
-    # A wildcard bind is reached through loopback by clients on this machine.
-    return {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(bound_host, bound_host)
-
-
-def _announce(payload: dict[str, Any], *, stream: Any) -> None:
+def _announce(payload: JSONDict, *, stream: TextIO) -> None:
     stream.write(json.dumps(payload) + "\n")
     stream.flush()
 
 
-def _exit_on_sigterm(_signum: int, _frame: Any) -> None:
+def _exit_on_sigterm(_signum: int, _frame: FrameType | None) -> None:
     # uvicorn restores this handler after its graceful shutdown and re-raises the signal;
     # SystemExit then runs our `finally` blocks (discovery files, index threads) and exits 0.
     raise SystemExit(0)
@@ -204,7 +135,7 @@ def _serve_http(service: Service, options: ServeOptions, token: str | None) -> N
 
     sock = bind_socket(options.host, options.port)
     bound_host, bound_port = sock.getsockname()[:2]
-    host = _client_host(bound_host)
+    host = client_host(bound_host)
     app = create_app(service, token=token, mcp=options.mcp == "http", host=options.host)
     config = uvicorn.Config(
         app,

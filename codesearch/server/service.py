@@ -23,13 +23,12 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
 
 from codesearch import __version__
 from codesearch.errors import NotIndexedError, QueryError, ServerError
-from codesearch.types import SearchRequest
 from codesearch.server.batching import batching_stats
 from codesearch.server.repos import RepoSet
+from codesearch.types import JSONDict, SearchRequest, SearchResult
 
 SCHEMA_VERSION = 1
 MAX_K = 1000  # results per search; bounds the work and the response size of one request
@@ -80,14 +79,14 @@ class DaemonPool:
     def __init__(self, workers: int, name: str):
         self._workers = workers
         self._name = name
-        self._queue: queue.SimpleQueue[tuple[Future, Callable[[], Any]] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[Future, Callable[[], object]] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._closed = False
         self._idle = threading.Condition()
         self._running = 0
 
-    def submit(self, fn: Callable[[], Any]) -> Future:
+    def submit(self, fn: Callable[[], object]) -> Future:
         """Queue ``fn()``; its `Future` holds the result or the exception.
 
         Raises
@@ -200,8 +199,8 @@ class Service:
         files_only: bool = False,
         path: str | None = None,
         repo: str | None = None,
-        **options: Any,
-    ) -> dict[str, Any]:
+        **options: object,
+    ) -> JSONDict:
         """Run one search in the calling thread; returns the CLI's ``--json`` document.
 
         ``query`` is a `SearchRequest` (the routes build one), or the query text with the
@@ -219,7 +218,8 @@ class Service:
         QueryError, NotIndexedError
             From the repository (NotIndexedError only when no selected root is ready).
         """
-        from codesearch.api import escape_glob, fit_result, scope_globs, shape_result, widen_result
+        from codesearch.globs import escape_glob, scope_globs
+        from codesearch.search.snippets import fit, shape, with_context
         from codesearch.types import result_document
 
         request = query if isinstance(query, SearchRequest) else SearchRequest.of(
@@ -229,7 +229,7 @@ class Service:
             raise QueryError(f"k={request.k} is more than this server returns (pass k <= {MAX_K})")
         selected = self.repos.select(path, repo)
         several = len(self.repos.repos) > 1
-        results: list[tuple[str, Any]] = []
+        results: list[tuple[str, SearchResult]] = []
         not_ready: list[NotIndexedError] = []
         for served, sub in selected:
             scoped = scope_globs(sub, request.globs)
@@ -240,28 +240,26 @@ class Service:
                 # any depth) and escaped (a name with "[" or "{" is not a pattern).
                 scoped = ("/" + escape_glob(sub),)
             try:
-                result = served.query(
-                    request.query, request.k, mode=request.mode.value, language=request.languages, glob=scoped,
-                    files_only=request.files_only,
-                )
+                result = served.query(request, path_rules=scoped)
             except NotIndexedError as exc:
                 if len(selected) == 1:
                     raise
                 not_ready.append(exc)  # search the roots that are ready, and say so
                 continue
             if not several:
-                return result_document(shape_result(result, request, served.root, index_dir=served.index_dir))
-            results.append((served.name, widen_result(result, served.root, request.context, index_dir=served.index_dir)))
+                return result_document(shape(result, request, served.root, index_dir=served.index_dir))
+            widened = with_context(result, served.root, request.context, index_dir=served.index_dir)
+            results.append((served.name, widened))
         if not results:
             raise not_ready[0]
         merged, names = _merge(request.query, request.k, results, [str(exc) for exc in not_ready])
-        shaped = fit_result(merged, request)
+        shaped = fit(merged, request)
         doc = result_document(shaped)
         for hit_doc, hit in zip(doc["results"], shaped.hits):
             hit_doc["repo"] = names[hit.chunk_id]
         return doc
 
-    async def search(self, **request: Any) -> dict[str, Any]:
+    async def search(self, **request: object) -> JSONDict:
         """`search_sync` on the pool, bounded and timed out; ``request`` is its arguments,
         checked there (a `SearchRequest` is built in the pool, not on the event loop).
 
@@ -298,11 +296,11 @@ class Service:
                 "or start the server with a larger --search-timeout)"
             ) from None
 
-    def _search_by(self, deadline: float, request: dict[str, Any]) -> dict[str, Any]:
+    def _search_by(self, deadline: float, request: dict[str, object]) -> JSONDict:
         """`search_sync` in a pool thread; its glob filter gives up at ``deadline``, when the
         request has been answered 504 (the rest of a search is bounded by the request's
         limits, the filter by the clock)."""
-        from codesearch.api import glob_deadline
+        from codesearch.globs import glob_deadline
 
         with glob_deadline(deadline):
             return self.search_sync(**request)
@@ -313,15 +311,20 @@ class Service:
 
     # -- index, status, health -------------------------------------------------------------
 
-    def index(self, path: str | None = None, *, rebuild: bool = False) -> dict[str, Any]:
+    def index(self, path: str | None = None, *, rebuild: bool = False) -> JSONDict:
         """Queue an index run for the root of ``path`` (every root without one); returns at
         once. ``root`` and ``indexing`` describe the first root queued, ``roots`` lists all."""
         repos = [repo for repo, _ in self.repos.select(path)]
         states = [repo.request_index(rebuild=rebuild) for repo in repos]
-        return {"root": str(repos[0].root), "roots": [str(r.root) for r in repos], "accepted": True,
-                "rebuild": rebuild, "indexing": states[0].to_dict()}
+        return {
+            "root": str(repos[0].root),
+            "roots": [str(r.root) for r in repos],
+            "accepted": True,
+            "rebuild": rebuild,
+            "indexing": states[0].to_dict(),
+        }
 
-    def status(self, path: str | None = None) -> dict[str, Any]:
+    def status(self, path: str | None = None) -> JSONDict:
         """Every root's index, indexer and watcher (or only the roots ``path`` selects)."""
         repos = [repo for repo, _ in self.repos.select(path)]
         return {
@@ -339,13 +342,20 @@ class Service:
             "roots": [repo.status() for repo in repos],
         }
 
-    def health(self) -> dict[str, Any]:
+    def health(self) -> JSONDict:
         """Cheap liveness answer: no disk access, no lock."""
-        return {"status": "ok", "version": __version__, "pid": os.getpid(), "roots": self.repos.roots,
-                "repos": self.repos.names}
+        return {
+            "status": "ok",
+            "version": __version__,
+            "pid": os.getpid(),
+            "roots": self.repos.roots,
+            "repos": self.repos.names,
+        }
 
 
-def _merge(query: str, k: int, results: list[tuple[str, Any]], not_ready: list[str]) -> tuple[Any, list[str]]:
+def _merge(
+    query: str, k: int, results: list[tuple[str, SearchResult]], not_ready: list[str]
+) -> tuple[SearchResult, list[str]]:
     """One `SearchResult` from several roots' results: the best ``k`` hits by score, indexes
     used and notices from every root (a notice says which root), and each hit's root name.
 
@@ -354,7 +364,6 @@ def _merge(query: str, k: int, results: list[tuple[str, Any]], not_ready: list[s
     """
     import dataclasses
 
-    from codesearch.types import SearchResult
 
     # Stable: equal scores keep the served order of the roots.
     ranked = sorted(((hit, name) for name, result in results for hit in result.hits), key=lambda hn: -hn[0].score)[:k]

@@ -126,7 +126,7 @@ class RepoWatcher:
         watcher = self
 
         class _Handler(FileSystemEventHandler):
-            def on_any_event(self, event) -> None:  # noqa: ANN001 - watchdog's event type
+            def on_any_event(self, event) -> None:  # event: watchdog's FileSystemEvent
                 if event.event_type in _IGNORED_EVENT_TYPES:
                     return
                 if event.is_directory and event.event_type == "modified":

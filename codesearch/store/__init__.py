@@ -5,26 +5,30 @@
 0
 """
 
+from codesearch import _compat
 from codesearch.store.files import atomic_write, read_text
 from codesearch.store.lock import IndexLock, ReadWriteLock
-from codesearch.store.sqlite import (
-    KIND_ROLE,
-    ChunkRecord,
-    ChunkRow,
-    FileRecord,
-    ModelRecord,
-    Store,
-)
+from codesearch.store.records import ChunkMeta, FileRecord, ModelRecord, StoredChunk
+from codesearch.store.sqlite import Store
+from codesearch.store.vectors import KIND_ROLE, VECTOR_KINDS, VectorKind
 
 __all__ = [
-    "ChunkRecord",
-    "ChunkRow",
+    "KIND_ROLE",
+    "VECTOR_KINDS",
+    "ChunkMeta",
     "FileRecord",
     "IndexLock",
-    "KIND_ROLE",
     "ModelRecord",
     "ReadWriteLock",
     "Store",
+    "StoredChunk",
+    "VectorKind",
     "atomic_write",
     "read_text",
 ]
+
+#: The two chunk records became one: `StoredChunk` (ids, text hash, and the `Chunk`).
+__getattr__ = _compat.moved_names(
+    __name__,
+    {"ChunkRecord": "codesearch.store.records:StoredChunk", "ChunkRow": "codesearch.store.records:StoredChunk"},
+)

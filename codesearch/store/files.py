@@ -17,9 +17,21 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import BinaryIO
 
-__all__ = ["atomic_write", "decode_source", "read_inside", "read_regular", "read_source", "read_text", "split_lines"]
+import xxhash
+
+__all__ = [
+    "atomic_write",
+    "decode_source",
+    "hash_bytes",
+    "hash_text",
+    "read_inside",
+    "read_regular",
+    "read_source",
+    "read_text",
+    "split_lines",
+]
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -31,7 +43,7 @@ _NOCTTY = getattr(os, "O_NOCTTY", 0)
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike) -> Iterator[Any]:
+def atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
     """Open a temp file beside ``path`` for binary writing; on success fsync it and
     ``os.replace`` it onto ``path``, so a reader finds the old file or the new one, never
     half of one. On an error (or a kill) the temp file is removed and ``path`` is untouched.
@@ -47,6 +59,16 @@ def atomic_write(path: str | os.PathLike) -> Iterator[Any]:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def hash_bytes(data: bytes) -> str:
+    """The content hash the store keys a file by (xxh3_128, hex)."""
+    return xxhash.xxh3_128_hexdigest(data)
+
+
+def hash_text(text: str) -> str:
+    """The hash the vectors cache keys a chunk's text by (xxh3_128 of its UTF-8, hex)."""
+    return hash_bytes(text.encode("utf-8", "surrogatepass"))
 
 
 def decode_source(data: bytes) -> str:

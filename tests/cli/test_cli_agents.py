@@ -39,7 +39,7 @@ def read(path):
 
 def check_entry(entry: dict, root: str, client: str) -> None:
     assert entry["args"][-3:] == [root, "--mcp", "stdio"]
-    assert entry["command"].endswith("codesearch") and entry["args"][0] == "serve" or \
+    assert (entry["command"].endswith("codesearch") and entry["args"][0] == "serve") or \
         entry["args"][:2] == ["-m", "codesearch.server"]
     if client == "vscode":
         assert entry["type"] == "stdio"
@@ -62,7 +62,10 @@ def test_write_creates_each_clients_file(tmp_path, client):
 
 EXISTING_JSON = {"mcpServers": {"other": {"command": "other-server"}}, "servers": {"other": {"command": "x"}},
                  "context_servers": {"other": {"command": "y"}}, "theme": "One Dark", "nested": {"keep": [1, 2]}}
-EXISTING_TOML = 'model = "o3"  # a comment that must survive\n\n[mcp_servers.other]\ncommand = "other-server"\n\n[profiles.fast]\nmodel = "mini"\n'
+EXISTING_TOML = (
+    'model = "o3"  # a comment that must survive\n\n[mcp_servers.other]\ncommand = "other-server"\n\n'
+    '[profiles.fast]\nmodel = "mini"\n'
+)
 
 
 @pytest.mark.parametrize("client", sorted(FILES))

@@ -88,7 +88,9 @@ def test_index_dir_option_puts_the_index_elsewhere(fresh_repo, tmp_path):
     run("index", fresh_repo, *LEXICAL, "-q", "--index-dir", elsewhere)
     assert (elsewhere / "store.sqlite").is_file()
     assert not (fresh_repo / ".codesearch").exists()
-    result = run("query", "parseConfigFile", "-p", fresh_repo, "--index-dir", elsewhere, "--mode", "lexical", "--files-only")
+    result = run(
+        "query", "parseConfigFile", "-p", fresh_repo, "--index-dir", elsewhere, "--mode", "lexical", "--files-only"
+    )
     assert result.stdout.splitlines()[0] == "src/config.js"
 
 
@@ -237,8 +239,23 @@ def test_an_invalid_glob_is_a_user_error(repo):
 
 
 def test_repeated_lang_means_any_of_them(repo):
-    doc = json.loads(run("query", EVERYTHING, "-p", repo, "--mode", "lexical", "-k", "50", "--lang", "go",
-                         "--lang", "javascript", "--json").stdout)
+    doc = json.loads(
+        run(
+            "query",
+            EVERYTHING,
+            "-p",
+            repo,
+            "--mode",
+            "lexical",
+            "-k",
+            "50",
+            "--lang",
+            "go",
+            "--lang",
+            "javascript",
+            "--json",
+        ).stdout
+    )
     assert {r["language"] for r in doc["results"]} == {"go", "javascript"}
 
 
@@ -249,8 +266,9 @@ def test_max_lines_no_snippet_and_min_score(repo):
     assert [r["path"] for r in cut] == [r["path"] for r in full]
     for whole, short in zip(full, cut):
         n = len(whole["text"].splitlines())
-        assert short["text"].splitlines() == (whole["text"].splitlines()[:2] + [f"... ({n - 2} more lines)"]
-                                              if n > 2 else whole["text"].splitlines())
+        assert short["text"].splitlines() == (
+            [*whole["text"].splitlines()[:2], f"... ({n - 2} more lines)"] if n > 2 else whole["text"].splitlines()
+        )
     bare = json.loads(run(*base, "--no-snippet").stdout)["results"]
     assert [r["text"] for r in bare] == [""] * len(full)
     plain = run("query", EVERYTHING, "-p", repo, "--mode", "lexical", "-k", "3", "--no-snippet").stdout
@@ -267,8 +285,20 @@ def test_budget_fits_the_answer_and_says_what_was_left_out(repo):
     from codesearch.types import SearchHit
 
     def cost(r: dict) -> int:
-        return hit_tokens(SearchHit(path=r["path"], start_line=0, end_line=0, score=0, language="", symbol=None,
-                                    kind="", scope=None, text=r["text"], chunk_id=0))
+        return hit_tokens(
+            SearchHit(
+                path=r["path"],
+                start_line=0,
+                end_line=0,
+                score=0,
+                language="",
+                symbol=None,
+                kind="",
+                scope=None,
+                text=r["text"],
+                chunk_id=0,
+            )
+        )
 
     base = ["query", EVERYTHING, "-p", repo, "--mode", "lexical", "-k", "5", "--json"]
     full = json.loads(run(*base).stdout)["results"]
@@ -424,7 +454,9 @@ def test_cuda_requested_without_a_gpu_is_a_user_error(fresh_repo, single_vector_
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    result = run("index", fresh_repo, "--model", single_vector_dir, "--multi-model", "none", "--device", "cuda", ok=False)
+    result = run(
+        "index", fresh_repo, "--model", single_vector_dir, "--multi-model", "none", "--device", "cuda", ok=False
+    )
     assert_user_error(result, "cuda")
 
 
@@ -482,10 +514,22 @@ def test_models_list_on_a_terminal_keeps_ids_whole(monkeypatch):
     buf = io.StringIO()
     monkeypatch.setattr(render, "stdout", lambda: Console(file=buf, force_terminal=True, width=80, color_system=None))
     long_path = "/home/someone/.cache/huggingface/hub/models--Alibaba-NLP--gte-modernbert-base/snapshots/abc"
-    rows = [{"name": "Alibaba-NLP/gte-modernbert-base", "role": "default dense", "cached": True,
-             "size_bytes": 600_000_000, "path": long_path},
-            {"name": "lightonai/LateOn-Code-edge", "role": "default multi-vector", "cached": False,
-             "size_bytes": 0, "path": None}]
+    rows = [
+        {
+            "name": "Alibaba-NLP/gte-modernbert-base",
+            "role": "default dense",
+            "cached": True,
+            "size_bytes": 600_000_000,
+            "path": long_path,
+        },
+        {
+            "name": "lightonai/LateOn-Code-edge",
+            "role": "default multi-vector",
+            "cached": False,
+            "size_bytes": 0,
+            "path": None,
+        },
+    ]
     render.model_list(rows, as_json=False)
     out = buf.getvalue()
     assert "Alibaba-NLP/gte-modernbert-base" in out and "lightonai/LateOn-Code-edge" in out

@@ -22,7 +22,18 @@ COMMANDS = _walk(typer.main.get_command(app))
 
 def test_every_documented_command_is_there():
     names = {" ".join(p) for p in COMMANDS}
-    assert {"", "index", "query", "status", "serve", "agents", "models", "models list", "models pull", "models info"} <= names
+    assert {
+        "",
+        "index",
+        "query",
+        "status",
+        "serve",
+        "agents",
+        "models",
+        "models list",
+        "models pull",
+        "models info",
+    } <= names
 
 
 @pytest.mark.parametrize("path", COMMANDS, ids=lambda p: " ".join(p) or "codesearch")
@@ -71,6 +82,10 @@ def test_help_fits_80_columns_without_cutting_words_or_typing_flags(path):
 
 def test_serve_help_shows_the_token_variable_and_every_flag_whole():
     result = CliRunner().invoke(app, ["serve", "--help"], terminal_width=80, env={"COLUMNS": "80"})
-    for text in ("CODESEARCH_TOKEN]", "--index-on-start / --no-index-on-start", "--watch / --no-watch",
-                 "--query-batching / --no-query-batching"):
+    for text in (
+        "CODESEARCH_TOKEN]",
+        "--index-on-start / --no-index-on-start",
+        "--watch / --no-watch",
+        "--query-batching / --no-query-batching",
+    ):
         assert text in result.output, text

@@ -32,7 +32,7 @@ def test_terminal_output_has_a_file_link_and_highlighting(monkeypatch, tmp_path)
     render.search_result(RESULT, root=tmp_path, as_json=False, as_jsonl=False, files_only=False)
     out = buf.getvalue()
     uri = (tmp_path / "src/http_client.py").resolve().as_uri()
-    assert f"\x1b]8;id=" in out and uri in out  # OSC 8 hyperlink to the file
+    assert "\x1b]8;id=" in out and uri in out  # OSC 8 hyperlink to the file
     assert "\x1b[" in out  # colours
     text = re.sub(r"\x1b\[[0-9;]*m|\x1b\]8;[^\x1b]*\x1b\\", "", out)  # drop colours and links
     assert text.splitlines()[0] == "src/http_client.py:17-18  0.8731  retry_with_backoff (function)"

@@ -30,12 +30,27 @@ def test_query_while_another_process_indexes_sees_the_last_committed_index(tmp_p
     gen = repo / "gen"
     gen.mkdir()
     for i in range(120):
-        (gen / f"m{i}.py").write_text("".join(f"def newly_added_{i}_{j}(x):\n    return x + {j}\n\n" for j in range(30)))
-    argv = [str(SCRIPT), "index", str(repo), "--model", "none", "--multi-model", str(colbert_dir), "--device", "cpu", "-q"]
+        (gen / f"m{i}.py").write_text(
+            "".join(f"def newly_added_{i}_{j}(x):\n    return x + {j}\n\n" for j in range(30))
+        )
+    argv = [
+        str(SCRIPT),
+        "index",
+        str(repo),
+        "--model",
+        "none",
+        "--multi-model",
+        str(colbert_dir),
+        "--device",
+        "cpu",
+        "-q",
+    ]
     writer = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
-        while writer.poll() is None and not IndexLock.writer_active(repo / ".codesearch") and time.monotonic() < deadline:
+        while (
+            writer.poll() is None and not IndexLock.writer_active(repo / ".codesearch") and time.monotonic() < deadline
+        ):
             time.sleep(0.05)
         hits, _ = search(repo, QUERY, "--no-refresh")
         during = writer.poll() is None
@@ -111,7 +126,10 @@ def test_a_very_long_line_under_the_size_limit(tmp_path):
     (repo / "data.py").write_text(head + long_line + tail)
     ok("index", repo, *LEXICAL, "-q")
     lines = (head + long_line + tail).splitlines()
-    for query, needle in (("marker_on_the_long_line", "marker_on_the_long_line"), ("after_the_long_line", "def after_")):
+    for query, needle in (
+        ("marker_on_the_long_line", "marker_on_the_long_line"),
+        ("after_the_long_line", "def after_"),
+    ):
         hit = search(repo, query)[0][0]
         assert hit["path"] == "data.py"
         assert hit["text"].splitlines() == lines[hit["start_line"] - 1 : hit["end_line"]]

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from fixtures.console import SCRIPT, cli
 from fixtures.sample_repo import EXPECTED, write_sample_repo
 
@@ -99,7 +98,7 @@ def _probe(argv: list[str], cwd: Path | None = None) -> tuple[int, str]:
         [sys.executable, "-c", _PROBE.format(argv=argv)], capture_output=True, text=True, cwd=cwd, timeout=120
     )
     line = [ln for ln in done.stderr.splitlines() if ln.startswith("PROBE")][-1]
-    _, code, heavy = (line.split(" ") + [""])[:3]
+    _, code, heavy = ([*line.split(" "), ""])[:3]
     return int(code or 0), heavy
 
 

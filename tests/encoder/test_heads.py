@@ -10,12 +10,12 @@ import string
 import numpy as np
 import pytest
 import torch
+from fixtures import models
+from fixtures.models import CODE_CORPUS
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
 from codesearch.encoder import load
-from fixtures import models
-from fixtures.models import CODE_CORPUS
 
 DOCS = [
     "def retry_request(session, url): return session.get(url)",
@@ -102,8 +102,8 @@ def colbert_reference(directory, texts, kind):
             m += [0] * (length - 1 - len(x))
             x += [mask_id] * (length - 1 - len(x))
         masks.append(m)
-    ids = [x[:1] + [prefix] + x[1:] for x in ids]
-    masks = [m[:1] + [1] + m[1:] for m in masks]
+    ids = [[*x[:1], prefix, *x[1:]] for x in ids]
+    masks = [[*m[:1], 1, *m[1:]] for m in masks]
     if kind == "query" and conf["attend_to_expansion_tokens"]:
         masks = [[1] * len(m) for m in masks]
     w = load_file(str(directory / "1_Dense" / "model.safetensors"))["linear.weight"]

@@ -99,7 +99,7 @@ def test_missing_config_key_and_broken_json(modernbert_dir, tmp_path):
 def test_missing_weights_file(modernbert_dir, tmp_path):
     d = copy(modernbert_dir, tmp_path / "ckpt")
     (d / "model.safetensors").unlink()
-    with pytest.raises(CheckpointError, match="no model.safetensors"):
+    with pytest.raises(CheckpointError, match=r"no model\.safetensors"):
         load(d, device="cpu")
 
 
@@ -107,7 +107,7 @@ def test_colbert_dense_shape_checked(colbert_dir, tmp_path):
     d = copy(colbert_dir, tmp_path / "cb")
     w = load_file(str(d / "1_Dense" / "model.safetensors"))["linear.weight"]
     save_file({"linear.weight": w[:, :10].contiguous()}, str(d / "1_Dense" / "model.safetensors"))
-    with pytest.raises(CheckpointError, match="'linear.weight'"):
+    with pytest.raises(CheckpointError, match=r"'linear\.weight'"):
         load(d, device="cpu")
 
 

@@ -7,10 +7,10 @@ import json
 
 import pytest
 import torch
+from fixtures.models import CODE_CORPUS
 
 from codesearch.encoder import load
 from codesearch.encoder.modernbert import GLOBAL, LOCAL, ModernBertConfig
-from fixtures.models import CODE_CORPUS
 
 # Long texts cross the fixture's local window (local_attention=128: 64 tokens each side) and
 # the 3w = 192-token threshold where local layers switch to blocked attention.

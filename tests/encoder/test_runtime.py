@@ -9,11 +9,11 @@ import threading
 import numpy as np
 import pytest
 import torch
+from fixtures.models import CODE_CORPUS
 
 from codesearch.encoder import load, runtime
 from codesearch.encoder.modernbert import FusedLayers, PackedBatch
 from codesearch.encoder.runtime import COMPILE_MIN_TOKENS, PackedBackbone, in_thread, waves
-from fixtures.models import CODE_CORPUS
 
 # lengths from 1 to ~700 tokens, out of length order, so batches reorder and waves split them
 TEXTS = [CODE_CORPUS[i % len(CODE_CORPUS)] * (1 + (i * 7) % 9) for i in range(23)] + ["", "x"]

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from fixtures.models import CODE_CORPUS
 
 from codesearch.encoder import load
 from codesearch.encoder.attention import SdpaBackend, VarlenBackend, varlen_available
 from codesearch.encoder.modernbert import PackedBatch
-from fixtures.models import CODE_CORPUS
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 

@@ -184,7 +184,7 @@ _REAL_SOURCES = [
 
 @pytest.mark.parametrize("stem", [True, False])
 def test_cached_tokenizer_matches_reference(stem):
-    for text in _REAL_SOURCES + [" ".join(_REAL_SOURCES) * 3]:
+    for text in [*_REAL_SOURCES, " ".join(_REAL_SOURCES) * 3]:
         assert tokenize(text, stem=stem) == _reference_tokenize(text, stem)
 
 

@@ -284,7 +284,7 @@ def test_training_on_32_points_per_centroid_prints_no_faiss_warning(capfd):
 def test_per_token_passes_in_steps_give_the_same_index(docs, monkeypatch):
     """Assign, compress and the reconstruction error run in steps of `_STEP` tokens (a 15M
     token publication took 24 GB in one piece): the steps change nothing, bit for bit."""
-    from codesearch.indexes import plaid
+    from codesearch.indexes.plaid import codec as plaid
 
     whole = PlaidIndex(DIM, nbits=2, mode="plaid")
     whole.add(np.arange(len(docs) - 5), docs[:-5])

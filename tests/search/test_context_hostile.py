@@ -180,7 +180,8 @@ def odd_source() -> str:
     for i, ch in enumerate(ODD_BREAKS):
         body = "".join(f"    v_{j} = x{ch} + {j}  # {ch}\n" for j in range(40))
         parts.append(f"# section {i}{ch} continues\n{ch}\ndef odd_{i}(x):\n{body}    return x{ch} + {i}\n\n\n")
-    return "".join(parts) + "def needle_function(x):\n" + "".join(f"    w_{j} = x\f\n" for j in range(40)) + "    return x\n"
+    body = "".join(f"    w_{j} = x\f\n" for j in range(40))
+    return "".join(parts) + "def needle_function(x):\n" + body + "    return x\n"
 
 
 @pytest.mark.parametrize("context", [1, 3, 20])
@@ -216,8 +217,18 @@ def test_a_40_line_file_never_ends_past_line_40(tmp_path):
 
 def test_max_lines_counts_lines_the_chunkers_way():
     text = "\n".join(f"line {i}\u2028still line {i}\fand still" for i in range(10))
-    hit = SearchHit(path="a.py", start_line=1, end_line=10, score=1.0, language="python", symbol=None,
-                    kind="block", scope=None, text=text, chunk_id=1)
+    hit = SearchHit(
+        path="a.py",
+        start_line=1,
+        end_line=10,
+        score=1.0,
+        language="python",
+        symbol=None,
+        kind="block",
+        scope=None,
+        text=text,
+        chunk_id=1,
+    )
     result = SearchResult(query="q", mode="lexical", hits=[hit], indexes_used=("lexical",))
     cut = fit(result, SearchRequest("q", max_lines=3)).hits[0].text
-    assert cut.split("\n") == text.split("\n")[:3] + ["... (7 more lines)"]
+    assert cut.split("\n") == [*text.split("\n")[:3], "... (7 more lines)"]

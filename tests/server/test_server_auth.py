@@ -16,7 +16,7 @@ from serverkit import LEXICAL, server_env, start_server
 
 from codesearch.errors import ServerError
 from codesearch.server.client import try_server_search
-from codesearch.server.runner import check_bind, is_loopback
+from codesearch.server.network import check_bind, is_loopback
 
 TOKEN = "s3cret-token-for-tests"
 

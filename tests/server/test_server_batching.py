@@ -74,7 +74,7 @@ def test_an_encoder_failure_reaches_every_waiter():
 
 
 def test_one_batcher_per_encoder_and_encoders_copy(encoder):
-    from codesearch.build.encoders import Encoders
+    from codesearch.encoder.base import Encoders
 
     assert batcher_for(encoder) is batcher_for(encoder)
     assert batcher_for(None) is None

@@ -9,11 +9,12 @@ import subprocess
 import sys
 import time
 
+from fixtures.sample_repo import write_sample_repo
+
 from codesearch.api import CodeSearch
-from codesearch.types import result_document
 from codesearch.server.client import ANSWERED_BY, find_server, try_server_search
 from codesearch.server.discovery import ServerInfo, read_discovery, remove_discovery, write_discovery
-from fixtures.sample_repo import write_sample_repo
+from codesearch.types import result_document
 
 
 def test_fast_path_returns_the_servers_document(lexical_server, sample_repo):

@@ -260,7 +260,7 @@ def test_a_timed_out_search_stops_filtering_at_its_deadline(hostile_repo):
     import asyncio
     import itertools
 
-    from codesearch.search.globs import GlobFilter
+    from codesearch.globs import GlobFilter
     from codesearch.server.repos import RepoOptions, RepoSet
     from codesearch.server.service import Limits, SearchTimeoutError, Service
 

@@ -7,10 +7,10 @@ import json
 import os
 
 import pytest
+from fixtures.sample_repo import EXPECTED
 
 from codesearch.api import CodeSearch
 from codesearch.types import result_document
-from fixtures.sample_repo import EXPECTED
 
 
 def library(root, query, k=10, **kwargs):

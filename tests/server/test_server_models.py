@@ -48,7 +48,7 @@ def test_model_modes_equal_the_library(model_server, mode, query):
 
 
 def test_a_reader_swap_keeps_the_loaded_models(model_server):
-    root, server, *_ = model_server
+    _root, server, *_ = model_server
     with server.client() as http:
         runs = http.get("/status").json()["roots"][0]["indexing"]["runs"]
         assert http.post("/index", json={}).status_code == 202
@@ -145,8 +145,8 @@ def test_a_model_switched_off_stays_off_through_server_runs(tmp_path, single_vec
     # Issue 11: the server composed the writer's encoders from the reader's and dropped the
     # roles switched off with 'none'; its run then recorded none, and the next plain
     # 'index' (or server start) warned that the default ColBERT model is not cached.
-    from codesearch.store import Store
     from codesearch.server.repos import RepoOptions, RepoSet
+    from codesearch.store import Store
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))

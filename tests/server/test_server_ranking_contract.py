@@ -72,7 +72,9 @@ def _api(root, k: int, **kw) -> list[tuple[str, int, int]]:
 
 
 def _cli(root, k: int, *extra: str) -> list[tuple[str, int, int]]:
-    out = CliRunner().invoke(app, ["query", QUERY, "-p", str(root), "--mode", "lexical", "-k", str(k), "--json", *extra])
+    out = CliRunner().invoke(
+        app, ["query", QUERY, "-p", str(root), "--mode", "lexical", "-k", str(k), "--json", *extra]
+    )
     assert out.exit_code == 0, out.stderr
     return _locs(json.loads(out.stdout)["results"])
 
@@ -90,8 +92,9 @@ def _mcp(server, root) -> dict[int, list[tuple[str, int, int]]]:
         with anyio.fail_after(120):
             async with Client(server.url + "/mcp") as client:
                 for k in KS:
-                    res = await client.call_tool("search_code", {"query": QUERY, "k": k, "mode": "lexical",
-                                                                 "path": str(root)})
+                    res = await client.call_tool(
+                        "search_code", {"query": QUERY, "k": k, "mode": "lexical", "path": str(root)}
+                    )
                     assert not res.is_error, res.content
                     out[k] = _locs(res.structured_content["results"])
         return out
@@ -136,7 +139,9 @@ def test_a_language_one_root_lacks_filters_it_to_nothing(roots, server):
     async def main():
         with anyio.fail_after(120):
             async with Client(server.url + "/mcp") as client:
-                ok = await client.call_tool("search_code", {"query": "walk directory", "lang": "rust", "mode": "lexical"})
+                ok = await client.call_tool(
+                    "search_code", {"query": "walk directory", "lang": "rust", "mode": "lexical"}
+                )
                 bad = await client.call_tool("search_code", {"query": "walk directory", "lang": "cobolx"})
         assert not ok.is_error and {r["repo"] for r in ok.structured_content["results"]} == {"rs"}
         assert bad.is_error and "unknown language 'cobolx'" in bad.content[0].text

@@ -32,7 +32,7 @@ from codesearch.server.discovery import (
     token_proof,
     write_discovery,
 )
-from codesearch.server.runner import normalize_token
+from codesearch.server.network import normalize_token
 
 TOKEN = "user-token-never-to-leak"
 EVIL = {"schema_version": 1, "query": "x", "mode": "lexical", "indexes_used": ["lexical"], "notices": [],

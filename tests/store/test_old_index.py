@@ -7,8 +7,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from codesearch.api import CodeSearch
+import pytest
 from fixtures.sample_repo import write_sample_repo
+
+from codesearch.api import CodeSearch
 
 OLD_INDEX = Path(__file__).resolve().parents[1] / "fixtures" / "index_v0_1"
 
@@ -27,3 +29,33 @@ def test_an_index_built_before_the_relayout_opens_searches_and_updates(tmp_path)
         assert summary.files_removed == 0 and summary.chunks_total == 5
         assert cs.index().files_indexed == 0  # and from then on it is up to date
         assert [h.path for h in cs.search("parse config file", k=3, mode="lexical")] == [h.path for h in hits]
+
+
+MAIN_INDEX = Path(__file__).resolve().parents[1] / "fixtures" / "index_main_19a40e4"
+
+
+def test_an_index_written_before_issue_24_opens_and_answers_as_it_did(tmp_path, monkeypatch, single_vector_dir,
+                                                                       colbert_dir):
+    """The index of fixtures/index_main_19a40e4 (lexical, dense, whole-file, ColBERT/PLAID,
+    a vectors segment), written by the code before this re-layout: its files load as they
+    are (no derived index is rebuilt) and every mode answers what that code answered, with
+    the same tiny models (built again here, from the same seeds)."""
+    import json
+
+    from codesearch.indexes import registry
+
+    expected = json.loads((MAIN_INDEX / "expected.json").read_text())
+    root = write_sample_repo(tmp_path / "repo")
+    shutil.copytree(MAIN_INDEX, root / ".codesearch", ignore=shutil.ignore_patterns("*.json", "*.md"))
+    rebuilt: list[str] = []
+    real = registry._rebuild_index
+    monkeypatch.setattr(registry, "_rebuild_index", lambda name, store: rebuilt.append(name) or real(name, store))
+    with CodeSearch(root, model=str(single_vector_dir), multi_model=str(colbert_dir), device="cpu") as cs:
+        status = cs.status()
+        assert (status.files, status.chunks, status.vectors) == (expected["files"], expected["chunks"],
+                                                                 expected["vectors"])
+        for mode, hits in expected["answers"].items():
+            got = cs.query("parse config file", 3, mode=mode).hits
+            assert [[h.path, h.start_line, h.end_line] for h in got] == [h[:3] for h in hits], mode
+            assert [h.score for h in got] == pytest.approx([h[3] for h in hits], abs=1e-4), mode
+    assert rebuilt == []

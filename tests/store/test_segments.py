@@ -58,7 +58,10 @@ def test_colbert_arrays_go_to_a_segment_once_and_read_back_exactly(tmp_path):
         _put(s, arrays)
         _put(s, dense, kind="dense")
         rows = s.conn.execute("SELECT kind, length(data), seg FROM vectors").fetchall()
-        assert {(k, n == 0, seg is not None) for k, n, seg in rows} == {("colbert", True, True), ("dense", False, False)}
+        assert {(k, n == 0, seg is not None) for k, n, seg in rows} == {
+            ("colbert", True, True),
+            ("dense", False, False),
+        }
         got = s.get_vectors("m@1", "colbert", list(arrays))
         for h, v in arrays.items():
             np.testing.assert_array_equal(got[h], _f16(v))
@@ -123,7 +126,9 @@ CHILD = textwrap.dedent(
 
 def test_a_writer_killed_between_append_and_commit_keeps_every_committed_array(tmp_path):
     _store(tmp_path).close()
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "store.sqlite")], capture_output=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path / "store.sqlite")], capture_output=True, check=False
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
     with Store(tmp_path / "store.sqlite") as s:
         assert sorted(s.cached_hashes("m@1", "colbert")) == [f"k{i}" for i in range(6)]
@@ -200,7 +205,9 @@ def _with_chunks(tmp_path, chunks: dict[str, np.ndarray], split: int) -> Store:
             fid = s.upsert_file(f"f{i}.py", hash=f"file{i}", size=1, mtime_ns=1, language="python", n_lines=1)
             s.conn.execute(
                 "INSERT INTO chunks(file_id, start_line, end_line, start_byte, end_byte, language, kind,"
-                " header, text, text_hash) VALUES (?, 1, 1, 0, 1, 'python', 'function', '', '', ?)", (fid, h))
+                " header, text, text_hash) VALUES (?, 1, 1, 0, 1, 'python', 'function', '', '', ?)",
+                (fid, h),
+            )
     items = list(chunks.items())
     _put(s, dict(items[:split]))
     s.segments.rotate()

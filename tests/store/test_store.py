@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 from codesearch.errors import IndexCorruptError, IndexLockedError
-from codesearch.store import ChunkRecord, IndexLock, Store
-from codesearch.store import sqlite as store_mod
+from codesearch.store import IndexLock, Store, StoredChunk
+from codesearch.store import schema as store_mod
+from codesearch.store.vectors import encode_array
+from codesearch.types import Chunk
 
 
 @dataclass(frozen=True)
@@ -52,8 +54,8 @@ def test_chunk_records_keep_the_order_of_ids():
         ]
     recs = s.chunk_records([ids[2], ids[0], 999, ids[1]])
     assert [r.id for r in recs] == [ids[2], ids[0], ids[1]]
-    assert recs[2] == ChunkRecord(ids[1], fb, "b.py", 3, 9, "python", "g", "function", None,
-                                  "b.py > def g", "def f(): pass")
+    assert recs[2] == StoredChunk(ids[1], fb, "t2", Chunk("b.py", 3, 9, 11, 90, "python", "g", "function", None,
+                                                        "def f(): pass", "b.py > def g"))
     assert recs[0].to_dict()["symbol"] is None
     assert [r.id for r in s.iter_chunk_records()] == sorted(ids)
     assert s.file_chunk_ids(fa) == [ids[0], ids[2]]
@@ -67,8 +69,8 @@ def test_chunk_meta_matches_the_records_without_text():
         s.insert_chunk(fb, FakeChunk(3, 9, 11, 90, symbol="g", language="go"), "t2")
         s.insert_chunk(fa, FakeChunk(4, 5, 20, 30, symbol=None, kind="block"), "t3")
     meta = list(s.iter_chunk_meta())
-    assert meta == [(r.id, r.file_id, r.path, r.start_line, r.end_line, r.language, r.symbol, r.kind, r.scope)
-                    for r in s.iter_chunk_records()]
+    assert meta == [(r.id, r.file_id, r.chunk.path, r.chunk.start_line, r.chunk.end_line, r.chunk.language,
+                     r.chunk.symbol, r.chunk.kind, r.chunk.scope) for r in s.iter_chunk_records()]
     assert meta[0][2:7] == ("src/b.py", 3, 9, "go", "g") and meta[1][6] is None and meta[1][7] == "block"
 
 
@@ -187,7 +189,7 @@ def _old_store(path, version, vectors):
         con.executescript(script)
     con.execute(f"PRAGMA user_version = {version}")
     for h, v in vectors.items():
-        n, dim, blob = store_mod.encode_array(v)
+        n, dim, blob = encode_array(v)
         con.execute("INSERT INTO vectors(model, kind, text_hash, dim, n, data) VALUES (?, ?, ?, ?, ?, ?)",
                     ("m@1", "colbert", h, dim, n, blob))
     con.close()
@@ -302,7 +304,9 @@ def test_the_float16_cast_is_numpys_bit_for_bit_with_torch_loaded(monkeypatch):
     pytest.importorskip("torch")
     rng = np.random.default_rng(3)
     scales = [rng.standard_normal(4096).astype(np.float32) * s for s in (1e-9, 1e-6, 1e-3, 1, 1e3, 6e4, 1e6)]
-    edges = np.array([np.inf, -np.inf, 65504, 65519.99, 65520, -0.0, 0.0, 5.96e-8, 2.98e-8, 2.99e-8, 6.1e-5], np.float32)
+    edges = np.array(
+        [np.inf, -np.inf, 65504, 65519.99, 65520, -0.0, 0.0, 5.96e-8, 2.98e-8, 2.99e-8, 6.1e-5], np.float32
+    )
     bits = rng.integers(0, 2**32, 8192, dtype=np.uint32).view(np.float32)
     x = np.concatenate([*scales, edges, bits[~np.isnan(bits)]])
     x = x[: len(x) // 8 * 8].reshape(-1, 8)

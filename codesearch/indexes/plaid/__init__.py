@@ -1,0 +1,43 @@
+"""Multi-vector index: PLAID over ColBERT token vectors, exact MaxSim for small collections.
+
+A document is a variable number of L2-normalised token vectors; its score for a query is
+MaxSim: for every query token, the best inner product with any document token, summed.
+
+Small collections (below ``exact_threshold`` tokens) keep the token vectors in float16 and
+score every document exactly: that is both the fastest path at that size and the oracle
+the PLAID path is tested against. Past the threshold the index becomes PLAID
+(Santhanam et al., 2022, on ColBERTv2's residual compression):
+
+- **centroids**: spherical k-means over token vectors, ``2^floor(log2(16 * sqrt(n_tokens)))``
+  of them as in ColBERT/PLAID, capped (``max_centroids``);
+- **residual compression**: each token stores its centroid id (``codes``) and its
+  residual ``v - centroid`` quantised to ``nbits`` (2 or 4) per dimension. Bucket cutoffs
+  are quantiles of all residual values, each bucket decodes to the mean residual that fell
+  in it; bits are packed ``8 // nbits`` values per byte;
+- **candidate generation**: each query token probes its ``nprobe`` nearest centroids; the
+  documents with a token in a probed centroid are candidates;
+- **centroid interaction**: candidates are ranked by MaxSim computed with centroid scores
+  only (no decompression), and the best ``ndocs`` survive;
+- **exact re-ranking**: survivors are decompressed (centroid + decoded residual,
+  re-normalised) and scored by exact MaxSim.
+
+Adds and removes need no rebuild: new tokens are assigned to the existing centroids and
+compressed with the existing buckets; removed documents are dropped lazily (their tokens
+are compacted away once they exceed a quarter of the storage). The mean reconstruction
+error of added tokens is tracked; when it grows past ``rebuild_ratio`` times the error at
+build time the data has drifted from the centroids and :attr:`PlaidIndex.needs_rebuild`
+turns true; :meth:`PlaidIndex.rebuild` retrains.
+
+On disk: one ``.npz`` (numpy arrays plus a JSON manifest stored as bytes, loaded with
+``allow_pickle=False``), written to a temp name and ``os.replace``d. Zip CRCs catch
+damaged bytes, the manifest's shapes catch the rest.
+
+Modules: `index` (`PlaidIndex`), `codec` (`ResidualCodec`), `maxsim` (exact MaxSim),
+`search` (the PLAID path), `files` (save and load).
+"""
+
+from codesearch.indexes.plaid.codec import ResidualCodec
+from codesearch.indexes.plaid.index import EXACT_TOKEN_THRESHOLD, PlaidIndex
+from codesearch.indexes.plaid.maxsim import maxsim_search
+
+__all__ = ["EXACT_TOKEN_THRESHOLD", "PlaidIndex", "ResidualCodec", "maxsim_search"]

@@ -1,0 +1,195 @@
+"""PLAID's residual codec: spherical k-means centroids, each token's centroid id, and its
+residual quantised to 2 or 4 bits per dimension."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["ResidualCodec"]
+
+#: Tokens per step of the per-token passes (assign, compress, reconstruction error): their
+#: float32 temporaries stay ~200 MB at 48 dims, not several copies of every token. A 60k-text
+#: index (15M tokens) took 24 GB in one publication before.
+_STEP = 1_000_000
+
+
+def _normalise(x: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.maximum(norms, 1e-12)
+
+
+# -- residual codec ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class ResidualCodec:
+    """Centroids plus the ``nbits`` residual quantiser of ColBERTv2.
+
+    Attributes
+    ----------
+    centroids : np.ndarray
+        ``(n_centroids, dim)`` float32, unit norm.
+    cutoffs : np.ndarray
+        ``(2**nbits - 1,)`` bucket boundaries on residual values (shared by all dims).
+    weights : np.ndarray
+        ``(2**nbits,)`` value each bucket decodes to: the mean residual that fell in it.
+    nbits : int
+        Bits per dimension, 2 or 4.
+    """
+
+    centroids: np.ndarray
+    cutoffs: np.ndarray
+    weights: np.ndarray
+    nbits: int
+
+    @property
+    def dim(self) -> int:
+        return int(self.centroids.shape[1])
+
+    @property
+    def packed_dim(self) -> int:
+        """Bytes per token of packed residual."""
+        per_byte = 8 // self.nbits
+        return -(-self.dim // per_byte)
+
+    @property
+    def code_dtype(self) -> np.dtype:
+        return np.dtype(np.uint16 if len(self.centroids) <= 2**16 else np.int32)
+
+    @classmethod
+    def train(
+        cls,
+        vectors: np.ndarray,
+        *,
+        nbits: int,
+        n_centroids: int,
+        niter: int = 4,
+        seed: int = 0,
+    ) -> tuple[ResidualCodec, np.ndarray, np.ndarray]:
+        """Fit centroids and buckets on ``vectors``.
+
+        Returns
+        -------
+        codec : ResidualCodec
+        codes : np.ndarray
+            Nearest centroid of every vector.
+        held_out : np.ndarray
+            Positions of vectors k-means did not train on: their reconstruction error is
+            the honest baseline for later additions (training points fit their centroids
+            better than any new point will).
+        """
+        import faiss
+
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        # 32 points per centroid pin the centroids down well enough and keep training to
+        # seconds at a million tokens on a laptop (ColBERT samples documents for the same
+        # reason); at least a tenth is always held out.
+        n = len(vectors)
+        n_train = max(min(32 * n_centroids, int(0.9 * n)), min(n, n_centroids))
+        order = np.random.default_rng(seed).permutation(n)
+        kmeans = faiss.Kmeans(
+            vectors.shape[1],
+            n_centroids,
+            niter=niter,
+            seed=seed,
+            spherical=True,
+            max_points_per_centroid=32,
+            # 32 per centroid is the design (above); faiss's default minimum of 39 printed a
+            # "please provide at least ... training points" warning on every large index run
+            min_points_per_centroid=1,
+            verbose=False,
+        )
+        kmeans.train(vectors[np.sort(order[:n_train])])
+        centroids = _normalise(kmeans.centroids.astype(np.float32))
+        codes = _assign(centroids, vectors)
+        dim = vectors.shape[1]
+        if n * dim > 4_000_000:  # quantiles of a few million residual values are plenty
+            at = np.random.default_rng(seed).integers(0, n * dim, 4_000_000)
+            rows, cols = np.divmod(at, dim)
+            sample = vectors[rows, cols] - centroids[codes[rows], cols]
+        else:
+            sample = (vectors - centroids[codes]).reshape(-1)
+        n_buckets = 1 << nbits
+        cutoffs = np.quantile(sample, np.arange(1, n_buckets) / n_buckets).astype(np.float32)
+        buckets = np.searchsorted(cutoffs, sample, side="right")
+        counts = np.bincount(buckets, minlength=n_buckets)
+        sums = np.bincount(buckets, weights=sample, minlength=n_buckets)
+        # An empty bucket (all-equal residuals) decodes to its cutoff rather than 0/0.
+        edges = np.concatenate([cutoffs[:1], cutoffs])
+        weights = np.where(counts > 0, sums / np.maximum(counts, 1), edges).astype(np.float32)
+        codec = cls(centroids, cutoffs, weights, nbits)
+        held_out = np.sort(order[n_train:]) if n_train < n else np.arange(n)
+        return codec, codes.astype(codec.code_dtype), held_out
+
+    def assign(self, vectors: np.ndarray) -> np.ndarray:
+        """Nearest centroid (by inner product) of each vector."""
+        return _assign(self.centroids, vectors).astype(self.code_dtype)
+
+    def compress(self, vectors: np.ndarray, codes: np.ndarray | None = None):
+        """``(codes, packed residuals)`` of ``vectors`` under this codec (in steps of
+        :data:`_STEP` tokens, so the temporaries stay small)."""
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        if codes is None:
+            codes = self.assign(vectors)
+        if len(vectors) > _STEP:
+            parts = [self._compress(vectors[i : i + _STEP], codes[i : i + _STEP])[1]
+                     for i in range(0, len(vectors), _STEP)]
+            return codes, np.concatenate(parts)
+        return self._compress(vectors, codes)
+
+    def error(self, vectors: np.ndarray, codes: np.ndarray, packed: np.ndarray) -> np.ndarray:
+        """Each vector's distance to its reconstruction, in steps of :data:`_STEP` tokens."""
+        out = np.empty(len(vectors), np.float32)
+        for i in range(0, len(vectors), _STEP):
+            part = slice(i, i + _STEP)
+            out[part] = np.linalg.norm(vectors[part] - self.decompress(codes[part], packed[part]), axis=1)
+        return out
+
+    def _compress(self, vectors: np.ndarray, codes: np.ndarray):
+        residuals = vectors - self.centroids[codes]
+        buckets = np.searchsorted(self.cutoffs, residuals, side="right").astype(np.uint8)
+        per_byte = 8 // self.nbits
+        pad = self.packed_dim * per_byte - self.dim
+        if pad:
+            buckets = np.pad(buckets, ((0, 0), (0, pad)))
+        buckets = buckets.reshape(len(vectors), self.packed_dim, per_byte)
+        packed = np.zeros((len(vectors), self.packed_dim), dtype=np.uint8)
+        for j in range(per_byte):  # first value in the high bits
+            packed |= buckets[:, :, j] << np.uint8(8 - self.nbits * (j + 1))
+        return codes, packed
+
+    def decompress(self, codes: np.ndarray, packed: np.ndarray) -> np.ndarray:
+        """Unit-norm float32 reconstruction ``normalise(centroid + decoded residual)``."""
+        if not len(packed):
+            return np.empty((0, self.dim), np.float32)
+        residuals = self._lut[packed].reshape(len(packed), -1)[:, : self.dim]
+        return _normalise(self.centroids[codes] + residuals)
+
+    @property
+    def _lut(self) -> np.ndarray:
+        # (256, 8 // nbits): every byte value decoded to its residual values at once.
+        lut = self.__dict__.get("_lut_cache")
+        if lut is None:
+            per_byte = 8 // self.nbits
+            byte = np.arange(256, dtype=np.uint8)[:, None]
+            shifts = np.array([8 - self.nbits * (j + 1) for j in range(per_byte)], np.uint8)
+            lut = self.weights[(byte >> shifts) & np.uint8((1 << self.nbits) - 1)]
+            object.__setattr__(self, "_lut_cache", lut)
+        return lut
+
+
+def _assign(centroids: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+    import faiss
+
+    index = faiss.IndexFlatIP(centroids.shape[1])
+    index.add(np.ascontiguousarray(centroids, dtype=np.float32))
+    nearest = np.empty(len(vectors), np.int64)
+    for i in range(0, len(vectors), _STEP):
+        _, best = index.search(np.ascontiguousarray(vectors[i : i + _STEP], dtype=np.float32), 1)
+        nearest[i : i + len(best)] = best[:, 0]
+    return nearest
+
+
+# -- the index -----------------------------------------------------------------------------

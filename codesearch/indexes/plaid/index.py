@@ -1,0 +1,399 @@
+"""`PlaidIndex`: multi-vector MaxSim, exact below a token threshold, PLAID above (see the
+package's notes)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from codesearch.indexes.plaid.codec import ResidualCodec
+from codesearch.indexes.plaid.files import PlaidFiles
+from codesearch.indexes.plaid.maxsim import (
+    _EMPTY_IDS,
+    _EMPTY_SCORES,
+    _segment_starts,
+    _token_index,
+    _top_k,
+    exact_maxsim,
+)
+from codesearch.indexes.plaid.search import PlaidSearch
+
+__all__ = ["EXACT_TOKEN_THRESHOLD", "PlaidIndex"]
+
+#: Token count below which the index stays exact (float16 vectors, brute-force MaxSim).
+#: 2^18 tokens x 128 dims x 2 bytes = 64 MiB, and a full scan stays around 100 ms.
+EXACT_TOKEN_THRESHOLD = 2**18
+
+
+class PlaidIndex(PlaidSearch, PlaidFiles):
+    """Multi-vector MaxSim index: exact below ``exact_threshold`` tokens, PLAID above.
+
+    Parameters
+    ----------
+    dim : int or None
+        Token vector size; ``None`` takes it from the first :meth:`add`.
+    nbits : int
+        Residual bits per dimension in PLAID mode, 2 or 4.
+    mode : {"auto", "exact", "plaid"}
+        ``"auto"`` switches to PLAID when the token count passes ``exact_threshold``;
+        ``"exact"`` and ``"plaid"`` force one path at any size.
+    exact_threshold : int
+        Token count at which ``"auto"`` trains PLAID.
+    n_centroids : int or None
+        Centroid count; ``None`` uses ``2^floor(log2(16 * sqrt(n_tokens)))`` (ColBERT's
+        rule), capped by ``max_centroids`` and by ``n_tokens / 8``.
+    max_centroids : int
+        Cap on the automatic centroid count (k-means time grows with it).
+    nprobe : int
+        Centroids probed per query token for candidate generation. Probing is cheap here
+        (it reads the probed inverted lists only), so the default is generous: recall on
+        clustered data kept rising to 32 (BENCHMARKS.md).
+    ndocs : int or None
+        Candidates scored by full centroid interaction; a quarter of them (at least ``k``)
+        are decompressed and re-ranked exactly. ``None`` uses ``max(512, 8 * k)``
+        (PLAID's own defaults run from 25 k at k=10 to 4 k at k=1000).
+    kmeans_niter : int
+        k-means iterations (ColBERT's default is 4).
+    rebuild_ratio : float
+        :attr:`needs_rebuild` turns true when the mean reconstruction error of tokens added
+        since the build exceeds this multiple of the error at build time.
+    seed : int
+        k-means seed: builds are reproducible.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> docs = [rng.standard_normal((5, 8)).astype(np.float32) for _ in range(3)]
+    >>> docs = [d / np.linalg.norm(d, axis=1, keepdims=True) for d in docs]
+    >>> index = PlaidIndex(8)
+    >>> index.add(np.array([7, 8, 9]), docs)
+    >>> ids, scores = index.search([docs[1][:2]], k=1)[0]
+    >>> int(ids[0])
+    8
+    """
+
+    def __init__(
+        self,
+        dim: int | None = None,
+        *,
+        nbits: int = 4,
+        mode: str = "auto",
+        exact_threshold: int = EXACT_TOKEN_THRESHOLD,
+        n_centroids: int | None = None,
+        max_centroids: int = 2**14,
+        nprobe: int = 32,
+        ndocs: int | None = None,
+        kmeans_niter: int = 4,
+        rebuild_ratio: float = 1.5,
+        seed: int = 0,
+    ) -> None:
+        if nbits not in (2, 4):
+            raise ValueError(f"nbits must be 2 or 4, got {nbits}")
+        if mode not in ("auto", "exact", "plaid"):
+            raise ValueError(f"mode must be 'auto', 'exact' or 'plaid', got {mode!r}")
+        self._dim = None if dim is None else int(dim)
+        self.nbits = nbits
+        self.mode = mode
+        self.exact_threshold = int(exact_threshold)
+        self.n_centroids = n_centroids
+        self.max_centroids = int(max_centroids)
+        self.nprobe = int(nprobe)
+        self.ndocs = ndocs
+        self.kmeans_niter = int(kmeans_niter)
+        self.rebuild_ratio = float(rebuild_ratio)
+        self.seed = int(seed)
+        self._reset_docs()
+        # Exact mode payload.
+        self._vectors: np.ndarray | None = None  # (tokens, dim) float16
+        # PLAID payload.
+        self._codec: ResidualCodec | None = None
+        self._codes: np.ndarray | None = None  # (tokens,) centroid ids
+        self._residuals: np.ndarray | None = None  # (tokens, packed_dim) uint8
+        self._build_error = 0.0  # mean reconstruction error (L2) of the build's tokens
+        self._added_error_sum = 0.0  # ... summed over tokens added since the build
+        self._added_tokens = 0
+        self._ivf: tuple[np.ndarray, np.ndarray] | None = None  # centroid -> doc positions
+
+    def _reset_docs(self) -> None:
+        self._ids = np.empty(0, dtype=np.int64)  # (docs,) one per stored document, dead too
+        self._doclens = np.empty(0, dtype=np.int64)
+        self._starts = np.empty(0, dtype=np.int64)  # first token of each document
+        self._alive = np.empty(0, dtype=bool)
+        self._pos: dict[int, int] = {}  # id -> document position, live documents only
+        self._dead_tokens = 0
+
+    # -- properties ----------------------------------------------------------------------
+
+    @property
+    def dim(self) -> int | None:
+        """Token vector size (``None`` until the first add when not given)."""
+        return self._dim
+
+    @property
+    def kind(self) -> str:
+        """``"exact"`` or ``"plaid"``: the path searches take now."""
+        return "plaid" if self._codec is not None else "exact"
+
+    def __len__(self) -> int:
+        return len(self._pos)
+
+    @property
+    def n_tokens(self) -> int:
+        """Token vectors of live documents."""
+        return int(self._doclens[self._alive].sum())
+
+    def ids(self) -> np.ndarray:
+        """Ids of live documents, in insertion order."""
+        return self._ids[self._alive].copy()
+
+    @property
+    def needs_rebuild(self) -> bool:
+        """True when added tokens fit the centroids markedly worse than the build's did."""
+        if self._codec is None or self._added_tokens < 64:
+            return False
+        added = self._added_error_sum / self._added_tokens
+        return added > self.rebuild_ratio * self._build_error
+
+    @property
+    def added_error(self) -> float:
+        """Mean reconstruction error of tokens added since the last build (0 if none)."""
+        return self._added_error_sum / self._added_tokens if self._added_tokens else 0.0
+
+    @property
+    def build_error(self) -> float:
+        """Mean reconstruction error (L2) at build time, over tokens k-means did not train on."""
+        return self._build_error
+
+    def nbytes(self) -> int:
+        """Bytes held by the index arrays (payload, codec and document tables)."""
+        arrays = [self._ids, self._doclens, self._starts, self._alive]
+        if self._codec is not None:
+            arrays += [self._codes, self._residuals, self._codec.centroids]
+        elif self._vectors is not None:
+            arrays.append(self._vectors)
+        return int(sum(a.nbytes for a in arrays))
+
+    # -- mutation ------------------------------------------------------------------------
+
+    def add(self, ids: np.ndarray, vectors: Sequence[np.ndarray]) -> None:
+        """Add documents; an id already present is replaced (upsert).
+
+        Parameters
+        ----------
+        ids : np.ndarray
+            int64, one per document, unique within the call.
+        vectors : sequence of np.ndarray
+            One ``(n_tokens_i, dim)`` float array per document, rows L2-normalised.
+            A document with no tokens is stored but never returned.
+        """
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if len(ids) != len(vectors):
+            raise ValueError(f"got {len(ids)} ids for {len(vectors)} documents")
+        if len(np.unique(ids)) != len(ids):
+            raise ValueError("ids passed to add() must be unique")
+        if not len(ids):
+            return
+        docs = [np.asarray(v, dtype=np.float32) for v in vectors]
+        docs = [d if d.size else np.empty((0, self._dim or 0), np.float32) for d in docs]
+        if self._dim is None:
+            self._dim = next((d.shape[1] for d in docs if d.size), None)
+            if self._dim is None:
+                raise ValueError("cannot infer dim from documents that have no tokens")
+        for i, d in enumerate(docs):
+            if d.ndim != 2 or (len(d) and d.shape[1] != self._dim):
+                raise ValueError(f"document {i} has shape {d.shape}, expected (n_tokens, {self._dim})")
+        self.remove(ids)
+        lens = np.array([len(d) for d in docs], dtype=np.int64)
+        if self._codec is None and self._should_be_plaid(self.n_tokens + int(lens.sum())):
+            # Crossing the threshold: train PLAID on everything, the new documents included
+            # (before this call makes a flat copy of them: _build makes its own).
+            old_ids, old_docs = self._live_documents()
+            self._build(np.concatenate([old_ids, ids]), old_docs + docs)
+            return
+        flat = (
+            np.concatenate([d for d in docs if len(d)])
+            if lens.sum()
+            else np.empty((0, self._dim), np.float32)
+        )
+
+        base = len(self._codes) if self._codec is not None else self._payload_len()
+        if self._codec is not None:
+            codes, packed = self._codec.compress(flat)
+            err = self._codec.error(flat, codes, packed)
+            self._added_error_sum += float(err.sum())
+            self._added_tokens += len(flat)
+            self._codes = np.concatenate([self._codes, codes])
+            self._residuals = np.concatenate([self._residuals, packed])
+            self._ivf = None
+        else:
+            new = flat.astype(np.float16)
+            self._vectors = new if self._vectors is None else np.concatenate([self._vectors, new])
+        first = len(self._ids)
+        self._ids = np.concatenate([self._ids, ids])
+        self._doclens = np.concatenate([self._doclens, lens])
+        self._starts = np.concatenate([self._starts, base + _segment_starts(lens)])
+        self._alive = np.concatenate([self._alive, np.ones(len(ids), dtype=bool)])
+        self._pos.update(zip(ids.tolist(), range(first, first + len(ids))))
+
+    def remove(self, ids: np.ndarray) -> None:
+        """Remove documents by id; unknown ids are ignored. Storage is compacted lazily."""
+        for doc_id in np.asarray(ids, dtype=np.int64).reshape(-1).tolist():
+            pos = self._pos.pop(doc_id, None)
+            if pos is not None:
+                self._alive[pos] = False
+                self._dead_tokens += int(self._doclens[pos])
+        if self._dead_tokens and self._dead_tokens * 4 > self._payload_len():
+            self._compact()
+
+    def rebuild(
+        self, ids: np.ndarray | None = None, vectors: Sequence[np.ndarray] | None = None
+    ) -> None:
+        """Retrain from scratch: new centroids, buckets and codes for every live document.
+
+        Parameters
+        ----------
+        ids, vectors : optional
+            Original token vectors for some (or all) documents. Documents not given here
+            are rebuilt from their decompressed vectors; given ids that are not in the
+            index are added.
+        """
+        given = {}
+        if ids is not None:
+            ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+            if vectors is None or len(vectors) != len(ids):
+                raise ValueError("rebuild() needs one vectors array per id")
+            given = {int(i): np.asarray(v, np.float32) for i, v in zip(ids, vectors)}
+        live_ids, live_docs = self._live_documents()
+        docs = [given.pop(int(i), d) for i, d in zip(live_ids, live_docs)]
+        all_ids = np.concatenate([live_ids, np.array(list(given), dtype=np.int64)])
+        docs += list(given.values())
+        self._codec = self._codes = self._residuals = self._vectors = None
+        self._ivf = None
+        self._reset_docs()
+        if not len(all_ids):
+            return
+        if self._dim is None:
+            self._dim = next(d.shape[1] for d in docs if len(d))
+        if self._should_be_plaid(sum(len(d) for d in docs)):
+            self._build(all_ids, docs)
+        else:
+            self.add(all_ids, docs)
+
+    # -- search --------------------------------------------------------------------------
+
+    def search(
+        self,
+        queries: Sequence[np.ndarray],
+        k: int,
+        *,
+        nprobe: int | None = None,
+        ndocs: int | None = None,
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Top-``k`` documents by MaxSim for each query, best first.
+
+        Parameters
+        ----------
+        queries : sequence of np.ndarray
+            One ``(q_tokens, dim)`` array per query (a single 2-D array is one query).
+        k : int
+            Results per query; fewer come back when the index holds fewer documents.
+        nprobe, ndocs : int, optional
+            Per-call overrides of the constructor's PLAID search parameters.
+
+        Returns
+        -------
+        list of (np.ndarray, np.ndarray)
+            ``(ids int64, scores float32)`` per query.
+        """
+        if k <= 0:
+            raise ValueError(f"k must be positive, got {k}")
+        if isinstance(queries, np.ndarray) and queries.ndim == 2:
+            queries = [queries]
+        queries = [np.asarray(q, dtype=np.float32).reshape(len(q), -1) for q in queries]
+        for q in queries:
+            if self._dim is not None and q.shape[1] != self._dim:
+                raise ValueError(f"query has dim {q.shape[1]}, index dim is {self._dim}")
+        live = np.flatnonzero(self._alive & (self._doclens > 0))
+        if not len(live):
+            return [(_EMPTY_IDS.copy(), _EMPTY_SCORES.copy()) for _ in queries]
+        if self._codec is None:
+            scores = exact_maxsim(self._starts, self._doclens, live, queries, self._exact_vectors)
+            return [_top_k(self._ids[live], s, k) for s in scores.T]
+        return [self._plaid_search(q, k, nprobe or self.nprobe, ndocs) for q in queries]
+
+    def _exact_vectors(self, tokens: np.ndarray) -> np.ndarray:
+        return self._vectors[tokens].astype(np.float32)
+
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _should_be_plaid(self, n_tokens: int) -> bool:
+        if self.mode == "auto":
+            return n_tokens >= self.exact_threshold
+        return self.mode == "plaid" and n_tokens > 0
+
+    def _payload_len(self) -> int:
+        if self._codec is not None:
+            return len(self._codes)
+        return 0 if self._vectors is None else len(self._vectors)
+
+    def _centroid_count(self, n_tokens: int) -> int:
+        if self.n_centroids:
+            return min(self.n_centroids, n_tokens)
+        target = min(16 * math.sqrt(n_tokens), self.max_centroids, max(1, n_tokens / 8))
+        return 1 << math.floor(math.log2(max(1.0, target)))
+
+    def _live_documents(self) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Live ids and their token vectors as float32 (decompressed in PLAID mode)."""
+        live = np.flatnonzero(self._alive)
+        if not len(live):
+            return _EMPTY_IDS.copy(), []
+        fetch = self._decompressed if self._codec is not None else self._exact_vectors
+        lens = self._doclens[live]
+        flat = fetch(_token_index(self._starts[live], lens))
+        return self._ids[live], np.split(flat, np.cumsum(lens)[:-1])
+
+    def _build(self, ids: np.ndarray, docs: list[np.ndarray]) -> None:
+        """Train the codec on ``docs`` and store them compressed (replaces the contents)."""
+        lens = np.array([len(d) for d in docs], dtype=np.int64)
+        flat = np.concatenate([d for d in docs if len(d)], dtype=np.float32)
+        codec, codes, held_out = ResidualCodec.train(
+            flat,
+            nbits=self.nbits,
+            n_centroids=self._centroid_count(len(flat)),
+            niter=self.kmeans_niter,
+            seed=self.seed,
+        )
+        codes, packed = codec.compress(flat, codes)
+        err = codec.error(flat, codes, packed)
+        self._vectors = None
+        self._codec, self._codes, self._residuals = codec, codes, packed
+        self._build_error = float(err[held_out].mean())
+        self._added_error_sum, self._added_tokens = 0.0, 0
+        self._ivf = None
+        self._ids = ids.astype(np.int64)
+        self._doclens = lens
+        self._starts = _segment_starts(lens)
+        self._alive = np.ones(len(ids), dtype=bool)
+        self._pos = {int(i): p for p, i in enumerate(self._ids.tolist())}
+        self._dead_tokens = 0
+
+    def _compact(self) -> None:
+        """Drop the tokens of removed documents and renumber positions."""
+        live = np.flatnonzero(self._alive)
+        tokens = _token_index(self._starts[live], self._doclens[live])
+        if self._codec is not None:
+            self._codes = self._codes[tokens]
+            self._residuals = self._residuals[tokens]
+        elif self._vectors is not None:
+            self._vectors = self._vectors[tokens]
+        self._ids = self._ids[live]
+        self._doclens = self._doclens[live]
+        self._starts = _segment_starts(self._doclens)
+        self._alive = np.ones(len(live), dtype=bool)
+        self._pos = {int(i): p for p, i in enumerate(self._ids.tolist())}
+        self._dead_tokens = 0
+        self._ivf = None

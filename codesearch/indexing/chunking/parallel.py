@@ -1,0 +1,113 @@
+"""Many files at once: `chunk_many` over a process pool when there are enough of them, in
+input order, each file on its own (a worker shares nothing but the token counter)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import operator
+import os
+import pickle
+from collections.abc import Callable, Iterable, Iterator
+
+from codesearch.indexing.chunking.source import chunk_source
+from codesearch.types import Chunk
+
+log = logging.getLogger("codesearch.indexing.chunking")
+
+# Below this many files a pool costs more than it saves (BENCHMARKS.md "Walking and
+# chunking"). Forked workers start at once and inherit the parent's imports: on 2 cores they
+# won from 128 files up (a fresh process, quiet machine). Forkserver workers (a caller with
+# threads) import tree-sitter and build their parsers first, ~0.3-0.5 s: they lost below
+# ~500 files.
+PARALLEL_MIN_FILES = 200
+PARALLEL_MIN_FILES_FORKSERVER = 1000
+
+_worker_args: tuple[int, Callable[[str], int] | None] = (512, None)
+
+
+def _init_worker(max_tokens: int, count_tokens: Callable[[str], int] | None) -> None:
+    global _worker_args
+    _worker_args = (max_tokens, count_tokens)
+
+
+def _chunk_item(item: tuple[str, str, str]) -> list[tuple]:
+    path, text, language = item
+    max_tokens, count_tokens = _worker_args
+    chunks = chunk_source(path, text, language, max_tokens=max_tokens, count_tokens=count_tokens)
+    # plain tuples: a third of the cost of pickling and unpickling Chunk objects (measured)
+    return [_chunk_fields(c) for c in chunks]
+
+
+_chunk_fields = operator.attrgetter(*(f.name for f in dataclasses.fields(Chunk)))
+
+
+def _picklable(obj: object) -> bool:
+    try:
+        pickle.dumps(obj)
+    except Exception:  # noqa: BLE001 - lambdas, closures, bound methods of unpicklable objects, ...
+        return False
+    return True
+
+
+def chunk_many(
+    items: Iterable[tuple[str, str, str]],
+    *,
+    max_tokens: int = 512,
+    count_tokens: Callable[[str], int] | None = None,
+    workers: int | None = None,
+    min_files: int | None = None,
+) -> Iterator[list[Chunk]]:
+    """`chunk_source` over many ``(path, text, language)`` items, yielding each file's chunks
+    in input order; the same chunks as calling `chunk_source` on each.
+
+    With at least ``min_files`` items (default `PARALLEL_MIN_FILES`, or
+    `PARALLEL_MIN_FILES_FORKSERVER` when the caller runs other threads), more than one worker
+    (default ``os.cpu_count()``) and a ``count_tokens`` that pickles (None, or e.g.
+    ``Encoder.token_counter()``; a lambda does not), files are chunked in a process pool:
+    tree-sitter parsing is most of the cost and files share nothing. Otherwise, or if the
+    pool breaks, they are chunked here.
+    """
+    items = list(items)
+    n_workers = (os.cpu_count() or 1) if workers is None else workers
+    done = 0
+    method = _pool_method(len(items), min_files) if n_workers > 1 else None
+    if method is not None and _picklable(count_tokens):
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures.process import BrokenProcessPool
+
+        ctx = multiprocessing.get_context(method)
+        if method == "forkserver":
+            ctx.set_forkserver_preload([__name__])
+        chunksize = max(1, min(32, len(items) // (n_workers * 8)))
+        try:
+            pool = ProcessPoolExecutor(
+                n_workers, mp_context=ctx, initializer=_init_worker, initargs=(max_tokens, count_tokens)
+            )
+            try:
+                for rows in pool.map(_chunk_item, items, chunksize=chunksize):
+                    done += 1
+                    yield [Chunk(*row) for row in rows]
+            finally:  # a caller that stops early does not wait for the files it will not read
+                pool.shutdown(wait=True, cancel_futures=True)
+            return
+        except (BrokenProcessPool, OSError) as e:
+            log.warning("parallel chunking failed (%s); chunking the remaining %d files here", e, len(items) - done)
+    for path, text, language in items[done:]:
+        yield chunk_source(path, text, language, max_tokens=max_tokens, count_tokens=count_tokens)
+
+
+def _pool_method(n_files: int, min_files: int | None) -> str | None:
+    """How to start pool workers for ``n_files`` files, or None when a pool does not pay."""
+    import threading
+
+    if threading.active_count() == 1:
+        # fork: workers start at once with this process's imports and parsers, and never
+        # re-import the caller's __main__ (a script without a main guard would run again)
+        method, threshold = "fork", PARALLEL_MIN_FILES
+    else:
+        # other threads (server, watcher) may hold locks that a forked child would inherit
+        # locked; workers start from a clean forkserver that imported only this module
+        method, threshold = "forkserver", PARALLEL_MIN_FILES_FORKSERVER
+    return method if n_files >= (threshold if min_files is None else min_files) else None

@@ -1,0 +1,219 @@
+"""The encode stage: every chunk and file that lacks a vector of each model, most useful
+first, encoded in batches that are each committed whole and published to the vector indexes
+as they come."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from codesearch.encoder.base import Encoder, encode_stream
+from codesearch.indexing.commit import Commits
+from codesearch.indexing.encoders import EMBEDDED_KEY, VECTORS_PENDING_KEY
+from codesearch.indexing.options import Run
+from codesearch.indexing.publish import Publisher
+from codesearch.pathnames import text_name
+from codesearch.store import VECTOR_KINDS
+from codesearch.store.files import decode_source, hash_bytes, read_inside
+from codesearch.types import path_kind
+
+__all__ = ["ENCODE_BATCH", "ENCODE_BATCH_CHARS", "encode_missing"]
+
+#: One text to encode: (priority, vector kind, text hash, text); priority sorts the stream.
+_Item = tuple[tuple[int, int], str, str, str]
+
+#: Texts per encode call (and per committed batch of cached vectors).
+ENCODE_BATCH = 64
+#: Characters per encode call (and committed batch).
+ENCODE_BATCH_CHARS = 64_000
+
+
+def _file_text_for_encoder(path: str, text: str, max_length: int) -> str:
+    # The encoder truncates at its max length anyway; cutting the string first keeps a
+    # 1 MB file from being tokenized whole (code runs well under 16 chars per token).
+    return f"{text_name(path)}\n{text[: max(1, max_length) * 16]}"
+
+
+def _encodes_elsewhere(enc: Encoder) -> bool:
+    """Whether ``enc`` computes off this process's CPU (a pool of workers, a GPU): then a
+    publication runs beside its batches, not between them."""
+    return enc.offloaded
+
+
+def encode_missing(run: Run) -> None:
+    """Encode what the vector cache lacks for the committed chunks and files, in batches that
+    are each committed whole (a killed run loses the batch in flight, and at most one group
+    of quick batches: see :class:`Commits`), and publish the vectors to the indexes as they
+    come.
+
+    The order makes a partial index answer most questions: source code before tests, then
+    docs, examples and benchmarks (`types.path_kind`), small files before large ones.
+    """
+    store, roles = run.store, run.encoders.by_role()
+    pending = [role for role in run.recorded if role not in roles]
+    if pending and run.opts.defer_vectors and (run.changes.work or run.plan.rechunk_all):
+        with store.transaction():  # the next search that uses the vectors adds them
+            store.set_meta(VECTORS_PENDING_KEY, json.dumps(pending))
+    elif roles and not pending:
+        with store.transaction():  # this run encodes whatever lacks a vector
+            store.delete_meta(VECTORS_PENDING_KEY)
+    for role in run.recorded:
+        if role not in roles:
+            if run.opts.defer_vectors:
+                run.notices.append(
+                    f"changed code has no {role} vectors yet; the next 'codesearch index' (or a search that "
+                    "needs them) adds them"
+                )
+            else:
+                # Offline run of an index that has vectors: they are added by a later run.
+                run.notices.append(
+                    f"No {role} encoder in this run; new or changed chunks have no {role} vectors yet "
+                    f"(run 'codesearch index' again with {run.recorded[role].name} available to add them)"
+                )
+    if not roles:
+        return
+    files = {f.id: f for f in store.files().values()}
+    texts = {w.path: (w.hash, w.text) for w in run.changes.work}
+
+    def priority(path: str, size: int) -> tuple[int, int]:
+        return (path_kind(path), size)
+
+    # One stream of texts per encoder (a dense model's chunks and whole files together), so
+    # a small edit costs one encode call, not one per kind.
+    streams: list[tuple[Encoder, list[_Item]]] = []
+    for role, enc in roles.items():
+        items: dict[tuple[str, str], _Item] = {}
+        for kind in (k.name for k in VECTOR_KINDS.values() if k.role == role):
+            if VECTOR_KINDS[kind].per_file:
+                for fid, path, h in store.files_missing_vectors(enc.identity, kind):
+                    if (kind, h) not in items:
+                        text = _current_text(run.opts.root, path, h, texts)
+                        if text is not None:
+                            items[(kind, h)] = (priority(path, files[fid].size), kind, h,
+                                                _file_text_for_encoder(path, text, enc.max_length))
+            else:
+                for sc in store.chunks_missing_vectors(enc.identity, kind):
+                    h = sc.text_hash
+                    if (kind, h) not in items:  # the cache is keyed by text: a copy is encoded once
+                        f = files[sc.file_id]
+                        items[(kind, h)] = (priority(f.path, f.size), kind, h, sc.chunk.encoder_text)
+        if items:
+            streams.append((enc, sorted(items.values(), key=lambda it: it[0])))
+    total = sum(len(items) for _, items in streams)
+    if not total:
+        return
+    commits = Commits(store)
+    publisher = Publisher(run, commits, background=any(_encodes_elsewhere(enc) for enc, _ in streams))
+    try:
+        _encode_streams(run, streams, roles, total, commits, publisher)
+    except BaseException:
+        # The batches of an open group are whole: a failed run keeps them, and a publication
+        # in flight ends (its files are written whole) before the run lets go of the index.
+        # If the store itself failed, the run's own error is the one to tell.
+        with contextlib.suppress(Exception):
+            commits.commit(report=False)
+        with contextlib.suppress(Exception):
+            publisher.finish()
+        raise
+
+
+def _encode_streams(
+    run: Run, streams: list[tuple[Encoder, list[_Item]]], roles: dict[str, Encoder], total: int, commits: Commits,
+    publisher: Publisher,
+) -> None:
+    store = run.store
+    enc_t0 = time.perf_counter()
+    kinds = [""]  # the kinds of the last batch, for the progress message
+
+    def committed() -> None:  # progress counts what is committed: a killed run keeps that much
+        elapsed = max(time.perf_counter() - enc_t0, 1e-9)
+        run.report(
+            "encode", run.texts_encoded, total, files=len(run.changes.work), chunks=run.chunks_made,
+            tokens=run.tokens_encoded, tokens_per_s=run.tokens_encoded / elapsed, message=kinds[0],
+        )
+
+    commits.on_commit = committed
+    for enc, items in streams:
+        batches = list(_batches([(kind, h, t) for _, kind, h, t in items], _batch_size(enc)))
+        texts_of = ([t for _, _, t in b] for b in batches)
+
+        def idle() -> None:  # while a pool of workers (codesearch[ray]) computes
+            commits.commit_if_older()
+            publisher.poll()
+
+        outputs = encode_stream(enc, texts_of, kind="document", idle=idle)
+        for batch, out in zip(batches, outputs):
+            vectors = list(out) if enc.multivector else [np.asarray(out)[i] for i in range(len(batch))]
+            by_kind: dict[str, list[tuple[str, np.ndarray]]] = defaultdict(list)
+            for (kind, h, _), v in zip(batch, vectors):
+                by_kind[kind].append((h, v))
+            tokens = sum(min(n, int(enc.max_length)) for n in enc.count_tokens([t for _, _, t in batch]))
+            with commits.batch():  # the batch is cached whole or not at all
+                for kind, pairs in by_kind.items():
+                    store.put_vectors(enc.identity, kind, pairs)
+                run.texts_encoded += len(batch)
+                run.tokens_encoded += tokens
+                kinds[0] = "/".join(by_kind)
+            for kind, pairs in by_kind.items():
+                publisher.add(kind, (h for h, _ in pairs))
+            publisher.poll()
+            if run.texts_encoded < total and publisher.due():
+                publisher.start()
+        # How this model was embedded, for 'status': recorded as its stream ends, so that a
+        # run that fails in the next model's stream still tells how this one's were made.
+        embedded = {role: enc.describe() for role, e in roles.items() if e is enc}
+        commits.commit()
+        with store.transaction():
+            store.set_meta(EMBEDDED_KEY, json.dumps(json.loads(store.get_meta(EMBEDDED_KEY) or "{}") | embedded))
+    publisher.finish()
+    if publisher.pending:
+        publisher.start(background=False)  # the last one: nothing left to run beside
+
+
+def _current_text(root: Path, path: str, expected_hash: str, texts: dict[str, tuple[str, str]]) -> str | None:
+    """The text of ``path`` if it still has the hash the store records (else None: the next
+    run, which sees the new content, encodes it)."""
+    if path in texts and texts[path][0] == expected_hash:
+        return texts[path][1]
+    try:
+        data, _ = read_inside(root, path)
+    except OSError:
+        return None
+    return decode_source(data) if hash_bytes(data) == expected_hash else None
+
+
+def _batch_size(enc: Encoder) -> tuple[int, int]:
+    """(texts, characters) per encode call and committed batch.
+
+    On a CPU the encoder's own budget is small and a batch of 64 texts keeps each commit
+    (and so what a kill loses) small. A GPU wants far larger passes (up to 262k tokens,
+    `Encoder.batch_tokens`): there the call holds about what the encoder can run at once,
+    at about 4 characters per token, so the device is never fed 20k-token crumbs.
+    """
+    budget = int(enc.batch_tokens)
+    if not enc.offloaded or budget <= 0:
+        return ENCODE_BATCH, ENCODE_BATCH_CHARS
+    return max(ENCODE_BATCH, budget // 64), max(ENCODE_BATCH_CHARS, 4 * budget)
+
+
+def _batches(
+    items: list[tuple[str, str, str]], size: tuple[int, int] | None = None
+) -> Iterable[list[tuple[str, str, str]]]:
+    """Consecutive runs of (kind, hash, text) of at most ``size`` = (texts, characters)."""
+    max_texts, max_chars = size or (ENCODE_BATCH, ENCODE_BATCH_CHARS)
+    batch: list[tuple[str, str, str]] = []
+    chars = 0
+    for item in items:
+        if batch and (len(batch) >= max_texts or chars + len(item[2]) > max_chars):
+            yield batch
+            batch, chars = [], 0
+        batch.append(item)
+        chars += len(item[2])
+    if batch:
+        yield batch

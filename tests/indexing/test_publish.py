@@ -1,0 +1,177 @@
+"""Publications of a run's vectors: the index files are made first and the generation is
+committed with them, so a search never finds the store ahead of its indexes; for an encoder
+that computes elsewhere (workers, a GPU) they run beside the encoding.
+
+Real walk, tree-sitter, SQLite, FAISS and PLAID; the tiny random checkpoints encode. The
+background path is forced with the local encoder (the Ray tests run it with real workers).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from fixtures.pipeline_helpers import check_consistent, module_source
+
+from codesearch.encoder.base import Encoders
+from codesearch.indexes import registry
+from codesearch.indexing import encode, publish
+from codesearch.indexing.run import build_index
+from codesearch.search.searcher import Searcher
+from codesearch.store import Store
+from codesearch.types import STORE_FILE, default_index_dir
+
+PUBLISHER = "codesearch-publish"
+
+
+@pytest.fixture(scope="module")
+def encoders(single_vector_dir, colbert_dir):
+    from codesearch.encoder import load
+
+    return Encoders(dense=load(str(single_vector_dir)), multi=load(str(colbert_dir)))
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    (root / "pkg").mkdir(parents=True)
+    for i in range(5):
+        (root / "pkg" / f"mod{i}.py").write_text(module_source(f"mod{i}", 2, 4))
+    return root
+
+
+@pytest.fixture
+def publish_often(monkeypatch):
+    monkeypatch.setattr(encode, "ENCODE_BATCH", 2)  # many committed batches
+    monkeypatch.setattr(publish, "PUBLISH_EVERY_S", 0.0)
+
+
+def _count_rebuilds(monkeypatch) -> list[str]:
+    real, rebuilt = registry._rebuild_index, []
+    monkeypatch.setattr(registry, "_rebuild_index", lambda n, s: rebuilt.append(n) or real(n, s))
+    return rebuilt
+
+
+def _in_background(monkeypatch, before) -> None:
+    """Publications run in the background (as with workers), and ``before(path)`` runs in
+    the publication's thread before each index file it saves."""
+    monkeypatch.setattr(encode, "_encodes_elsewhere", lambda enc: True)
+    real_save = registry._save_index
+
+    def save(index, path):
+        if threading.current_thread().name == PUBLISHER:
+            before(path)
+        real_save(index, path)
+
+    monkeypatch.setattr(registry, "_save_index", save)
+
+
+def _complete_on_disk(idir: Path, monkeypatch) -> None:
+    """Every index file holds what the store has, as written (a search rebuilds nothing)."""
+    rebuilt = _count_rebuilds(monkeypatch)
+    check_consistent(idir, complete=True)
+    assert rebuilt == []
+
+
+def test_a_search_while_a_publication_writes_its_files_waits_for_nothing(repo, encoders, publish_often, monkeypatch):
+    idir = default_index_dir(repo)
+    real_save, seen = registry._save_index, []
+
+    def save(index, path):
+        real_save(index, path)
+        if path.name != "plaid" or seen or not searchable:  # (the run's first sync makes them)
+            return
+        # Mid-publication: the dense files are new, PLAID's not yet. The store still says
+        # the last generation, and each file that is newer holds only committed vectors,
+        # so a search opens at once, on what is there, and rebuilds nothing.
+        rebuilt = _count_rebuilds(monkeypatch)
+        with Store(idir / STORE_FILE, readonly=True) as s:
+            gen = s.generation
+        t0 = time.monotonic()
+        with Searcher(idir, encoders=encoders) as searcher:
+            hits = searcher.search("mod1 function", 3, mode="hybrid").hits
+            seen.append((gen, searcher._generation, time.monotonic() - t0, list(rebuilt), len(hits)))
+        monkeypatch.setattr(registry, "_rebuild_index", real_rebuild)
+
+    real_rebuild = registry._rebuild_index
+    monkeypatch.setattr(registry, "_save_index", save)
+    published: list[int] = []
+    searchable: list[int] = []
+
+    def progress(event):
+        if event.stage in ("searchable", "published"):
+            (searchable if event.stage == "searchable" else published).append(event.done)
+
+    build_index(repo, encoders=encoders, progress=progress)
+    assert published == sorted(set(published)) and len(published) > 1
+    assert seen, "a publication wrote its PLAID file"
+    for gen, searcher_gen, took, rebuilt, hits in seen:
+        assert searcher_gen == gen and rebuilt == [] and hits > 0
+        assert took < registry.load_derived.__kwdefaults__["wait_s"]  # it did not wait for the writer
+    monkeypatch.setattr(registry, "_save_index", real_save)
+    _complete_on_disk(idir, monkeypatch)
+
+
+def test_a_background_publication_runs_beside_the_batches(repo, encoders, publish_often, monkeypatch):
+    idir = default_index_dir(repo)
+    in_flight = threading.Event()
+
+    def slow(path):  # a publication that takes a while, as PLAID's does at scale
+        in_flight.set()
+        time.sleep(0.3)
+
+    _in_background(monkeypatch, slow)
+    events: list[tuple[str, str, bool]] = []
+
+    def progress(event):
+        events.append((event.stage, threading.current_thread().name, in_flight.is_set()))
+        if event.stage == "published":
+            in_flight.clear()
+            # 'published' means committed and written: a searcher opened now is on it.
+            with Store(idir / STORE_FILE, readonly=True) as s:
+                assert s.generation == event.done
+                assert {s.get_meta(f"gen.{n}") for n in registry.DERIVED} == {str(event.done)}
+
+    build_index(repo, encoders=encoders, progress=progress)
+    stages = [stage for stage, _, _ in events]
+    assert stages.count("published") > 1
+    # Every event, the publication's own 'sync' ones too, is told on the writer's thread.
+    assert {thread for _, thread, _ in events} == {threading.main_thread().name}
+    # The writer committed batches while a publication was in flight.
+    assert any(stage == "encode" and busy for stage, _, busy in events)
+    monkeypatch.undo()
+    _complete_on_disk(idir, monkeypatch)
+
+
+def test_a_failed_background_publication_fails_the_run_and_loses_nothing(repo, encoders, publish_often, monkeypatch):
+    idir = default_index_dir(repo)
+
+    def full_disk(path):
+        raise OSError(28, "No space left on device")
+
+    _in_background(monkeypatch, full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        build_index(repo, encoders=encoders)
+    with Store(idir / STORE_FILE, readonly=True) as s:
+        kept = s.count_with_vectors("dense")
+    assert kept > 0  # the committed batches stay
+    monkeypatch.undo()
+    build_index(repo, encoders=encoders)  # the next run completes it
+    _complete_on_disk(idir, monkeypatch)
+
+
+def test_a_search_with_every_dense_vector_and_some_colbert_ones(repo, encoders):
+    # The moment of a first index after the dense model's stream, during ColBERT's: a
+    # hybrid search with a long-context dense model (file vectors) used to fail there with
+    # KeyError 'file_vectors'.
+    assert encoders.dense.max_length >= 1024  # file vectors rank files
+    idir = default_index_dir(repo)
+    build_index(repo, encoders=encoders)
+    with Store(idir / STORE_FILE) as s, s.transaction():
+        s.conn.execute("DELETE FROM vectors WHERE kind = 'colbert' AND rowid % 2 = 0")
+    with Searcher(idir, encoders=encoders) as searcher:
+        result = searcher.search("mod1 function", 3, mode="hybrid")
+    assert result.hits and "colbert" in result.indexes_used
+    assert any("semantic vectors for" in n and "% of chunks" in n for n in result.notices), result.notices
