@@ -81,7 +81,8 @@ def timed(argv: list[str], env: dict[str, str], runs: int) -> dict:
         if i:
             walls.append(wall)
     walls.sort()
-    return {"p50": statistics.median(walls), "p90": walls[int(0.9 * (len(walls) - 1))], "max": walls[-1], "torch": torch}
+    p90 = walls[int(0.9 * (len(walls) - 1))]
+    return {"p50": statistics.median(walls), "p90": p90, "max": walls[-1], "torch": torch}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="cli-latency-"))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "CODESEARCH_RUNTIME_DIR": str(work / "run")}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "CODESEARCH_RUNTIME_DIR": str(work / "run")}
     env.pop("CODESEARCH_TOKEN", None)
     exe = _exe()
     model = args.model or _minilm()
@@ -112,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         q = [*exe, "query", args.query, "-p", str(repo), "-k", "5", "--no-snippet"]
         rows["query-lexical"] = timed([*q, "--mode", "lexical"], env, args.runs)
         rows["query-hybrid"] = timed(q, env, args.runs)
-        rows[f"index-noop ({args.noop_files} files, lexical-only)"] = timed([*exe, "index", str(noop), "-q"], env, args.runs)
+        noop_name = f"index-noop ({args.noop_files} files, lexical-only)"
+        rows[noop_name] = timed([*exe, "index", str(noop), "-q"], env, args.runs)
         rows["index-noop (query repo, with vectors)"] = timed([*exe, "index", str(repo), "-q"], env, args.runs)
         if args.with_serve:
             serve = subprocess.Popen([*exe, "serve", str(repo), "--port", "0", "--no-watch"], env=env,

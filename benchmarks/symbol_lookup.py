@@ -37,7 +37,8 @@ def definitions(root: Path) -> dict[str, tuple[str, int]]:
             continue
         text = f.read_text(errors="replace")
         for m in _DEF.finditer(text):
-            found.setdefault(m.group(1), []).append((f.relative_to(root).as_posix(), text.count("\n", 0, m.start(1)) + 1))
+            line = text.count("\n", 0, m.start(1)) + 1
+            found.setdefault(m.group(1), []).append((f.relative_to(root).as_posix(), line))
     return {name: places[0] for name, places in found.items() if len(places) == 1}
 
 
