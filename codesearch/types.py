@@ -139,18 +139,19 @@ class SearchRequest:
         (``*.py`` at any depth, ``src/**``), ``!pattern`` excludes, ``{a,b}`` alternatives,
         the last matching rule wins; with any non-``!`` rule a path must match one.
     files_only : bool
-        At most one hit per file.
+        At most one hit per file, and no snippet (as `no_snippet`): file names only.
     context : int
         Extra lines of the current file above and below each snippet.
     max_lines : int, optional
-        Cut each snippet to this many lines, with a ``... (N more lines)`` marker.
+        Cut each snippet to this many lines: the hit's ``end_line`` then ends at the last
+        line returned and its ``more_lines`` says how many lines of the chunk were cut.
     no_snippet : bool
         Return locations and scores only (empty ``text``).
     min_score : float, optional
         Leave out hits scoring below this.
     budget : int, optional
         Approximate token budget for the whole answer: hits best first until it is spent,
-        the last one cut to fit; the result says how many were left out.
+        the last one cut to fit (as `max_lines` cuts); the result says how many were left out.
 
     Raises
     ------
@@ -224,9 +225,11 @@ class SearchRequest:
 
     @property
     def shapes_output(self) -> bool:
-        """True when an output control (context, max_lines, no_snippet, min_score, budget) is set."""
+        """True when an output control (context, max_lines, no_snippet, min_score, budget) is
+        set, or `files_only` (which returns no snippets)."""
         return bool(
-            self.context
+            self.files_only
+            or self.context
             or self.max_lines is not None
             or self.no_snippet
             or self.min_score is not None
@@ -390,6 +393,9 @@ class SearchHit:
     """One ranked chunk.
 
     ``sources`` names the indexes that proposed it (``"lexical"``, ``"dense"``, ...).
+    ``more_lines`` counts the chunk's lines after ``end_line`` that an output control
+    (``max_lines``, ``budget``) cut off: ``text`` is always exactly the source of
+    ``start_line..end_line``, and the chunk itself ends at ``end_line + more_lines``.
     """
 
     path: str
@@ -403,6 +409,7 @@ class SearchHit:
     text: str
     chunk_id: int
     sources: tuple[str, ...] = ()
+    more_lines: int = 0
 
     @classmethod
     def of(cls, chunk: Chunk, *, chunk_id: int, score: float, sources: tuple[str, ...] = ()) -> SearchHit:
@@ -429,6 +436,7 @@ class SearchHit:
             "text": self.text,
             "chunk_id": self.chunk_id,
             "sources": list(self.sources),
+            "more_lines": self.more_lines,
         }
 
 
@@ -503,8 +511,9 @@ class IndexSummary:
 
 def hit_document(hit: SearchHit) -> JSONDict:
     """One hit as the stable JSON schema: path (relative to the indexed root), start_line,
-    end_line (1-based, inclusive), score, language, symbol, kind, text."""
-    return {
+    end_line (1-based, inclusive), score, language, symbol, kind, text (exactly those lines),
+    and ``more_lines`` only when an output control cut the snippet short."""
+    doc: JSONDict = {
         "path": text_name(hit.path),  # JSON is UTF-8 text: a name that is not has its bytes as \xNN
         "start_line": hit.start_line,
         "end_line": hit.end_line,
@@ -514,6 +523,9 @@ def hit_document(hit: SearchHit) -> JSONDict:
         "kind": hit.kind,
         "text": hit.text,
     }
+    if hit.more_lines:
+        doc["more_lines"] = hit.more_lines  # the chunk goes on for this many lines past end_line
+    return doc
 
 
 def result_document(result: SearchResult) -> JSONDict:

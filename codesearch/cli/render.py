@@ -117,6 +117,8 @@ def _plain_hits(hits: list[Any]) -> None:
             continue
         text = hit.text if hit.text.endswith("\n") else hit.text + "\n"
         out.write(text)
+        if hit.more_lines:  # after the snippet, never inside it: the lines above are the file's
+            out.write(f"{_more(hit)}\n")
         out.write("\n")
 
 
@@ -143,7 +145,14 @@ def _rich_hit(console: Console, hit: Any, root: Path) -> None:
             background_color="default",
         )
     )
+    if hit.more_lines:  # a note under the code, not a numbered, highlighted line of it
+        console.print(f"[dim]{_more(hit)}[/]")
     console.print()
+
+
+def _more(hit: Any) -> str:
+    """The marker of a snippet cut by --max-lines or --budget."""
+    return f"... ({hit.more_lines} more lines)"
 
 
 # -- index -------------------------------------------------------------------------------

@@ -92,21 +92,28 @@ def _widen(hit: SearchHit, root: Path, lines: int, hashes: dict[str, str] | None
     return dataclasses.replace(hit, start_line=start, end_line=end, text=text)
 
 
-def _cut(text: str, n_lines: int) -> str:
-    """The first `n_lines` lines of `text` and a marker saying how many were cut."""
-    lines = split_lines(text)
+def _cut(hit: SearchHit, n_lines: int) -> SearchHit:
+    """The hit shortened to its first `n_lines` lines: ``text`` stays the exact source of
+    ``start_line..end_line`` (the range shrinks with it) and ``more_lines`` counts the rest.
+
+    Why not a marker line inside ``text`` (what this did once): the JSON schema promises
+    that ``text`` is those lines' source, and a terminal showed the marker as a numbered
+    line of code. The renderers print the marker from ``more_lines``.
+    """
+    lines = split_lines(hit.text)
     if len(lines) <= n_lines:
-        return text
+        return hit
     kept = "".join(lines[:n_lines])
-    if not kept.endswith("\n"):
-        kept += "\n"
-    return f"{kept}... ({len(lines) - n_lines} more lines)"
+    if not hit.text.endswith("\n"):  # keep the chunker's convention for the last newline
+        kept = kept.removesuffix("\n")
+    cut = len(lines) - n_lines
+    return dataclasses.replace(hit, text=kept, end_line=hit.end_line - cut, more_lines=hit.more_lines + cut)
 
 
 def _cut_to_tokens(hit: SearchHit, tokens: int) -> SearchHit | None:
     """The hit with as many whole lines of its snippet as fit in `tokens`; None if none do."""
     lines = split_lines(hit.text)
-    fixed = approx_tokens(hit.path) + HIT_TOKENS + approx_tokens("... (0000 more lines)")
+    fixed = approx_tokens(hit.path) + HIT_TOKENS + approx_tokens('"more_lines": 0000')
     room, used, n = tokens - fixed, 0, 0
     for line in lines:
         used += len(line)
@@ -115,14 +122,14 @@ def _cut_to_tokens(hit: SearchHit, tokens: int) -> SearchHit | None:
         n += 1
     if n == 0:
         return None
-    return dataclasses.replace(hit, text=_cut(hit.text, n))
+    return _cut(hit, n)
 
 
 def fit(result: SearchResult, request: SearchRequest) -> SearchResult:
     """Apply ``request``'s output controls to a ranked `SearchResult`.
 
     In order: hits under ``min_score`` go; snippets are cut to ``max_lines`` (or emptied
-    by ``no_snippet``); then hits are taken best first while the estimated tokens of the
+    by ``no_snippet`` or ``files_only``); then hits are taken best first while the estimated tokens of the
     answer fit ``budget``, the first one that does not fit cut to the budget left when a
     useful part of it fits. The result's ``left_out`` counts the ranked hits not returned
     (None when no ``min_score`` or ``budget`` was asked for), and a notice says when the
@@ -133,10 +140,11 @@ def fit(result: SearchResult, request: SearchRequest) -> SearchResult:
     ranked = len(hits)
     if request.min_score is not None:
         hits = [h for h in hits if h.score >= request.min_score]
-    if request.no_snippet:
+    if request.no_snippet or request.files_only:
+        # File names only means no code: an agent pays for every character of it.
         hits = [dataclasses.replace(h, text="") for h in hits]
     elif request.max_lines is not None:
-        hits = [dataclasses.replace(h, text=_cut(h.text, request.max_lines)) for h in hits]
+        hits = [_cut(h, request.max_lines) for h in hits]
     notices = list(result.notices)
     if request.budget is not None:
         kept, spent = [], 0

@@ -52,9 +52,11 @@ class SearchRequest(BaseModel):
     glob: str | list[str] | None = Field(
         None, description="ripgrep-style glob(s) on the path: '*.{rs,md}', '!tests/**'; the last match wins."
     )
-    files_only: bool = Field(False, description="One result per file, best chunk first.")
+    files_only: bool = Field(False, description="One result per file, best chunk first, without text.")
     context: int = Field(0, ge=0, description="Extra lines of the file above and below each snippet.")
-    max_lines: int | None = Field(None, ge=1, description="Cut each snippet to this many lines (with a marker).")
+    max_lines: int | None = Field(
+        None, ge=1, description="Cut each snippet to this many lines (end_line shrinks; more_lines counts the rest)."
+    )
     no_snippet: bool = Field(False, description="Locations and scores only (empty text).")
     min_score: float | None = Field(None, description="Leave out hits scoring below this.")
     budget: int | None = Field(
@@ -76,7 +78,10 @@ class Hit(BaseModel):
     language: str
     symbol: str | None
     kind: str
-    text: str
+    text: str = Field(description="The exact source of start_line..end_line (empty with no_snippet or files_only).")
+    more_lines: int | None = Field(
+        None, description="Lines of the chunk past end_line that max_lines or budget cut off; only when cut."
+    )
     repo: str | None = Field(None, description="The served repository's name; only when several are served.")
 
 

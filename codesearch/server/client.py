@@ -186,7 +186,7 @@ def result_from_document(doc: JSONDict) -> SearchResult:
         SearchHit(
             path=h["path"], start_line=int(h["start_line"]), end_line=int(h["end_line"]), score=float(h["score"]),
             language=h["language"], symbol=h.get("symbol"), kind=h["kind"], scope=None, text=h["text"],
-            chunk_id=-1,
+            chunk_id=-1, more_lines=int(h.get("more_lines") or 0),
         )
         for h in doc["results"]
     ]

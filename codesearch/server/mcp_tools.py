@@ -82,11 +82,12 @@ def build_mcp(service: Service) -> MCPServer:
             lang: Only results in this language, or any of a list, e.g. "python".
             glob: ripgrep-style glob(s) on the path, e.g. "src/**/*.py", "*.{rs,md}",
                 "!tests/**" (excludes); with several, the last matching one wins.
-            files_only: One result per file, best chunk first.
+            files_only: One result per file, best chunk first, file names without code.
             path: Only this folder or file: relative to the repository (with several served,
                 starting with the repository's name, e.g. "fd/src"), or absolute.
             repo: Only this served repository (its folder name or path); default all.
-            max_lines: Cut each snippet to this many lines.
+            max_lines: Cut each snippet to this many lines (end_line shrinks to match;
+                more_lines says how many lines were cut).
             no_snippet: Locations and scores only, no code.
             min_score: Leave out results scoring below this.
             budget: Approximate token budget for all snippets together; results best

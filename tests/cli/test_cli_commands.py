@@ -259,16 +259,53 @@ def test_repeated_lang_means_any_of_them(repo):
     assert {r["language"] for r in doc["results"]} == {"go", "javascript"}
 
 
+@pytest.mark.parametrize("fmt", ["--json", "--jsonl"])
+def test_files_only_json_has_no_text(repo, fmt):
+    # issue 26 item 2: --files-only --json shipped each hit's code
+    out = run("query", EVERYTHING, "-p", repo, "--mode", "lexical", "-k", "5", "--files-only", fmt).stdout
+    hits = json.loads(out)["results"] if fmt == "--json" else [json.loads(line) for line in out.splitlines()]
+    assert len(hits) > 1 and {h["text"] for h in hits} == {""}
+    assert len({h["path"] for h in hits}) == len(hits)
+
+
+def _source(repo: Path, hit: dict) -> str:
+    lines = (repo / hit["path"]).read_text(encoding="utf-8").split("\n")
+    return "\n".join(lines[hit["start_line"] - 1 : hit["end_line"]])
+
+
+@pytest.mark.parametrize("cut", [["--max-lines", "3"], ["--budget", "60"], ["--budget", "150", "--max-lines", "4"]])
+def test_json_text_is_the_exact_source_of_its_lines_when_cut(repo, cut):
+    # issue 26 item 3: `--max-lines 3 --json` gave end_line 100 with 3 lines of text and
+    # "... (27 more lines)" in it
+    base = ["query", EVERYTHING, "-p", repo, "--mode", "lexical", "-k", "5"]
+    full = {(r["path"], r["start_line"]): r for r in json.loads(run(*base, "--json").stdout)["results"]}
+    doc = json.loads(run(*base, *cut, "--json").stdout)
+    assert doc["results"] and any(r.get("more_lines") for r in doc["results"])
+    for hit in doc["results"]:
+        assert hit["text"] == _source(repo, hit) and "more lines" not in hit["text"]
+        assert hit["end_line"] + hit.get("more_lines", 0) == full[hit["path"], hit["start_line"]]["end_line"]
+    lines = [json.loads(line) for line in run(*base, *cut, "--jsonl").stdout.splitlines()]
+    assert [{k: v for k, v in h.items() if k != "schema_version"} for h in lines] == doc["results"]
+    # Plain output: the location names the lines shown, the marker follows the snippet.
+    plain = run(*base, *cut).stdout
+    for hit in doc["results"]:
+        block = f"{hit['path']}:{hit['start_line']}-{hit['end_line']}"
+        assert block in plain
+        if hit.get("more_lines"):
+            shown = hit["text"] if hit["text"].endswith("\n") else hit["text"] + "\n"
+            assert f"{block}  {hit['score']:.4f}" in plain and f"{shown}... ({hit['more_lines']} more lines)\n" in plain
+
+
 def test_max_lines_no_snippet_and_min_score(repo):
     base = ["query", EVERYTHING, "-p", repo, "--mode", "lexical", "-k", "5", "--json"]
     full = json.loads(run(*base).stdout)["results"]
     cut = json.loads(run(*base, "--max-lines", "2").stdout)["results"]
     assert [r["path"] for r in cut] == [r["path"] for r in full]
     for whole, short in zip(full, cut):
-        n = len(whole["text"].splitlines())
-        assert short["text"].splitlines() == (
-            [*whole["text"].splitlines()[:2], f"... ({n - 2} more lines)"] if n > 2 else whole["text"].splitlines()
-        )
+        n = whole["end_line"] - whole["start_line"] + 1
+        assert short["text"] == "\n".join(whole["text"].split("\n")[:2])
+        assert short["end_line"] == min(whole["end_line"], whole["start_line"] + 1)
+        assert short.get("more_lines", 0) == max(n - 2, 0) and ("more_lines" in short) == (n > 2)
     bare = json.loads(run(*base, "--no-snippet").stdout)["results"]
     assert [r["text"] for r in bare] == [""] * len(full)
     plain = run("query", EVERYTHING, "-p", repo, "--mode", "lexical", "-k", "3", "--no-snippet").stdout

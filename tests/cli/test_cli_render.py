@@ -39,6 +39,24 @@ def test_terminal_output_has_a_file_link_and_highlighting(monkeypatch, tmp_path)
     assert "17 def retry_with_backoff(call, attempts=5):" in text  # with line numbers
 
 
+def test_a_cut_snippet_on_a_terminal_ends_with_an_unnumbered_marker(monkeypatch, tmp_path):
+    # issue 26 item 3: the "... (27 more lines)" marker was shown as numbered, highlighted code
+    from codesearch.search.snippets import fit
+    from codesearch.types import SearchRequest
+
+    long = dataclasses.replace(HIT, end_line=46, text="".join(f"    step_{i}()\n" for i in range(30)))
+    cut = fit(dataclasses.replace(RESULT, hits=[long]), SearchRequest("retry", max_lines=3))
+    buf = io.StringIO()
+    monkeypatch.setattr(render, "stdout", lambda: Console(file=buf, force_terminal=True, width=120))
+    render.search_result(cut, root=tmp_path, as_json=False, as_jsonl=False, files_only=False)
+    text = re.sub(r"\x1b\[[0-9;]*m|\x1b\]8;[^\x1b]*\x1b\\", "", buf.getvalue())
+    lines = [line.rstrip() for line in text.splitlines()]
+    assert lines[0].startswith("src/http_client.py:17-19  ")
+    assert [line.split()[0] for line in lines[1:4]] == ["17", "18", "19"]
+    assert lines[4] == "... (27 more lines)"  # no line number, not code
+    assert not any(line.lstrip().startswith("20") for line in lines)
+
+
 def test_piped_output_is_plain_text(monkeypatch, tmp_path, capsys):
     render.search_result(RESULT, root=tmp_path, as_json=False, as_jsonl=False, files_only=False)
     out = capsys.readouterr().out

@@ -230,5 +230,5 @@ def test_max_lines_counts_lines_the_chunkers_way():
         chunk_id=1,
     )
     result = SearchResult(query="q", mode="lexical", hits=[hit], indexes_used=("lexical",))
-    cut = fit(result, SearchRequest("q", max_lines=3)).hits[0].text
-    assert cut.split("\n") == [*text.split("\n")[:3], "... (7 more lines)"]
+    cut = fit(result, SearchRequest("q", max_lines=3)).hits[0]
+    assert cut.text.split("\n") == text.split("\n")[:3] and (cut.end_line, cut.more_lines) == (3, 7)

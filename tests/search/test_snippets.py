@@ -24,13 +24,14 @@ def test_nothing_asked_changes_nothing():
     assert out.hits == RESULT.hits and out.left_out is None and out.notices == []
 
 
-def test_max_lines_cuts_each_snippet_with_a_marker():
+def test_max_lines_shrinks_the_range_to_the_text_and_counts_the_cut_lines():
+    # issue 26 item 3: text is the exact source of start_line..end_line, never a marker
     out = fit(RESULT, SearchRequest("q", max_lines=5))
     for before, after in zip(RESULT.hits, out.hits):
-        lines = after.text.splitlines()
-        assert lines[:5] == before.text.splitlines()[:5]
-        assert lines[5] == f"... ({before.end_line - 5} more lines)" and len(lines) == 6
-        assert (after.start_line, after.end_line) == (before.start_line, before.end_line)
+        assert after.text == "".join(before.text.splitlines(keepends=True)[:5])
+        assert (after.start_line, after.end_line) == (before.start_line, before.start_line + 4)
+        assert after.end_line + after.more_lines == before.end_line
+        assert "more lines" not in after.text
     short = fit(RESULT, SearchRequest("q", max_lines=100))
     assert short.hits == RESULT.hits  # nothing to cut: no marker
 
@@ -57,7 +58,9 @@ def test_the_budget_holds_best_hits_first_and_cuts_the_last(budget):
     whole = [h.text == RESULT.hits[i].text for i, h in enumerate(out.hits)]
     assert all(whole[:-1])  # only the last hit may be cut ...
     if n and not whole[-1]:
-        assert "more lines)" in out.hits[-1].text  # ... and then it says so
+        last, before = out.hits[-1], RESULT.hits[n - 1]
+        assert last.more_lines > 0 and last.end_line + last.more_lines == before.end_line  # ... and says so
+        assert before.text.startswith(last.text) and last.text.count("\n") == last.end_line - last.start_line + 1
     if out.left_out:
         assert any("token budget" in notice for notice in out.notices)
     else:
@@ -76,6 +79,7 @@ def test_token_estimate():
 def test_the_hit_that_does_not_fit_is_cut_rather_than_dropped():
     out = fit(RESULT, SearchRequest("q", budget=400))  # hit 0 costs 341, hit 1 does not fit whole
     assert out.hits[0] == RESULT.hits[0]
-    cut = out.hits[1].text.splitlines()
-    assert 1 < len(cut) < 30 and cut[-1] == f"... ({31 - len(cut)} more lines)"
+    cut = out.hits[1]
+    assert 1 < len(cut.text.splitlines()) < 30 and cut.more_lines == 30 - len(cut.text.splitlines())
+    assert cut.end_line == len(cut.text.splitlines())
     assert out.left_out == 2

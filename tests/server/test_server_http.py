@@ -56,6 +56,21 @@ def test_filters_and_modes_equal_the_library(lexical_server, sample_repo, body, 
         assert doc["results"] and {r["language"] for r in doc["results"]} == wanted
 
 
+def test_files_only_ships_no_text_and_a_cut_snippet_is_exact(lexical_server, sample_repo):
+    # issue 26 items 2 and 3: files_only results carried 500-700 characters of text each;
+    # max_lines left end_line at the chunk's end and put a marker in the text
+    with lexical_server.client() as http:
+        names = http.post("/search", json={"query": "config database server", "k": 5, "mode": "lexical",
+                                           "files_only": True}).json()
+        cut = http.post("/search", json={"query": "config database server", "k": 5, "mode": "lexical",
+                                         "max_lines": 2}).json()
+    assert len(names["results"]) > 1 and {r["text"] for r in names["results"]} == {""}
+    assert any(r.get("more_lines") for r in cut["results"])
+    for hit in cut["results"]:
+        lines = (sample_repo / hit["path"]).read_text(encoding="utf-8").split("\n")
+        assert hit["text"] == "\n".join(lines[hit["start_line"] - 1 : hit["end_line"]])
+
+
 def test_default_path_is_the_root_and_a_subfolder_scopes_the_search(lexical_server, sample_repo):
     with lexical_server.client() as http:
         default = http.post("/search", json={"query": "parseConfigFile", "mode": "lexical"}).json()

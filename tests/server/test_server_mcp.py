@@ -51,6 +51,12 @@ async def _exercise(client: Client, root) -> None:
         root, "config database server", 5, mode="lexical", language=["javascript", "go"],
         glob=["*.{js,go}", "!server/**"], budget=60,
     )
+    # issue 26 item 2: file names only means no code
+    names = await client.call_tool("search_code", {"query": "config database server", "k": 5, "mode": "lexical",
+                                                   "files_only": True})
+    found = names.structured_content["results"]
+    assert len(found) > 1 and {r["text"] for r in found} == {""}
+    assert len({r["path"] for r in found}) == len(found)
     bad = await client.call_tool("search_code", {"query": "x", "glob": "*.{rs,md"})
     assert bad.is_error and "invalid glob" in bad.content[0].text
 
