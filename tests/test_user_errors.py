@@ -190,11 +190,13 @@ def test_default_models_offline_give_a_lexical_index_said_once_by_the_index_run(
     # One line for the missing default, and on a CPU one saying the dense model is opt-in.
     assert notices and all(n.startswith("Notice: ") for n in notices) and len(notices) <= 2
     assert any("indexed lexical-only" in n for n in notices)
+    # issue 26 item 4: each hybrid answer then says, once, that BM25 alone ranked it.
     query = ok("query", QUERY, "-p", repo, env=env)
-    assert query.stdout.startswith(f"{WINNER}:") and query.stderr == ""
+    assert query.stdout.startswith(f"{WINNER}:")
+    assert len(query.stderr.splitlines()) == 1 and query.stderr.startswith("Notice: lexical index only")
     doc = json.loads(ok("query", QUERY, "-p", repo, "--json", env=env).stdout)
     assert doc["indexes_used"] == ["lexical"] and doc["results"][0]["path"] == WINNER
-    assert doc["notices"] == []
+    assert len(doc["notices"]) == 1 and doc["notices"][0].startswith("lexical index only")
 
 
 # -- interrupted and concurrent indexing -----------------------------------------------------------

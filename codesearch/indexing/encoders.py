@@ -20,6 +20,7 @@ from codesearch.errors import (
     ModelUnavailableError,
 )
 from codesearch.store import Store
+from codesearch.store.schema import DISABLED_KEY as _DISABLED_KEY
 from codesearch.types import DEFAULT, STORE_FILE
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -36,7 +37,7 @@ __getattr__ = _compat.moved_names(__name__, {"Encoders": "codesearch.encoder.bas
 
 
 #: Meta key: the model roles a run switched off with 'none' (JSON list).
-DISABLED_KEY = "models.disabled"
+DISABLED_KEY = _DISABLED_KEY
 #: Meta key: set while a run without models (a lexical search's refresh) has left changed
 #: code without the recorded models' vectors; the next run that encodes clears it.
 VECTORS_PENDING_KEY = "vectors.pending"

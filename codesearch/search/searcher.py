@@ -30,6 +30,7 @@ from codesearch.search.corpus import CENTRALITY_VERSION, Corpus
 from codesearch.search.query import analyse
 from codesearch.search.ranking import FILE_VECTOR_MIN_TOKENS, Candidates, Ranker, RankingParams
 from codesearch.store import IndexLock, Store, atomic_write
+from codesearch.store.schema import DISABLED_KEY
 from codesearch.types import CENTRALITY_FILE, STORE_FILE, Mode, SearchHit, SearchRequest, SearchResult
 
 
@@ -122,6 +123,9 @@ class Searcher:
         self._ranker.centrality_source = self._cached_centrality
         self._file_row = {int(f): j for j, f in enumerate(self._ranker.corpus.file_ids.tolist())}
         self._covered = self._coverage()
+        # A run told '--multi-model none' (the vector model of every device): lexical-only
+        # was asked for, so a hybrid query that finds no vectors is no surprise to say.
+        self._chose_lexical = "colbert" in (self._store.get_meta(DISABLED_KEY) or "")
         self._centroids: np.ndarray | None = None  # per-file mean chunk vectors, made on first use
 
     # -- public ----------------------------------------------------------------------------
@@ -193,6 +197,13 @@ class Searcher:
         use_lex = mode in ("hybrid", "lexical")
         if mode == "hybrid" and not searched and self._covered and not built_any:
             notices.append(f"semantic vectors for 0% of chunks so far ({self._still_embedding()}); lexical for all")
+        elif mode == "hybrid" and not built_any and not self._covered and not self._chose_lexical:
+            # Lexical-only without being asked (the default model was not cached, or a query
+            # built the index): the answer is not the hybrid one the query asked for.
+            notices.append(
+                "lexical index only: this index has no semantic vectors, so BM25 alone ranked this hybrid query "
+                "('codesearch index' adds them; --mode lexical asks for BM25 without this notice)"
+            )
         elif mode == "hybrid" and not searched and built_any:
             # Said only when this query lost vectors the index has: an index built lexical-only
             # says so once, at index time, and indexes_used shows it on every answer.

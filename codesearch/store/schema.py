@@ -14,6 +14,10 @@ from pathlib import Path
 
 from codesearch.errors import IndexCorruptError, IndexWriteError
 
+#: Meta key: the model roles a run switched off with 'none' (JSON list). Here, below both
+#: its writer (the index run) and a reader (search, which says when a query lost vectors).
+DISABLED_KEY = "models.disabled"
+
 # Numbered migrations: MIGRATIONS[i] takes the schema from version i to version i + 1.
 # Never edit a released entry; append a new one (it runs on open, inside one transaction).
 MIGRATIONS: list[str] = [

@@ -192,6 +192,22 @@ def test_hybrid_query_on_a_lexical_index_says_it_in_indexes_used_not_in_a_notice
     assert "none (lexical only)" in run("index", repo, *LEXICAL).stderr
 
 
+def test_hybrid_query_on_an_index_lexical_without_being_asked_says_so_once(fresh_repo):
+    # issue 26 item 4: a hybrid query on a lexical-only index (here: the one a query builds)
+    # answered with indexes_used ["lexical"] and no word of it
+    first = run("query", "parseConfigFile", "-p", fresh_repo, "--json")
+    assert "no index yet" in first.stderr
+    result = run("query", "parseConfigFile", "-p", fresh_repo, "--json")
+    doc = json.loads(result.stdout)
+    assert doc["indexes_used"] == ["lexical"] and doc["results"]
+    said = [n for n in doc["notices"] if "lexical index only" in n]
+    assert len(said) == 1 and "codesearch index" in said[0]
+    lines = result.stderr.splitlines()
+    assert lines == [f"Notice: {said[0]}"]  # once on stderr, one line
+    quiet = run("query", "parseConfigFile", "-p", fresh_repo, "--json", "--mode", "lexical")
+    assert json.loads(quiet.stdout)["notices"] == [] and quiet.stderr == ""
+
+
 def test_an_unreadable_file_is_reported_by_the_index_run_only(fresh_repo, caplog):
     import os
 

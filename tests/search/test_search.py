@@ -123,12 +123,14 @@ def test_tests_and_docs_are_demoted_unless_asked_for(lexical_index):
     assert test_share("tests for HttpClient retries") > 0.7
 
 
-def test_hybrid_without_vectors_is_lexical_and_says_so_in_indexes_used_only(lexical_index):
-    # Issue 11: an index built without vectors said "lexical index only" on every query;
-    # the index run says it once, and each answer's indexes_used shows it.
+def test_hybrid_without_vectors_is_lexical_and_says_so(lexical_index):
+    # Issue 11 made this silent; issue 26 item 4: an index that is lexical-only without
+    # '--multi-model none' says, on each hybrid answer, that BM25 alone ranked it (an index
+    # built with 'none' stays silent: tests/cli/test_cli_commands.py).
     result = lexical_index.search("sqlite connection", k=3)
     assert result.mode == "hybrid" and result.indexes_used == ("lexical",)
-    assert result.notices == []
+    assert len(result.notices) == 1 and result.notices[0].startswith("lexical index only")
+    assert lexical_index.search("sqlite connection", k=3, mode="lexical").notices == []
     assert result.hits[0].path == "src/storage/database.py"
 
 
