@@ -99,7 +99,7 @@ def resolve_encoders(
             recorded, was_disabled = s.models(), json.loads(s.get_meta(DISABLED_KEY) or "[]")
 
     notices: list[str] = []
-    missing_defaults: list[str] = []
+    missing_defaults: list[tuple[str, str]] = []  # (model, the option that picks it)
     disabled: list[str] = []
 
     off_on_this_device: list[str] = []
@@ -117,19 +117,20 @@ def resolve_encoders(
                 off_on_this_device.append(role)
                 return None
             name = recorded[role].name if role in recorded else package_default
+        flag = _FLAGS[role]
         try:
             enc = (load or enc_mod.load)(name, device=device)
         except ModelUnavailableError:
             if not is_default:
-                raise
-            missing_defaults.append(name)
+                # The loader cannot know which option named the model: say the one that did.
+                raise ModelUnavailableError(_not_cached(name, flag)) from None
+            missing_defaults.append((name, flag))
             return None
         except ModelError as exc:
             if not (is_default and role in recorded):
                 raise
             # The model this index was built with is gone (a deleted local folder, say):
             # search and indexing go on without its vectors rather than refusing to run.
-            flag = "--model" if role == "dense" else "--multi-model"
             notices.append(
                 f"Model {name} recorded in the index cannot be loaded ({exc}); its vectors are left out "
                 f"of this run (restore the model, or re-embed with 'codesearch index --rebuild {flag} PATH_OR_ID')"
@@ -158,15 +159,27 @@ def resolve_encoders(
             f"dozen files there); pass --model {enc_mod.DEFAULT_DENSE_MODEL} to add dense vectors"
         )
     if missing_defaults:
-        names = " and ".join(missing_defaults)
+        names = " and ".join(name for name, _ in missing_defaults)
         plural = "s" if len(missing_defaults) > 1 else ""
         cached = "are" if plural else "is"
         how = "indexed lexical-only" if dense is None and multi is None else "indexed without its vectors"
+        paths = " or ".join(f"{flag} PATH" for _, flag in missing_defaults)  # the ColBERT one: --multi-model
         notices.append(
             f"Default model{plural} {names} {cached} not cached and the hub is unreachable; {how}. "
-            "Run 'codesearch index' again online (or pass --model PATH) to add vectors."
+            f"Run 'codesearch index' again online (or pass {paths}) to add vectors."
         )
     return _Encoders(dense=dense, multi=multi, disabled=tuple(disabled)), notices
+
+
+#: The option of `codesearch index` that picks each role's model.
+_FLAGS = {"dense": "--model", "colbert": "--multi-model"}
+
+
+def _not_cached(name: str, flag: str) -> str:
+    return (
+        f"Model '{name}' is not in the local cache and the hub cannot be reached; pass {flag} PATH to a local "
+        f"checkpoint, {flag} none to index without it, or run 'codesearch models pull {name}' online"
+    )
 
 
 def check_models(store: Store, encoders: Encoders, index_dir: Path) -> None:
@@ -174,7 +187,7 @@ def check_models(store: Store, encoders: Encoders, index_dir: Path) -> None:
     for role, enc in encoders.by_role().items():
         rec = recorded.get(role)
         if rec is not None and rec.identity != enc.identity:
-            flag = "--model" if role == "dense" else "--multi-model"
+            flag = _FLAGS[role]
             raise ModelMismatchError(
                 f"Index at {index_dir} was built with {role} model {rec.name} ({rec.identity}); this run "
                 f"asks for {enc.name} ({enc.identity}); run 'codesearch index --rebuild' to re-index with "

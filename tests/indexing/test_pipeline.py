@@ -501,6 +501,22 @@ def test_unavailable_default_models_degrade_to_lexical_only_with_a_notice(offlin
     assert "Run 'codesearch index' again online" in notices[1]
 
 
+def test_the_fix_for_a_missing_default_names_the_option_that_picks_that_model(offline_hub, single_vector_dir):
+    # issue 26 item 5: with --model MINILM, the missing ColBERT default said "pass --model PATH"
+    from codesearch.errors import ModelUnavailableError
+
+    encoders, notices = resolve_encoders(str(single_vector_dir), device="cpu")
+    assert encoders.dense is not None and encoders.multi is None
+    (notice,) = notices
+    assert "indexed without its vectors" in notice and "(or pass --multi-model PATH)" in notice
+    assert "--model PATH" not in notice.replace("--multi-model PATH", "")
+    with pytest.raises(ModelUnavailableError) as raised:
+        resolve_encoders(None, "some-org/not-cached-colbert")
+    message = str(raised.value)
+    assert "pass --multi-model PATH" in message and "--multi-model none" in message
+    assert "--model PATH" not in message.replace("--multi-model PATH", "")
+
+
 def test_on_a_cpu_the_dense_default_is_off_but_not_recorded_as_switched_off(offline_hub, repo):
     from codesearch.indexing.encoders import DISABLED_KEY
 
