@@ -72,6 +72,7 @@ __all__ = [
     "expand_braces",
     "glob_deadline",
     "scope_globs",
+    "search_deadline",
 ]
 
 _FIX = "fix the pattern, e.g. --glob '*.{rs,md}' or --glob '!tests/**'"
@@ -624,6 +625,12 @@ def glob_deadline(deadline: float | None) -> Iterator[None]:
         yield
     finally:
         _DEADLINE.reset(token)
+
+
+def search_deadline() -> float | None:
+    """The deadline `glob_deadline` set for this thread, or None: the other filters whose cost
+    a request chooses (`codesearch.textregex`) stop at it too."""
+    return _DEADLINE.get()
 
 
 @functools.lru_cache(maxsize=256)

@@ -20,6 +20,7 @@ from codesearch.errors import QueryError
 from codesearch.globs import check_globs
 from codesearch.languages import canonical_language
 from codesearch.pathnames import text_name
+from codesearch.textregex import check_regex
 
 __all__ = [
     "DEFAULT",
@@ -140,6 +141,10 @@ class SearchRequest:
         the last matching rule wins; with any non-``!`` rule a path must match one.
     files_only : bool
         At most one hit per file, and no snippet (as `no_snippet`): file names only.
+    regex : str, optional
+        Keep only chunks whose text matches this RE2 pattern (see `codesearch.textregex`:
+        linear time, ``^``/``$`` per line, ``(?i)`` for any case); every chunk that matches
+        can be ranked, so ``k`` hits come back whenever ``k`` chunks match.
     context : int
         Extra lines of the current file above and below each snippet.
     max_lines : int, optional
@@ -156,8 +161,8 @@ class SearchRequest:
     Raises
     ------
     QueryError
-        An empty query, an unknown mode, ``k < 1``, an invalid glob, or an output control
-        out of range.
+        An empty query, an unknown mode, ``k < 1``, an invalid glob or regex (or one past
+        the limits), or an output control out of range.
     """
 
     query: str
@@ -171,6 +176,7 @@ class SearchRequest:
     no_snippet: bool = False
     min_score: float | None = None
     budget: int | None = None
+    regex: str | None = None
 
     def __post_init__(self) -> None:
         # Normalised in place (frozen: object.__setattr__) so that every front end may pass
@@ -188,6 +194,8 @@ class SearchRequest:
         if globs:
             check_globs(globs)
         put(self, "globs", globs)
+        if self.regex is not None:
+            check_regex(self.regex)
         _check_int(self.context, "context", 0, "pass 0 or more lines")
         if self.max_lines is not None:
             _check_int(self.max_lines, "max_lines", 1, "pass 1 or more, or leave it out for whole snippets")
@@ -238,7 +246,8 @@ class SearchRequest:
 
     def without_output(self) -> SearchRequest:
         """The same search with no output control (what a ranking needs)."""
-        return SearchRequest(self.query, self.k, self.mode, self.languages, self.globs, self.files_only)
+        return SearchRequest(self.query, self.k, self.mode, self.languages, self.globs, self.files_only,
+                             regex=self.regex)
 
     def to_dict(self) -> JSONDict:
         """JSON-ready: the mode as its name, tuples as lists."""

@@ -210,6 +210,15 @@ def query_command(
             metavar="GLOB",
         ),
     ] = None,
+    regex: Annotated[
+        str | None,
+        typer.Option(
+            "--regex",
+            help="Only chunks whose text matches PATTERN (RE2: linear time; ^ $ per line, (?i) any case), "
+            "ranked as usual.",
+            metavar="PATTERN",
+        ),
+    ] = None,
     context: Annotated[int, typer.Option("--context", "-C", min=0, help="Extra lines around each snippet.")] = 0,
     max_lines: Annotated[
         int | None, typer.Option("--max-lines", min=1, help="Cut each snippet to N lines.", metavar="N")
@@ -261,6 +270,7 @@ def query_command(
         no_snippet=no_snippet,
         min_score=min_score,
         budget=budget,
+        regex=regex,
     )
     root = path if path is not None or index_dir is not None else _query_root(Path.cwd())
     with CodeSearch(root or Path("."), index_dir=index_dir) as cs:

@@ -31,6 +31,7 @@ from codesearch.search.query import analyse
 from codesearch.search.ranking import FILE_VECTOR_MIN_TOKENS, Candidates, Ranker, RankingParams
 from codesearch.store import IndexLock, Store, atomic_write
 from codesearch.store.schema import DISABLED_KEY
+from codesearch.textregex import compile_regex
 from codesearch.types import CENTRALITY_FILE, STORE_FILE, Mode, SearchHit, SearchRequest, SearchResult
 
 
@@ -212,6 +213,8 @@ class Searcher:
                 "(make the model available again, or 'codesearch index --rebuild --model PATH_OR_ID')"
             )
         mask = self._mask(request.languages, rules)
+        if request.regex is not None:
+            mask = self._regex_mask(request.regex, mask)
         p = self._ranker.params
         n_cand = max(p.dense_candidates, 4 * k)
         vectors: dict[str, Candidates] = {}
@@ -243,6 +246,10 @@ class Searcher:
             mask=mask,
             covered=covered or None,
         )
+        if request.regex is not None:
+            # Every chunk the regex keeps can be ranked, the ones no signal scores last (by
+            # row): a regex match is itself a reason to show it, as grep would.
+            total = np.where(mask, np.maximum(total, _MATCHED_FLOOR), 0.0).astype(np.float32)
         picked = self._ranker.select(total, k, files_only=request.files_only)
         hits = self._hits(picked, sources)
         return SearchResult(query=query, mode=mode, hits=hits, indexes_used=tuple(used), notices=notices)
@@ -410,6 +417,33 @@ class Searcher:
             mask = gm if mask is None else mask & gm
         return mask
 
+    def _regex_mask(self, pattern: str, mask: np.ndarray | None) -> np.ndarray:
+        """``mask`` narrowed to the rows whose chunk text matches ``pattern`` (checked when the
+        request was made). Texts are read from the store in batches, only for rows the other
+        filters keep; the store is locked per batch, not for the whole scan."""
+        c = self._ranker.corpus
+        regex = compile_regex(pattern)
+        n = len(c.ids)
+        rows = np.arange(n) if mask is None else np.flatnonzero(mask)
+        keep = np.zeros(n, dtype=bool)
+        if not len(rows):
+            return keep
+        row_of = {int(i): r for r, i in enumerate(c.ids.tolist())}
+        if mask is None:
+            with self._lock:
+                batches = [self._store.chunk_texts()]
+        else:
+            batches = []
+            for start in range(0, len(rows), _TEXT_BATCH):
+                with self._lock:
+                    batches.append(self._store.chunk_texts(c.ids[rows[start : start + _TEXT_BATCH]].tolist()))
+        for batch in batches:
+            found = [row_of.get(int(i), -1) for i, _ in batch]
+            hits = np.fromiter(regex.matches(text for _, text in batch), dtype=bool, count=len(batch))
+            where = np.asarray(found, dtype=np.int64)
+            keep[where[hits & (where >= 0)]] = True
+        return keep
+
     def _hits(self, picked: list[tuple[int, float]], sources: dict[str, np.ndarray]) -> list[SearchHit]:
         c = self._ranker.corpus
         ids = [int(c.ids[r]) for r, _ in picked]
@@ -423,6 +457,13 @@ class Searcher:
             src = tuple(name for name, v in sources.items() if v[r] > 0)
             hits.append(SearchHit.of(rec.chunk, chunk_id=rec.id, score=float(s), sources=src))
         return hits
+
+
+#: The score of a chunk the regex keeps but no signal scores: above 0 (so it can be ranked),
+#: below any real score.
+_MATCHED_FLOOR = 1e-6
+#: Chunk texts read from the store per lock, by the regex filter.
+_TEXT_BATCH = 2000
 
 
 def _in_lexical_order(rows: list[tuple], lex_ids: np.ndarray) -> list[tuple]:

@@ -53,6 +53,10 @@ class SearchRequest(BaseModel):
         None, description="ripgrep-style glob(s) on the path: '*.{rs,md}', '!tests/**'; the last match wins."
     )
     files_only: bool = Field(False, description="One result per file, best chunk first, without text.")
+    regex: str | None = Field(
+        None, description="Only chunks whose text matches this RE2 pattern (linear time; ^ $ per line; "
+        "at most 1000 characters), ranked as usual.",
+    )
     context: int = Field(0, ge=0, description="Extra lines of the file above and below each snippet.")
     max_lines: int | None = Field(
         None, ge=1, description="Cut each snippet to this many lines (end_line shrinks; more_lines counts the rest)."

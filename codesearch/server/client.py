@@ -211,7 +211,7 @@ def request_body(request: SearchRequest) -> JSONDict:
         "lang": one_or_list(request.languages), "glob": one_or_list(request.globs), "files_only": request.files_only,
     }
     defaults = SearchRequest("x")
-    for name in ("context", "max_lines", "no_snippet", "min_score", "budget"):
+    for name in ("context", "max_lines", "no_snippet", "min_score", "budget", "regex"):
         value = getattr(request, name)
         if value != getattr(defaults, name):
             body[name] = value

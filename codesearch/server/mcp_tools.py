@@ -64,6 +64,7 @@ def build_mcp(service: Service) -> MCPServer:
         lang: str | list[str] | None = None,
         glob: str | list[str] | None = None,
         files_only: bool = False,
+        regex: str | None = None,
         path: str | None = None,
         repo: str | None = None,
         max_lines: int | None = None,
@@ -83,6 +84,8 @@ def build_mcp(service: Service) -> MCPServer:
             glob: ripgrep-style glob(s) on the path, e.g. "src/**/*.py", "*.{rs,md}",
                 "!tests/**" (excludes); with several, the last matching one wins.
             files_only: One result per file, best chunk first, file names without code.
+            regex: Only chunks whose text matches this RE2 pattern, e.g. "Retry-After|backoff"
+                (^ and $ per line, (?i) for any case), ranked as usual.
             path: Only this folder or file: relative to the repository (with several served,
                 starting with the repository's name, e.g. "fd/src"), or absolute.
             repo: Only this served repository (its folder name or path); default all.
@@ -105,8 +108,8 @@ def build_mcp(service: Service) -> MCPServer:
             # Checked in the search pool (as the HTTP route does): never on the event loop.
             return _compact(await service.search(
                 query=query, k=k, mode=mode, lang=lang or language, glob=glob, files_only=files_only,
-                max_lines=max_lines, no_snippet=no_snippet, min_score=min_score, budget=budget, context=context,
-                path=path, repo=repo,
+                regex=regex, max_lines=max_lines, no_snippet=no_snippet, min_score=min_score, budget=budget,
+                context=context, path=path, repo=repo,
             ))
         except CodeSearchError as exc:
             # ToolError's message reaches the agent; any other exception is hidden by the SDK.

@@ -133,6 +133,17 @@ class Store(VectorCache):
                 found[r[0]] = stored_chunk(r)
         return [found[i] for i in ids if i in found]
 
+    def chunk_texts(self, ids: Sequence[int] | None = None) -> list[tuple[int, str]]:
+        """``(id, text)`` of the chunks of ``ids`` (every chunk when None), by id: what a
+        search's regex filter reads, without the rest of each record."""
+        if ids is None:
+            return self._exec("SELECT id, text FROM chunks ORDER BY id").fetchall()
+        out: list[tuple[int, str]] = []
+        for part in chunked([int(i) for i in ids]):
+            marks = ",".join("?" * len(part))
+            out.extend(self._exec(f"SELECT id, text FROM chunks WHERE id IN ({marks})", part).fetchall())
+        return sorted(out)
+
     def iter_chunk_records(self) -> Iterator[StoredChunk]:
         """Every chunk, by id."""
         for r in self._exec(f"{CHUNK_SQL} ORDER BY c.id"):

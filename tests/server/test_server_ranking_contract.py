@@ -79,21 +79,21 @@ def _cli(root, k: int, *extra: str) -> list[tuple[str, int, int]]:
     return _locs(json.loads(out.stdout)["results"])
 
 
-def _http(server, root, k: int) -> list[tuple[str, int, int]]:
+def _http(server, root, k: int, **body) -> list[tuple[str, int, int]]:
     with server.client() as http:
-        resp = http.post("/search", json={"query": QUERY, "k": k, "mode": "lexical", "path": str(root)})
+        resp = http.post("/search", json={"query": QUERY, "k": k, "mode": "lexical", "path": str(root), **body})
     assert resp.status_code == 200, resp.text
     return _locs(resp.json()["results"])
 
 
-def _mcp(server, root) -> dict[int, list[tuple[str, int, int]]]:
+def _mcp(server, root, **args) -> dict[int, list[tuple[str, int, int]]]:
     async def main():
         out = {}
         with anyio.fail_after(120):
             async with Client(server.url + "/mcp") as client:
                 for k in KS:
                     res = await client.call_tool(
-                        "search_code", {"query": QUERY, "k": k, "mode": "lexical", "path": str(root)}
+                        "search_code", {"query": QUERY, "k": k, "mode": "lexical", "path": str(root), **args}
                     )
                     assert not res.is_error, res.content
                     out[k] = _locs(res.structured_content["results"])
@@ -120,6 +120,35 @@ def test_top_k_is_a_prefix_of_every_larger_k_in_every_front_end(roots, server):
         assert _cli(rs, k, "--no-server") == api[k]
         assert _cli(rs, k) == api[k]  # through the running server's fast path
         assert _http(server, rs, k) == api[k]
+        assert mcp[k] == api[k]
+
+
+#: Matches 12 of walk.rs's functions and visit.rs's one: fewer chunks than the larger ks.
+REGEX = r"walk_parallel_part_\d*[05]\(|^pub fn visit_"
+
+
+def test_regex_top_k_is_exact_and_the_same_in_every_front_end(roots, server):
+    # issue 26 item 10: --regex keeps the chunks whose text matches, then ranks them; k hits
+    # whenever k chunks match, a prefix of any larger k, one answer through every front end
+    import re
+
+    from codesearch.store import Store
+
+    rs, _ = roots
+    with Store(rs / ".codesearch" / "store.sqlite", readonly=True) as store:
+        want = {(r.chunk.path, r.chunk.start_line, r.chunk.end_line) for r in store.iter_chunk_records()
+                if re.search(REGEX, r.chunk.text, re.M)}
+    assert 10 < len(want) < max(KS)
+    full = _api(rs, 1000, regex=REGEX)
+    assert set(full) == want
+    api = {k: _api(rs, k, regex=REGEX) for k in KS}
+    for k in KS:
+        assert api[k] == full[:k] and len(api[k]) == min(k, len(want))
+    mcp = _mcp(server, rs, regex=REGEX)
+    for k in KS:
+        assert _cli(rs, k, "--regex", REGEX, "--no-server") == api[k]
+        assert _cli(rs, k, "--regex", REGEX) == api[k]  # through the running server's fast path
+        assert _http(server, rs, k, regex=REGEX) == api[k]
         assert mcp[k] == api[k]
 
 
