@@ -459,8 +459,8 @@ class Searcher:
         return hits
 
 
-#: The score of a chunk the regex keeps but no signal scores: above 0 (so it can be ranked),
-#: below any real score.
+#: The least score of a chunk the regex keeps: above 0, so that one no signal scores can be
+#: ranked (after every scored one, by row); far below the scores signals give.
 _MATCHED_FLOOR = 1e-6
 #: Chunk texts read from the store per lock, by the regex filter.
 _TEXT_BATCH = 2000
