@@ -15,7 +15,7 @@ Syntax: RE2's, which is Python's and ripgrep's for everything else (``\\b``, ``\
 ``.`` does not match a newline unless the pattern says ``(?s)``. Case-sensitive unless it
 says ``(?i)``.
 
-At the bottom layer with `codesearch.globs` (which sets the clock a server's search stops
+Just above `codesearch.globs` (which holds the clock a server's search stops
 at: `globs.glob_deadline`): both are filters whose cost the request chooses.
 """
 

@@ -22,7 +22,8 @@ from pathlib import Path
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "_compat"),
     ("codesearch",),  # the package's own __init__: the version, the compat finder, lazy names
-    ("pathnames", "languages", "globs", "textregex"),
+    ("pathnames", "languages", "globs"),
+    ("textregex",),  # the --regex filter: stops at the search deadline `globs` holds
     ("types",),
     ("encoder", "store"),
     ("indexes",),
