@@ -203,7 +203,12 @@ def _check_toml(path: Path, text: str) -> None:
 
 def agents(
     clients: Annotated[
-        list[Client] | None, typer.Argument(help="Which clients (default: all five).", show_default=False)
+        list[Client] | None,
+        typer.Argument(
+            help="Which clients (default: all five).",
+            show_default=False,
+            metavar="CLIENT",
+        ),
     ] = None,
     path: Annotated[
         Path, typer.Option("--path", "-p", help="The project folder, where project config files go.")
