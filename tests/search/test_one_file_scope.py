@@ -12,9 +12,8 @@ def test_a_glob_naming_one_file_returns_all_its_matching_chunks(tmp_path):
     (root / "src").mkdir(parents=True)
     # Functions long enough to be one chunk each (small ones are grouped into one chunk).
     body = "".join(f"    step_{j} = prepare(request, {j})\n" for j in range(30))
-    (root / "src" / "handlers.py").write_text(
-        "".join(f"def handle_retry_{i}(request):\n{body}    return retry(request, attempt={i})\n\n\n" for i in range(12))
-    )
+    functions = [f"def handle_retry_{i}(request):\n{body}    return retry(request, attempt={i})\n" for i in range(12)]
+    (root / "src" / "handlers.py").write_text("\n\n".join(functions))
     (root / "src" / "other.py").write_text("def retry(request, attempt):\n    return request\n")
     with CodeSearch(root, model=None, multi_model=None) as cs:
         cs.index()
