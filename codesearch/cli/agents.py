@@ -87,10 +87,20 @@ This repository is indexed for semantic code search (codesearch; MCP tool `searc
 
 
 def _command() -> list[str]:
-    """How clients start the server: the console script when it is on PATH, else this
-    Python with ``-m codesearch.server`` (a virtual environment that is not activated)."""
-    if shutil.which("codesearch"):
-        return ["codesearch", "serve"]
+    """How clients start the server, by absolute path: an editor started from a desktop
+    does not inherit the shell's PATH or an activated virtual environment, where a bare
+    ``codesearch`` names no program, or another install's.
+
+    The running console script (``~/.local/bin/codesearch`` for pipx, not resolved, so it
+    survives upgrades), else the one beside this Python, else the one on PATH, else this
+    Python with ``-m codesearch.server``.
+    """
+    running = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    beside = Path(sys.executable).with_name("codesearch")
+    on_path = shutil.which("codesearch")
+    for script in (running, beside, Path(on_path) if on_path else None):
+        if script is not None and script.name == "codesearch" and script.is_file() and os.access(script, os.X_OK):
+            return [os.path.abspath(script), "serve"]
     return [sys.executable, "-m", "codesearch.server"]
 
 
@@ -128,28 +138,29 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def merge_json(path: Path, key: str, entry: dict[str, Any], *, client: str) -> bool:
     """Put ``entry`` under ``key`` -> ``codesearch`` in the JSON file ``path``, keeping
-    everything else; returns False when it was already there as is.
+    everything else, comments and trailing commas included (Zed's and VS Code's files are
+    JSONC); returns False when it was already there as is.
 
     Raises
     ------
     CodeSearchError
-        The file is not plain JSON (e.g. has comments) or not an object.
+        The file is not JSON (comments allowed), not an object, or ``key`` is no object.
     """
+    from codesearch.cli import jsonc
+
     text = path.read_text(encoding="utf-8") if path.exists() else ""
     try:
-        data = json.loads(text) if text.strip() else {}
-    except json.JSONDecodeError as exc:
+        data = jsonc.loads(text) if text.strip() else {}
+        servers = data.get(key) if isinstance(data, dict) else None
+        if isinstance(servers, dict) and servers.get(SERVER_NAME) == entry:
+            return False
+        new = jsonc.set_member(text, (key, SERVER_NAME), entry)
+    except jsonc.JSONCError as exc:
         raise CodeSearchError(
-            f"cannot merge into {path}: not plain JSON ({exc.msg}, line {exc.lineno}) "
-            f"(add the entry printed by 'codesearch agents {client}' by hand)"
+            f"cannot merge into {path}: {exc} "
+            f"(fix the file, or add the entry printed by 'codesearch agents {client}' by hand)"
         ) from None
-    servers = data.get(key) if isinstance(data, dict) else None
-    if not isinstance(data, dict) or not isinstance(servers, (dict, type(None))):
-        raise CodeSearchError(f"cannot merge into {path}: '{key}' is not a JSON object (fix or move the file)")
-    if servers is not None and servers.get(SERVER_NAME) == entry:
-        return False
-    data[key] = {**(servers or {}), SERVER_NAME: entry}
-    _write_atomic(path, json.dumps(data, indent=2) + "\n")
+    _write_atomic(path, new)
     return True
 
 
@@ -203,7 +214,12 @@ def _check_toml(path: Path, text: str) -> None:
 
 def agents(
     clients: Annotated[
-        list[Client] | None, typer.Argument(help="Which clients (default: all five).", show_default=False)
+        list[Client] | None,
+        typer.Argument(
+            help="Which clients (default: all five).",
+            show_default=False,
+            metavar="CLIENT",
+        ),
     ] = None,
     path: Annotated[
         Path, typer.Option("--path", "-p", help="The project folder, where project config files go.")

@@ -8,6 +8,7 @@ Results go to stdout; progress, notices and errors go to stderr.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -28,6 +29,12 @@ class _Group(TyperGroup):
     and keeps its traceback.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for command in self.commands.values():
+            for param in command.params:
+                _readable_list_type(param)
+
     def invoke(self, ctx: typer.Context) -> Any:  # type: ignore[override]
         try:
             return super().invoke(ctx)
@@ -41,6 +48,23 @@ class _Group(TyperGroup):
             lead = "\n" if sys.stderr.isatty() else ""
             typer.echo(f"{lead}Interrupted (the index is intact; run the command again to resume)", err=True)
             raise typer.Exit(130) from None
+
+
+def _readable_list_type(param: Any) -> None:
+    """Help names a repeatable value by one value's type (``<path>``, with ``PATH...`` or a
+    repeated option beside it): Typer's own ``<list[Path]>`` reads as Python, not as a
+    command line. A Typer without ``type_descriptor`` keeps its own text."""
+    descriptor = getattr(param, "type_descriptor", None)
+    if descriptor is None or not getattr(descriptor, "is_list", False):
+        return
+    typer_text = type(param).display_type
+
+    def display_type(ctx: Any) -> str:
+        text = typer_text(param, ctx)
+        match = re.fullmatch(r"<list\[(.*)\]>", text)
+        return f"<{match.group(1).lower()}>" if match else text
+
+    param.display_type = display_type
 
 
 app = typer.Typer(
@@ -198,7 +222,7 @@ def query_command(
     mode: Annotated[Mode, typer.Option(help="Which indexes rank the results.")] = Mode.hybrid,
     lang: Annotated[
         list[str] | None,
-        typer.Option("--lang", help="Only this language (python, go, ...); repeat for any of several."),
+        typer.Option("--lang", help="Only this language (python, go, ...); repeat for any of several.", metavar="LANG"),
     ] = None,
     glob: Annotated[
         list[str] | None,

@@ -245,21 +245,33 @@ _SUMMARY_ROWS = [
 
 
 def index_summary(summary: Any) -> None:
-    """The summary table of an index run, on stderr (stdout stays free for results)."""
+    """The summary of an index run, on stderr (stdout stays free for results): a table on a
+    terminal, else one ``label: value`` line per row (no box characters, no value folded
+    across lines), as a log or ``grep`` reads it."""
     d = summary.to_dict()
-    title = f"codesearch index {quote_name(str(d.get('root', '')))}"
-    table = Table(title=escape(title), show_header=False, title_justify="left")
-    table.add_column(style="bold")
-    table.add_column(overflow="fold")  # long model paths wrap, never get cut
-    for key, label in _SUMMARY_ROWS:
-        if key in d:
-            value = d[key] if key != "models" else (d[key] or "none (lexical only)")
+    root = quote_name(str(d.get("root", "")))
+    rows = [
+        (label, d[key] if key != "models" else (d[key] or "none (lexical only)"))
+        for key, label in _SUMMARY_ROWS
+        if key in d
+    ]
+    console = stderr()
+    if console.is_terminal:
+        table = Table(title=escape(f"codesearch index {root}"), show_header=False, title_justify="left")
+        table.add_column(style="bold")
+        table.add_column(overflow="fold")  # long model paths wrap, never get cut
+        for label, value in rows:
             table.add_row(label, _cell(value))
-    stderr().print(table)
+        console.print(table)
+    else:
+        sys.stderr.write(f"codesearch index {root}\n")
+        for label, value in rows:
+            sys.stderr.write(f"{label}: {_cell(value, markup=False)}\n")
     notices(list(d.get("notices", [])))
 
 
-def _cell(value: Any) -> str:
+def _cell(value: Any, *, markup: bool = True) -> str:
+    """One value as text; ``markup``: escaped for rich (a table), else as it reads."""
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
@@ -267,10 +279,11 @@ def _cell(value: Any) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, dict):
-        return ", ".join(f"{k}: {_cell(v)}" for k, v in value.items()) or "-"
+        return ", ".join(f"{k}: {_cell(v, markup=markup)}" for k, v in value.items()) or "-"
     if isinstance(value, (list, tuple)):
         return ", ".join(map(str, value)) or "-"
-    return escape(escape_controls("-" if value is None else str(value)))
+    text = escape_controls("-" if value is None else str(value))
+    return escape(text) if markup else text
 
 
 # -- status ------------------------------------------------------------------------------
@@ -353,6 +366,8 @@ def model_list(rows: list[dict[str, Any]], *, as_json: bool) -> None:
             table.add_row(*(escape(_model_cell(row, c)) for c in columns))
         console.print(table)
     else:
+        # Tab-separated with a header line, as `cut`, `sort -t` and spreadsheets read it.
+        sys.stdout.write("\t".join(columns) + "\n")
         for row in rows:
             sys.stdout.write("\t".join(_model_cell(row, c) for c in columns) + "\n")
 

@@ -28,7 +28,8 @@ def serve(
         list[Path] | None,
         typer.Argument(
             help="Repositories to serve (default: the indexed folder at or above the current one, "
-            "else the current one)."
+            "else the current one).",
+            metavar="PATH",
         ),
     ] = None,
     host: Annotated[str, typer.Option(help="Address to listen on; anything but loopback needs --token.")] = "127.0.0.1",

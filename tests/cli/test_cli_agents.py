@@ -10,6 +10,7 @@ import sys
 
 import anyio
 import pytest
+from fixtures.console import SCRIPT, cli
 from fixtures.sample_repo import write_sample_repo
 from typer.testing import CliRunner
 
@@ -116,13 +117,61 @@ def test_a_line_separator_inside_a_toml_string_is_not_a_line(tmp_path):
     assert "note" not in data["mcp_servers"]["codesearch"]
 
 
-def test_a_config_with_comments_is_refused_with_one_line(tmp_path):
+def test_a_broken_config_is_refused_with_one_line(tmp_path):
     (tmp_path / ".zed").mkdir()
-    (tmp_path / ".zed" / "settings.json").write_text('// Zed settings\n{"theme": "x"}\n')
+    broken = '// Zed settings\n{"theme": "x",, }\n'
+    (tmp_path / ".zed" / "settings.json").write_text(broken)
     result = CliRunner().invoke(app, ["agents", "zed", "--write", "--path", str(tmp_path)])
     assert result.exit_code == 1
     (line,) = result.stderr.strip().splitlines()
-    assert line.startswith("Error: cannot merge into") and "codesearch agents zed" in line
+    assert line.startswith("Error: cannot merge into") and "line 2" in line and "codesearch agents zed" in line
+    assert (tmp_path / ".zed" / "settings.json").read_text() == broken
+
+
+ZED_SETTINGS = """\
+// Zed settings
+//
+// For information on how to configure Zed, see the Zed documentation.
+{
+  /* the look */
+  "theme": "One Dark", // dark, always
+  "vim_mode": true,
+  "context_servers": {
+    "other": {"source": "custom", "command": "y", "args": []}, // another server
+  },
+}
+"""
+
+
+def test_zed_settings_as_jsonc_are_merged_and_keep_their_comments(tmp_path):
+    from codesearch.cli import jsonc
+
+    settings = tmp_path / ".zed" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_text(ZED_SETTINGS)
+    result = run("zed", "--write", "--path", str(tmp_path), env={})
+    assert "Zed: wrote" in result.stderr
+    text = settings.read_text()
+    for line in ZED_SETTINGS.splitlines():
+        if "//" in line or "/*" in line:
+            assert line in text  # every comment, on its own line as before
+    data = jsonc.loads(text)
+    check_entry(data["context_servers"]["codesearch"], ".", "zed")
+    assert data["context_servers"]["other"]["command"] == "y"
+    assert data["theme"] == "One Dark" and data["vim_mode"] is True
+    assert "already set up in" in run("zed", "--write", "--path", str(tmp_path), env={}).stderr
+    assert settings.read_text() == text
+
+
+def test_the_entry_names_the_running_console_script_by_absolute_path(tmp_path):
+    # An editor started from a desktop has neither the shell's PATH nor its virtual
+    # environment: a bare "codesearch" would name no program there.
+    done = cli("agents", "claude-code", "--write", "--path", tmp_path, cwd=tmp_path,
+               env={"PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    entry = read(tmp_path / ".mcp.json")["mcpServers"]["codesearch"]
+    assert entry["command"] == str(SCRIPT) and os.path.isabs(entry["command"])
+    assert entry["args"][0] == "serve"
 
 
 def test_without_write_it_prints_every_client_and_the_snippet(tmp_path):
