@@ -20,7 +20,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from codesearch.api.models import EncoderPool, Models
 from codesearch.api.refresh import Recorded, stale_files
+from codesearch.api.run import run_index
 from codesearch.errors import ExportError, ModelMismatchError, PathError
 from codesearch.indexing.export import Manifest, check_repository, repository_of, unpack_export, write_export
 from codesearch.store import IndexLock, Store
@@ -122,8 +124,6 @@ def import_index(
     >>> summary.run.files_indexed   # files that differ from the export's
     3
     """
-    from codesearch.api import CodeSearch
-
     t0 = time.perf_counter()
     file = Path(file).expanduser()
     root = Path(path).expanduser()
@@ -150,10 +150,10 @@ def import_index(
         # Nothing differs from the export but the files' stats: a run that loads no model
         # records them (seconds of torch and weights saved; they load when code changed).
         same = not stale_files(root, tmp, rec).stale
+        models = Models(model, multi_model, device=device, index_dir=tmp, pool=EncoderPool())
         try:
-            with CodeSearch(root, index_dir=tmp, model=model, multi_model=multi_model, device=device,
-                            include=rec.include, exclude=rec.exclude, max_file_bytes=rec.max_file_bytes) as cs:
-                run = cs.index(progress=progress, lexical_only=same)
+            run = run_index(root, tmp, models, (None, None) if same else models.asked, walk=rec.walk,
+                            progress=progress, defer_vectors=same)
         except ModelMismatchError as exc:
             raise ExportError(f"{file} cannot be adopted with the models here: {exc}") from exc
         _swap(tmp, target)

@@ -216,11 +216,9 @@ def write_export(index_dir: Path, root: Path, dest: Path) -> Manifest:
                 files, chunks = store.count("files"), store.count("chunks")
                 schema_version = store.schema_version
             sources = {STORE_FILE: snap, **{name: index_dir / name for name in _members(index_dir)}}
-            from codesearch import __version__
-
             manifest = Manifest(
                 schema_version=schema_version,
-                codesearch_version=__version__,
+                codesearch_version=_version(),
                 created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 repository=repository_of(root),
                 models=models,
@@ -250,6 +248,16 @@ def write_export(index_dir: Path, root: Path, dest: Path) -> Manifest:
             with contextlib.suppress(OSError):
                 path.unlink()
     return manifest
+
+
+def _version() -> str:
+    # (Not `codesearch.__version__`: the package root reaches up to the API, a circle.)
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("codesearch")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
