@@ -133,13 +133,10 @@ def import_index(
     target = Path(index_dir).expanduser().resolve() if index_dir is not None else default_index_dir(root)
     if (target / STORE_FILE).exists():
         if not force:
-            raise ExportError(
-                f"an index already exists at {target} (pass {replace_flag} to replace it with {file}, "
-                "or remove it first)"
-            )
+            raise _already_there(target, file, replace_flag)
         IndexLock.check_free(target)
-    tmp = target.with_name(f".{target.name}.import-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)  # left by a killed import of this pid number
+    _remove_left_over(target)
+    tmp = _beside(target, "import")
     try:
         manifest = unpack_export(file, tmp, check=_check_models(file, (model, multi_model)))
         with Store(tmp / STORE_FILE) as store:
@@ -156,7 +153,7 @@ def import_index(
                             progress=progress, defer_vectors=same)
         except ModelMismatchError as exc:
             raise ExportError(f"{file} cannot be adopted with the models here: {exc}") from exc
-        _swap(tmp, target)
+        _swap(tmp, target, force=force, file=file, replace_flag=replace_flag)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -173,14 +170,44 @@ def import_index(
     )
 
 
-def _swap(new: Path, target: Path) -> None:
+def _beside(target: Path, what: str) -> Path:
+    """A temp folder beside ``target`` (``.codesearch.import-PID``): same file system, so
+    the rename into place is atomic."""
+    return target.with_name(f".{target.name.lstrip('.')}.{what}-{os.getpid()}")
+
+
+def _already_there(target: Path, file: Path, replace_flag: str) -> ExportError:
+    return ExportError(
+        f"an index already exists at {target} (pass {replace_flag} to replace it with {file}, or remove it first)"
+    )
+
+
+def _remove_left_over(target: Path) -> None:
+    """Remove the temp folders of imports and replacements killed before they ended (their
+    process is gone)."""
+    for path in target.parent.glob(f".{target.name.lstrip('.')}.*-*"):
+        kind, _, pid = path.name.rpartition("-")
+        if not kind.endswith((".import", ".replaced")) or not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # still running (another import)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except (PermissionError, OverflowError):
+            continue
+
+
+def _swap(new: Path, target: Path, *, force: bool, file: Path, replace_flag: str) -> None:
     """Put the folder ``new`` at ``target``; an index already there is removed only once the
     new one is in place (and put back if the rename fails)."""
+    if (target / STORE_FILE).exists() and not force:  # made by an index run during the import
+        raise _already_there(target, file, replace_flag)
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(new, target)
         return
-    old = target.with_name(f".{target.name}.replaced-{os.getpid()}")
+    old = _beside(target, "replaced")
     shutil.rmtree(old, ignore_errors=True)
     with IndexLock(target):  # no index run starts on the old index while it is swapped out
         os.replace(target, old)

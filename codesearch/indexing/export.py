@@ -382,6 +382,8 @@ def unpack_export(file: str | os.PathLike[str], folder: Path, *, check=None) -> 
     file = Path(file)
     folder.mkdir(parents=True)
     try:
+        # First, so a folder left by a kill -9 is ignored by git and by every walk.
+        (folder / ".gitignore").write_text("*\n")
         with _open(file) as tar:
             manifest = _read_manifest(file, tar)
             check_compatible(manifest, file)

@@ -285,3 +285,13 @@ def test_lexical_run_without_changes_says_nothing_of_missing_vectors(exported):
     with CodeSearch(repo) as cs:
         summary = cs.index(lexical_only=True)
     assert summary.files_indexed == 0 and summary.notices == []
+
+
+def test_folders_of_killed_imports_are_removed(exported, tmp_path):
+    repo, file, _ = exported
+    other = clone(repo, tmp_path / "checkout")
+    dead = other / ".codesearch.import-99999999"  # no such process
+    dead.mkdir()
+    (dead / "store.sqlite").write_bytes(b"half")
+    import_index(file, other, device="cpu")
+    assert not dead.exists() and git(other, "status", "--porcelain") == ""
