@@ -203,6 +203,8 @@ def write_export(index_dir: Path, root: Path, dest: Path) -> Manifest:
     dest = Path(dest).expanduser().resolve()
     if dest.is_dir():
         raise ExportError(f"{str(dest)!r} is a folder (pass a file name, e.g. {dest / 'index.codesearch.tar'})")
+    if not dest.parent.is_dir():
+        raise ExportError(f"folder {str(dest.parent)!r} does not exist (create it, or write the export elsewhere)")
     if dest.is_relative_to(index_dir):
         raise ExportError(f"{str(dest)!r} is inside the index folder (write the export somewhere else)")
     tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
@@ -239,9 +241,10 @@ def write_export(index_dir: Path, root: Path, dest: Path) -> Manifest:
                 fh.flush()
                 os.fsync(fh.fileno())
         os.replace(tmp, dest)
-    except OSError as exc:
+    except (OSError, sqlite3.Error) as exc:
+        why = getattr(exc, "strerror", None) or exc
         raise ExportError(
-            f"cannot write the export {str(dest)!r}: {exc.strerror or exc} (check the folder and free disk space)"
+            f"cannot write the export {str(dest)!r}: {why} (check the folder and free disk space)"
         ) from exc
     finally:
         for path in (tmp, snap):

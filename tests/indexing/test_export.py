@@ -295,3 +295,13 @@ def test_folders_of_killed_imports_are_removed(exported, tmp_path):
     (dead / "store.sqlite").write_bytes(b"half")
     import_index(file, other, device="cpu")
     assert not dead.exists() and git(other, "status", "--porcelain") == ""
+
+
+@pytest.mark.parametrize("dest", ["missing/index.tar", "folder", "repo/.codesearch/x.tar"])
+def test_export_to_a_bad_place_is_one_line(exported, tmp_path, dest):
+    repo, _, _ = exported
+    (tmp_path / "folder").mkdir()
+    where = repo / ".codesearch" / "x.tar" if dest.startswith("repo/") else tmp_path / dest
+    res = CliRunner().invoke(app, ["export", str(where), "-p", str(repo)])
+    assert res.exit_code == 1 and res.stderr.startswith("Error: ") and len(res.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in res.output and not where.is_file()
