@@ -305,3 +305,37 @@ def test_export_to_a_bad_place_is_one_line(exported, tmp_path, dest):
     res = CliRunner().invoke(app, ["export", str(where), "-p", str(repo)])
     assert res.exit_code == 1 and res.stderr.startswith("Error: ") and len(res.stderr.strip().splitlines()) == 1
     assert "Traceback" not in res.output and not where.is_file()
+
+
+def test_kill_9_during_an_import_leaves_the_index_that_was_there(exported, tmp_path):
+    """Killed after the unpack, inside the index run (the longest step): the old index is
+    untouched, and the next import removes the dead one's folder and succeeds."""
+    import os
+    import signal
+    import sys
+    import time
+
+    repo, file, models = exported
+    other = clone(repo, tmp_path / "checkout")
+    before = _existing_index(other)
+    marker = tmp_path / "in-run"
+    code = (
+        "import time, pathlib; from codesearch.api import import_index\n"
+        "def progress(event):\n"
+        f"    pathlib.Path({str(marker)!r}).touch(); time.sleep(120)\n"
+        f"import_index({str(file)!r}, {str(other)!r}, force=True, progress=progress)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], env=os.environ)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), "the import never reached its index run"
+        assert list(other.glob(".codesearch.import-*"))  # unpacked, not yet in place
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert (other / ".codesearch" / STORE_FILE).read_bytes() == before
+    import_index(file, other, force=True, device="cpu")
+    assert not list(other.glob(".codesearch.*-*"))
+    assert results(other, models) == results(repo, models)
