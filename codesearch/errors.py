@@ -72,3 +72,8 @@ class IndexWriteError(CodeSearchError):
 class ClusterError(CodeSearchError):
     """The Ray cluster of an ``index --ray`` run cannot be reached, was lost, or has no
     worker left; the vectors committed before are kept and the next run resumes."""
+
+
+class ExportError(CodeSearchError):
+    """An export file that cannot be written, or cannot be adopted here: not an export, cut
+    short or damaged, of another model, schema or repository, or an index already in place."""

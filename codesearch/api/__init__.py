@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from codesearch import _compat
+from codesearch.api.export import ImportSummary, import_index
 from codesearch.api.models import EncoderPool, ModelArgs, ModelInfo, Models, list_models, model_info, pull_model
 from codesearch.api.refresh import Recorded, Walk, refresh
 from codesearch.api.run import run_index
@@ -57,6 +58,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "CodeSearch",
     "EncoderPool",
+    "ImportSummary",
     "IndexStatus",
     "Mode",
     "ModelInfo",
@@ -65,6 +67,7 @@ __all__ = [
     "check_query",
     "find_index_root",
     "hit_document",
+    "import_index",
     "list_models",
     "model_info",
     "pull_model",
@@ -277,6 +280,20 @@ class CodeSearch:
         if lexical_only:
             return self._index((None, None), rebuild=rebuild, progress=progress, defer_vectors=True)
         return self._index(self._models.asked, rebuild=rebuild, progress=progress)
+
+    def export(self, path: str | Path) -> Path:
+        """Write this index to the one file ``path`` (store, vectors, derived indexes, with a
+        checksummed manifest); `import_index` adopts it for another checkout. Returns ``path``.
+
+        Raises
+        ------
+        NotIndexedError, IndexLockedError, ExportError
+        """
+        from codesearch.api.export import export_index
+
+        self._check_open()
+        export_index(self.root, self.index_dir, path)
+        return Path(path)
 
     # -- searching -----------------------------------------------------------------------
 

@@ -178,9 +178,19 @@ def index(
         str | None,
         typer.Option("--ray-address", metavar="ADDRESS", help="Embed on the Ray cluster at ADDRESS (implies --ray)."),
     ] = None,
+    from_file: Annotated[
+        Path | None,
+        typer.Option("--from", metavar="FILE", help="Start from an index written by 'codesearch export' "
+                     "(as 'codesearch import'; --rebuild replaces an index already there)."),
+    ] = None,
 ) -> None:
     """Index a repository (incremental: unchanged files cost a stat)."""
     size = _parse_size(max_file_size)
+    if from_file is not None:
+        from codesearch.cli.export import index_from
+
+        return index_from(from_file, path, rebuild=rebuild, model=model, multi_model=multi_model, quiet=quiet,
+                          index_dir=index_dir, device=device.value)
     from codesearch.api import CodeSearch
     from codesearch.cli import render
 
@@ -402,6 +412,9 @@ _register_serve(app)
 from codesearch.cli.agents import register as _register_agents  # noqa: E402
 
 _register_agents(app)
+from codesearch.cli.export import register as _register_export  # noqa: E402
+
+_register_export(app)
 
 
 def run() -> None:

@@ -63,9 +63,12 @@ def encode_missing(run: Run) -> None:
     elif roles and not pending:
         with store.transaction():  # this run encodes whatever lacks a vector
             store.delete_meta(VECTORS_PENDING_KEY)
+    changed = bool(run.changes.work or run.plan.rechunk_all)
     for role in run.recorded:
         if role not in roles:
             if run.opts.defer_vectors:
+                if not changed:  # (a run that found no changed code has nothing to say)
+                    continue
                 run.notices.append(
                     f"changed code has no {role} vectors yet; the next 'codesearch index' (or a search that "
                     "needs them) adds them"
