@@ -10,7 +10,7 @@ A backend is chosen once at load time (``select_backend``) and stored in ``BACKE
     Everywhere else (CPU, fp32 on CUDA, torch without varlen): a packed path of our own on top
     of ``torch.nn.functional.scaled_dot_product_attention``.
 
-Both expose ``plan(batch, window) -> plan`` (index bookkeeping, once per forward, shared by all
+Both expose ``plan(batch, window, dtype=None) -> plan`` (index bookkeeping, once per forward, shared by all
 layers) and ``__call__(qkv, plan, is_local) -> (total_tokens, heads, head_dim)`` with ``qkv`` of
 shape ``(total_tokens, 3, heads, head_dim)`` after RoPE.
 
@@ -216,7 +216,9 @@ class SdpaBackend:
         self.device = torch.device(device)
         self.block = block
 
-    def plan(self, batch, window: int) -> SdpaPlan:
+    def plan(self, batch, window: int, dtype: torch.dtype | None = None) -> SdpaPlan:
+        """``dtype``: of the q, k, v this plan will see (masks are built in it; default the
+        backend's)."""
         lengths = batch.lengths
         n_keys = batch.n_keys or lengths
         # from the Python lengths, not cu_seqlens: reading a CUDA tensor would wait for the GPU
@@ -224,7 +226,7 @@ class SdpaBackend:
         total = sum(lengths)
         order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
         plan = SdpaPlan(total)
-        mk = dict(starts=starts, lengths=lengths, n_keys=n_keys, dtype=self.dtype, device=self.device)
+        mk = dict(starts=starts, lengths=lengths, n_keys=n_keys, dtype=dtype or self.dtype, device=self.device)
         for g in _group_lengths(order, lengths):
             plan.global_groups.append(_make_group(g, window=None, **mk))
         if lengths and max(lengths) <= window + 1:
@@ -312,7 +314,7 @@ class VarlenBackend:
         self._sdpa = SdpaBackend(dtype, device)
         self.device = torch.device(device)
 
-    def plan(self, batch, window: int) -> VarlenPlan:
+    def plan(self, batch, window: int, dtype: torch.dtype | None = None) -> VarlenPlan:
         cu = batch.cu_seqlens if batch.cu_seqlens.dtype == torch.int32 else batch.cu_seqlens.to(torch.int32)
         longest = batch.max_seqlen
         fits = longest <= window + 1  # each token already sees every other: no window needed
@@ -320,7 +322,7 @@ class VarlenBackend:
         if batch.n_keys is None:
             return plan
         if not fits:
-            plan.fallback = self._sdpa.plan(batch, window)
+            plan.fallback = self._sdpa.plan(batch, window, dtype)
         if "seqused_k" in _varlen()[1]:
             keys = batch.key_counts
             if keys is None:  # built by hand, not by PackedBatch.pack: one small synchronous copy

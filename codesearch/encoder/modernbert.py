@@ -413,6 +413,7 @@ class FusedLayers:
 
     def __init__(self, model: ModernBert, first=attention_input, second=attention_output_and_mlp, dynamic=False):
         self.model = model
+        self.compute = None  # matmuls in the model's dtype
         self.first, self.second = first, second
         # compiled functions: the token dimension is dynamic, so a new batch size is no new graph
         self.dynamic = dynamic
@@ -436,6 +437,83 @@ class FusedLayers:
                 x, out, a.Wo.weight, a.Wo.bias, layer.mlp_norm.weight, layer.mlp_norm.bias, m.Wi.weight, m.Wi.bias,
                 m.Wo.weight, m.Wo.bias, cfg.norm_eps, m.act,
             )  # (T, hidden)
+        return x
+
+
+# --------------------------------------------------------------------------------------------
+# The same layer for the CPU: fewer passes over memory, matmuls in the CPU's faster dtype
+# --------------------------------------------------------------------------------------------
+#
+# On a CPU the matmuls are most of the time and every other op is a pass over a (T, hidden)
+# or (T, intermediate) tensor, a fresh allocation (page faults) and a barrier between threads.
+# So the residual adds go into the matmuls (``x.addmm_``: the GEMM adds its product to x),
+# GeGLU runs in place on the Wi output, and nothing is allocated that the modules do not need.
+#
+# ``compute`` (fp32 for a bf16 model on a CPU whose bf16 matmuls are slower than its fp32 ones,
+# see ``runtime.cpu_bf16_speedup``): the weights and the residual stream stay bf16; each block
+# (attention, MLP) reads the stream and the weights into fp32, computes in fp32, and its result
+# is rounded once, when it is added to the stream. Products of bf16 values are exact in fp32
+# and oneDNN's bf16 kernels accumulate in fp32 too, so this is the bf16 model computed on the
+# fp32 FMA units, a little more precise (intermediate results are not rounded to bf16).
+
+# In-place forms of ACTIVATIONS, for the GeGLU input half of the Wi output (a strided view).
+ACTIVATIONS_INPLACE = {
+    "gelu": lambda x: torch.ops.aten.gelu_(x),
+    "gelu_pytorch_tanh": lambda x: torch.ops.aten.gelu_(x, approximate="tanh"),
+    "gelu_new": lambda x: torch.ops.aten.gelu_(x, approximate="tanh"),
+    "gelu_fast": lambda x: torch.ops.aten.gelu_(x, approximate="tanh"),
+    "silu": lambda x: F.silu(x, inplace=True),
+    "swish": lambda x: F.silu(x, inplace=True),
+    "relu": lambda x: x.relu_(),
+}
+
+
+class CpuLayers:
+    """Runs a model's layers on the CPU as the modules do, with fewer passes and allocations.
+
+    ``compute``: the dtype of the matmuls and of attention (None: the model's own). A backend
+    given to ``__call__`` must build its masks in that dtype.
+    """
+
+    def __init__(self, model: ModernBert, compute: torch.dtype | None = None):
+        self.model = model
+        self.compute = compute
+        self.act_ = ACTIVATIONS_INPLACE[model.config.activation]
+
+    def _w(self, t: torch.Tensor | None) -> torch.Tensor | None:
+        # a bf16 weight read into fp32 on every call: 1-2 ms a matrix against ~0.5 s of GEMM for
+        # a 16k-token batch, and no second copy of the weights in memory
+        return t if t is None or self.compute is None else t.to(self.compute)
+
+    def _in(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.compute is None else x.to(self.compute)
+
+    def _add_linear(self, x: torch.Tensor, h: torch.Tensor, lin: nn.Linear) -> None:
+        """``x += lin(h)`` in place; in the GEMM itself when x has the GEMM's dtype."""
+        w, b = self._w(lin.weight), self._w(lin.bias)
+        if x.dtype == h.dtype:
+            x.addmm_(h, w.t())  # (T, hidden) += (T, in) @ (in, hidden)
+        else:
+            x.add_(F.linear(h, w))  # fp32 product, rounded once into the bf16 stream
+        if b is not None:
+            x.add_(b)
+
+    def __call__(self, x: torch.Tensor, ropes: list, backend, plan) -> torch.Tensor:
+        cfg = self.model.config
+        total, eps = x.shape[0], cfg.norm_eps
+        for layer, (cos, sin) in zip(self.model.layers, ropes):
+            a, m = layer.attn, layer.mlp
+            h = layer.attn_norm(x)  # (T, hidden); layer 0: x itself (Identity), only read here
+            qkv = F.linear(self._in(h), self._w(a.Wqkv.weight), self._w(a.Wqkv.bias))  # (T, 3 * hidden)
+            qkv = qkv.view(total, 3, cfg.num_heads, cfg.head_dim)  # (T, 3, heads, head_dim)
+            apply_rope(qkv, cos, sin)
+            out = backend(qkv, plan, a.is_local)  # (T, heads, head_dim)
+            self._add_linear(x, out.view(total, -1), a.Wo)
+            h = F.layer_norm(x, x.shape[-1:], layer.mlp_norm.weight, layer.mlp_norm.bias, eps)  # (T, hidden)
+            y = F.linear(self._in(h), self._w(m.Wi.weight), self._w(m.Wi.bias))  # (T, 2 * intermediate)
+            inp, gate = y.chunk(2, dim=-1)  # 2 x (T, intermediate), views with a row stride of 2 * intermediate
+            self.act_(inp).mul_(gate)
+            self._add_linear(x, inp, m.Wo)  # the GEMM reads the strided view, no copy
         return x
 
 
@@ -492,10 +570,12 @@ class ModernBert(nn.Module):
             raise ValueError(
                 f"a sequence is longer than max_position_embeddings={self.config.max_position_embeddings}"
             )
-        plan = self.backend.plan(batch, self.config.window)
         x = self.embeddings(batch.input_ids)  # (T, hidden)
-        ropes = {kind: self._rope(kind, batch.position_ids, x.dtype) for kind in (GLOBAL, LOCAL)}
-        if fused and self.fused is not None:
+        fused = fused and self.fused is not None
+        compute = (self.fused.compute if fused else None) or x.dtype  # the dtype of q, k and v
+        plan = self.backend.plan(batch, self.config.window, compute)
+        ropes = {kind: self._rope(kind, batch.position_ids, compute) for kind in (GLOBAL, LOCAL)}
+        if fused:
             x = self.fused(x, [ropes[kind] for kind in self.config.layer_types], self.backend, plan)
         else:
             for layer, kind in zip(self.layers, self.config.layer_types):

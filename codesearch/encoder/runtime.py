@@ -34,7 +34,13 @@ import numpy as np
 import torch
 
 from codesearch.encoder.heads import HeadInput, Tokenized
-from codesearch.encoder.modernbert import FusedLayers, PackedBatch, attention_input, attention_output_and_mlp
+from codesearch.encoder.modernbert import (
+    CpuLayers,
+    FusedLayers,
+    PackedBatch,
+    attention_input,
+    attention_output_and_mlp,
+)
 from codesearch.errors import BackendError
 
 log = logging.getLogger(__name__)
@@ -65,27 +71,70 @@ DTYPES = {
 # --------------------------------------------------------------------------------------------
 
 
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+# bf16 counts as fast when its matmuls run at least this much faster than fp32 ones: below it
+# the bf16 model's other ops (conversions, RoPE and attention on bf16) eat the difference.
+BF16_FAST_RATIO = 1.15
+
+
+def bf16_matmul_speedup(size: tuple[int, int, int] = (256, 768, 768), repeats: int = 3) -> float:
+    """Throughput of a bf16 matmul over an fp32 one on this CPU, both through torch's kernels.
+
+    Each dtype's best of ``repeats`` runs, taken alternately, so that a neighbour's load hits
+    both alike (~20-60 ms on 2 cores, by load). The shape is an encoder projection on a 256-token slice.
+    """
+    import time
+
+    m, k, n = size
+    g = torch.Generator().manual_seed(0)
+    a32, b32 = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+    pairs = {dt: (a32.to(dt), b32.to(dt)) for dt in (torch.float32, torch.bfloat16)}
+    best = dict.fromkeys(pairs, float("inf"))
+    with torch.inference_mode():
+        for dt, (a, b) in pairs.items():  # first calls build oneDNN's kernels
+            torch.nn.functional.linear(a, b)
+        for _ in range(repeats):
+            for dt, (a, b) in pairs.items():
+                t0 = time.perf_counter()
+                torch.nn.functional.linear(a, b)
+                best[dt] = min(best[dt], time.perf_counter() - t0)
+    return best[torch.float32] / best[torch.bfloat16]
+
+
 @functools.cache
 def cpu_has_fast_bf16() -> bool:
-    """True when the CPU multiplies bf16 in hardware (AMX-bf16 or AVX512-bf16).
+    """True when this CPU multiplies bf16 matrices clearly faster than fp32 ones.
 
-    On such CPUs (Sapphire Rapids and later, Zen 4) bf16 matmuls run several times faster than
-    fp32 through oneDNN; elsewhere bf16 is emulated and slower than fp32.
+    AMX-bf16 (Sapphire Rapids and later Xeons): yes without measuring (bf16 3.3x fp32 for the
+    whole model, BENCHMARKS.md). No bf16 instructions at all: no (bf16 is emulated). AVX512-bf16
+    without AMX is measured once per process (:func:`bf16_matmul_speedup`), because it goes
+    both ways: on Zen 4 its dot-product instruction doubles the fp32 rate, while on a Xeon
+    whose hypervisor hides AMX (Emerald Rapids, 2 cores) oneDNN's bf16 kernels ran at 0.55-0.65x
+    of MKL's fp32 ones (BENCHMARKS.md, session 8, issue 27).
     """
     try:
         if "AMX" in str(torch.backends.cpu.get_cpu_capability()).upper():
             return True
     except Exception:  # noqa: BLE001 - older torch without the probe
         pass
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return bool({"amx_bf16", "avx512_bf16"} & flags)
-    except OSError:
-        pass
-    return False
+    flags = _cpu_flags()
+    if "amx_bf16" in flags:
+        return True
+    if "avx512_bf16" not in flags:
+        return False
+    speedup = bf16_matmul_speedup()
+    log.info("bf16 matmuls on this CPU: %.2fx fp32 (bf16 counts as fast from %.2fx)", speedup, BF16_FAST_RATIO)
+    return speedup >= BF16_FAST_RATIO
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -113,8 +162,8 @@ def resolve_device(device: str | torch.device) -> torch.device:
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """``"auto"``: bf16 on CUDA (fp16 where bf16 is unsupported) and on CPUs with AMX/AVX512-bf16
-    (measured faster there, see BENCHMARKS.md), fp32 elsewhere.
+    """``"auto"``: bf16 on CUDA (fp16 where bf16 is unsupported) and on CPUs whose bf16 matmuls
+    are clearly faster than fp32 ones (:func:`cpu_has_fast_bf16`), fp32 elsewhere.
 
     Raises
     ------
@@ -300,7 +349,11 @@ class PackedBackbone:
     ``torch.compile``: two graphs shared by every layer, dynamic in the token count, so batch
     sizes never recompile. The compile happens on the first pass of at least
     ``COMPILE_MIN_TOKENS`` tokens and is announced (a warning: it takes ~20 s once); should it
-    fail (no Triton, no compiler) the model runs uncompiled, as on the CPU.
+    fail (no Triton, no compiler) the model runs uncompiled.
+
+    On the CPU the layers run through ``modernbert.CpuLayers`` (residual adds inside the GEMMs,
+    GeGLU in place); a bf16 model whose CPU multiplies bf16 slower than fp32 computes its
+    matmuls and attention in fp32 (:func:`cpu_has_fast_bf16`).
     """
 
     padded = False
@@ -312,7 +365,8 @@ class PackedBackbone:
         self.backend_name = model.backend.name
         self.compiled = False  # True once the compiled layers have run
         self._compile_lock = threading.Lock()
-        if compile_wanted(device, compile):
+        self.compiling = compile_wanted(device, compile)
+        if self.compiling:
             model.use_fused(
                 FusedLayers(
                     model,
@@ -321,6 +375,10 @@ class PackedBackbone:
                     dynamic=True,
                 )
             )
+        elif device.type == "cpu":
+            dtype = model.embeddings.tok_embeddings.weight.dtype
+            slow_bf16 = dtype == torch.bfloat16 and not cpu_has_fast_bf16()
+            model.use_fused(CpuLayers(model, torch.float32 if slow_bf16 else None))
 
     def prepare(self, ids: list[list[int]], n_keys: list[int] | None) -> PackedBatch:
         return PackedBatch.pack(ids, n_keys, pin=self.device.type == "cuda")
@@ -330,9 +388,9 @@ class PackedBackbone:
         batch = batch.to(self.device, non_blocking=True)
         total = sum(batch.lengths)
         small = self.device.type == "cpu" and total <= SMALL_FORWARD_TOKENS and machine_busy()
-        fused = self.model.fused is not None and total >= COMPILE_MIN_TOKENS
+        fused = self.model.fused is not None and (not self.compiling or total >= COMPILE_MIN_TOKENS)
         with torch.inference_mode(), single_thread(small):
-            if fused and not self.compiled:
+            if fused and self.compiling and not self.compiled:
                 return self._first_compiled(batch)
             return self.model(batch, fused=fused)  # (total_tokens, hidden)
 
