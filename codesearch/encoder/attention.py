@@ -17,7 +17,7 @@ shape ``(total_tokens, 3, heads, head_dim)`` after RoPE.
 How the ``sdpa`` path avoids quadratic cost on local layers
 -----------------------------------------------------------
 A local layer lets token i see tokens j with |i - j| <= w (w = 64). Every sequence is cut into
-blocks of b = 2w query tokens; a block only needs the b + 2w keys from w before it to w after
+blocks of b query tokens (w/2 on the CPU, 2w elsewhere); a block only needs the b + 2w keys from w before it to w after
 it, and a band mask inside that (b, b + 2w) tile removes the keys farther than w. The blocks of
 a sequence go through one SDPA call on ``(blocks, heads, b, b + 2w)`` tiles that are views, not
 copies: the key/value tiles overlap, so they are ``as_strided`` windows over a zero-padded copy
@@ -167,16 +167,18 @@ def _make_blocks(
     b_keys = torch.repeat_interleave(torch.tensor([n_keys[i] for i in seqs], device=device), counts)
     b_k = torch.cat([torch.arange(n, device=device) for n in nblocks])  # block number in its sequence
 
-    q_pos = b_k[:, None] * block + torch.arange(block, device=device)[None, :]  # (B, block) positions
     k_pos = b_k[:, None] * block - w + torch.arange(span, device=device)[None, :]  # (B, span)
     k_valid = (k_pos >= 0) & (k_pos < b_keys[:, None])
-    band = (q_pos[:, :, None] - k_pos[:, None, :]).abs() <= w  # (B, block, span)
-    allowed = (band & k_valid[:, None, :])[:, None]  # (B, 1, block, span)
+    # Query i of a block and key j of its span are i - j + w positions apart in every block: the
+    # band is one (block, span) pattern, and only the keys' validity differs between blocks.
+    i, j = torch.arange(block, device=device)[:, None], torch.arange(span, device=device)[None, :]
+    band = _neg_inf_mask((i - j + w).abs() <= w, dtype)  # (block, span)
+    mask = _neg_inf_mask(k_valid, dtype)[:, None, None, :] + band  # (B, 1, block, span)
     first = [0]
     for n in nblocks[:-1]:
         first.append(first[-1] + n)
     table = [(starts[i], lengths[i], f, n) for i, f, n in zip(seqs, first, nblocks)]
-    return _Blocks(table, _neg_inf_mask(allowed, dtype), block, w)
+    return _Blocks(table, mask, block, w)
 
 
 def _blocked_local(qkv: torch.Tensor, b: _Blocks, out: torch.Tensor) -> None:
@@ -210,8 +212,11 @@ class SdpaBackend:
     def __init__(
         self, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", block: int | None = None
     ):
-        # block: queries per tile on local layers (default 2w: 128 queries see 256 keys; smaller
-        # tiles waste less on the band, larger ones run the SDPA kernel more efficiently)
+        # block: queries per tile on local layers. Smaller tiles waste less on the band (a query
+        # needs 2w + 1 of its tile's block + 2w keys), larger ones run the SDPA kernel more
+        # efficiently. Default w/2 on the CPU (32 queries see 160 keys: 6-8% faster end to end
+        # than 2w at the 17M and 6-layer base shapes, Emerald Rapids, BENCHMARKS.md session 8),
+        # 2w elsewhere (128 queries see 256 keys).
         self.dtype = dtype
         self.device = torch.device(device)
         self.block = block
@@ -240,13 +245,17 @@ class SdpaBackend:
         for g in _group_lengths(short, lengths):
             plan.local_groups.append(_make_group(g, window=window, **mk))
         if long:
-            plan.blocks = _make_blocks(long, w=window, block=self.block or 2 * window, **mk)
+            block = self.block or (max(1, window // 2) if self.device.type == "cpu" else 2 * window)
+            plan.blocks = _make_blocks(long, w=window, block=block, **mk)
         return plan
 
-    def __call__(self, qkv: torch.Tensor, plan: SdpaPlan, is_local: bool) -> torch.Tensor:
+    def __call__(
+        self, qkv: torch.Tensor, plan: SdpaPlan, is_local: bool, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``out``: a ``(total_tokens, heads, head_dim)`` tensor to write into (default: a new one)."""
         total, _, heads, hd = qkv.shape
         groups = plan.local_groups if is_local else plan.global_groups
-        out = qkv.new_empty(total, heads, hd)
+        out = qkv.new_empty(total, heads, hd) if out is None else out
         for g in groups:
             if g.gather is None:
                 x = qkv[g.start : g.start + g.n * g.length].view(g.n, g.length, 3, heads, hd)

@@ -63,11 +63,13 @@ def test_key_restricted_sequences(is_local):
     assert (out - ref).abs().max().item() < 1e-5
 
 
-def test_local_layers_use_blocks_for_long_sequences():
-    """Long sequences go through (blocks, w, 3w) tiles: cost linear in length, not quadratic."""
+@pytest.mark.parametrize("block,shape", [(None, (32, 1, 32, 160)), (128, (8, 1, 128, 256))])
+def test_local_layers_use_blocks_for_long_sequences(block, shape):
+    """Long sequences go through (blocks, b, b + 2w) tiles: cost linear in length, not quadratic.
+    On the CPU b defaults to w/2 (32 queries see 160 keys)."""
     batch = PackedBatch.from_ids([[1] * 1000, [1] * 10])
-    plan = SdpaBackend().plan(batch, 64)
-    assert plan.blocks is not None and plan.blocks.mask.shape == (8, 1, 128, 256)
+    plan = SdpaBackend(block=block).plan(batch, 64)
+    assert plan.blocks is not None and plan.blocks.mask.shape == shape
     assert [g.length for g in plan.local_groups] == [10]
 
 
