@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import os
 import queue
 import threading
@@ -284,35 +285,123 @@ def machine_busy() -> bool:
 
 
 _threads_lock = threading.Lock()
-_threads_users = 0  # forward passes currently inside single_thread()
+_threads_limits: list[int] = []  # the limits of the passes now inside threads_at_most()
 _threads_saved = 1  # the thread count to restore when the last one leaves
 
 
 @contextlib.contextmanager
-def single_thread(enabled: bool = True):
-    """Run the body with ``torch.set_num_threads(1)``, restoring the previous count afterwards.
+def threads_at_most(n: int):
+    """Run the body with at most ``n`` intra-op threads, restoring the count afterwards.
 
-    The thread count is process-wide, so overlapping users are counted and only the last one
-    out restores it; a large forward pass that starts meanwhile in another thread runs on one
-    thread until then.
+    The thread count is process-wide, so overlapping users are tracked: while several are
+    inside, the smallest limit holds, and the last one out restores the count; a pass that
+    starts meanwhile in another thread runs under that limit until then.
     """
-    global _threads_users, _threads_saved
-    if not enabled:
-        yield
-        return
+    global _threads_saved
     with _threads_lock:
-        if _threads_users == 0:
+        if not _threads_limits:
             _threads_saved = torch.get_num_threads()
-            if _threads_saved != 1:
-                torch.set_num_threads(1)
-        _threads_users += 1
+        _threads_limits.append(n)
+        _set_threads(min(min(_threads_limits), _threads_saved))
     try:
         yield
     finally:
         with _threads_lock:
-            _threads_users -= 1
-            if _threads_users == 0 and _threads_saved != 1:
-                torch.set_num_threads(_threads_saved)
+            _threads_limits.remove(n)
+            _set_threads(min(_threads_limits, default=_threads_saved))
+
+
+def _set_threads(n: int) -> None:
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+
+
+@contextlib.contextmanager
+def single_thread(enabled: bool = True):
+    """Run the body with ``torch.set_num_threads(1)`` (:func:`threads_at_most`), or as it is
+    when ``enabled`` is False."""
+    if not enabled:
+        yield
+        return
+    with threads_at_most(1):
+        yield
+
+
+# --------------------------------------------------------------------------------------------
+# Threads for large inputs: leave the cores other processes hold
+# --------------------------------------------------------------------------------------------
+
+# Passes at least this large are measured and may run on fewer threads: long enough (~0.1 s
+# and more) for /proc/stat's 10 ms ticks, and never a search query.
+CONTENTION_MIN_TOKENS = 4096
+
+
+class CpuContention:
+    """How many of this process's CPUs other processes keep busy, measured over our own passes.
+
+    Why: every op of a multi-threaded pass ends at an OpenMP barrier, so a pass runs at the pace
+    of its slowest thread. When another process holds one of the cores, the thread sharing
+    that core makes every barrier wait for the scheduler: with one CPU-bound process beside it
+    on 2 cores, a 2-thread pass of the 17M model ran at 4,534 tok/s and a 1-thread pass at
+    10,849 (Emerald Rapids, BENCHMARKS.md session 8). So a pass leaves one thread out per core
+    that others kept busy during the previous passes.
+
+    "Busy" is read from ``/proc/stat`` for the CPUs this process may run on (a container's
+    cpuset, not the host), less this process's own CPU time, per second of the pass; hypervisor
+    steal counts as busy. A core's worth of others costs one thread once they keep more than
+    half a core busy; averaged over passes so that one burst does not decide.
+    """
+
+    def __init__(self) -> None:
+        try:
+            self.cpus: set[int] | None = set(os.sched_getaffinity(0))
+        except (AttributeError, OSError):  # not Linux
+            self.cpus = None
+        try:
+            self.tick = 1.0 / os.sysconf("SC_CLK_TCK")
+        except (AttributeError, OSError, ValueError):
+            self.tick = 0.01
+        self.others = 0.0  # cores' worth of other processes' work, averaged over passes
+        self.measured = False
+
+    def busy_seconds(self) -> float | None:
+        """CPU seconds spent on our CPUs by anyone since boot (None where unreadable)."""
+        if not self.cpus:
+            return None
+        total, seen = 0, 0
+        try:
+            with open("/proc/stat", encoding="ascii") as f:
+                for line in f:
+                    if not line.startswith("cpu") or line.startswith("cpu "):
+                        continue
+                    name, *fields = line.split()
+                    if int(name[3:]) in self.cpus:
+                        v = [int(x) for x in fields[:8]]  # user nice system idle iowait irq softirq steal
+                        total += v[0] + v[1] + v[2] + v[5] + v[6] + v[7]
+                        seen += 1
+        except (OSError, ValueError):
+            return None
+        return total * self.tick if seen == len(self.cpus) else None
+
+    def threads(self, default: int) -> int:
+        """Threads for the next pass: ``default`` less one per core others kept busy."""
+        return max(1, default - math.ceil(self.others - 0.5))
+
+    @contextlib.contextmanager
+    def measure(self):
+        """Measure the body (one forward pass) and fold what others did meanwhile into
+        :attr:`others`."""
+        busy0, own0, wall0 = self.busy_seconds(), time.process_time(), time.perf_counter()
+        yield
+        busy1, own1, wall = self.busy_seconds(), time.process_time(), time.perf_counter() - wall0
+        if busy0 is None or busy1 is None or wall < 20 * self.tick:
+            return
+        others = max(0.0, (busy1 - busy0) - (own1 - own0)) / wall
+        self.others = others if not self.measured else 0.5 * (self.others + others)
+        self.measured = True
+
+
+CONTENTION = CpuContention()
 
 
 # --------------------------------------------------------------------------------------------
@@ -387,9 +476,14 @@ class PackedBackbone:
         """``(total_tokens, hidden)`` on the device, for a batch from :meth:`prepare`."""
         batch = batch.to(self.device, non_blocking=True)
         total = sum(batch.lengths)
-        small = self.device.type == "cpu" and total <= SMALL_FORWARD_TOKENS and machine_busy()
         fused = self.model.fused is not None and (not self.compiling or total >= COMPILE_MIN_TOKENS)
-        with torch.inference_mode(), single_thread(small):
+        small = self.device.type == "cpu" and total <= SMALL_FORWARD_TOKENS and machine_busy()
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.inference_mode())
+            stack.enter_context(single_thread(small))
+            if self.device.type == "cpu" and total >= CONTENTION_MIN_TOKENS:  # leave the cores others hold
+                stack.enter_context(threads_at_most(CONTENTION.threads(torch.get_num_threads())))
+                stack.enter_context(CONTENTION.measure())
             if fused and self.compiling and not self.compiled:
                 return self._first_compiled(batch)
             return self.model(batch, fused=fused)  # (total_tokens, hidden)
