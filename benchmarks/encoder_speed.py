@@ -19,6 +19,18 @@ fp32 against bf16.
     python benchmarks/encoder_speed.py            # full run (~10 min on 2 cores)
     python benchmarks/encoder_speed.py --quick    # a quarter of the tokens
 
+``--suite paired`` (CPU) loads ours and transformers in ONE process, per dtype, and runs
+each batch through both back to back (the order alternating), for ``--rounds`` rounds: on
+a shared machine a neighbour's load then hits both alike. It prints wall and per-CPU-second
+rates (best round and median), the ratio, the CPU kind (``lscpu``: model, family/model,
+AVX512/bf16/AMX flags) and the load average. ``--shape 17m`` is the default ColBERT model's
+shape (Ettin-17M: hidden 256, 7 layers, 4 heads, intermediate 384), ``--layers N`` any layer
+count, and workload ``chunks40`` the held-out check of issue 27: code chunks of 40 lines
+(400 of them at scale 1).
+
+    python benchmarks/encoder_speed.py --suite paired --layers 6 --workloads chunks40 mixed
+    python benchmarks/encoder_speed.py --suite paired --shape 17m --workloads chunks40 --dtypes fp32
+
 On a GPU (``--device cuda``) the comparison is end to end: ``Encoder.encode()`` (tokenizing,
 batching, the head, the copy back) with a dense head (CLS pooling + normalisation) and with a
 ColBERT head (768 -> 128 projection, skiplist, normalisation), against transformers'
@@ -70,9 +82,15 @@ BASE_CONFIG = {
     "cls_token_id": 1,
     "sep_token_id": 2,
 }
+# Other model shapes, as changes to BASE_CONFIG (speed depends on shapes, not weight values).
+SHAPES = {
+    "base": {},
+    "17m": {"hidden_size": 256, "num_hidden_layers": 7, "num_attention_heads": 4, "intermediate_size": 384},
+}
 SPECIALS = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
 CLS, SEP = 1, 2
 WORKLOADS = {"short": (64, 512), "mixed": (64, 2048), "files": (4000, 8190)}
+CHUNK_LINES, CHUNKS = 40, 400  # workload "chunks40": code chunks of 40 lines, 400 at scale 1
 BATCH_TOKENS = 16384
 
 
@@ -86,8 +104,36 @@ def source_files() -> list[Path]:
     return [f for f in files if f.stat().st_size > 0]
 
 
-def build_assets() -> Path:
-    """Random ModernBERT-base weights and a code BPE, built once into CACHE."""
+def cpu_kind() -> str:
+    """The processor as ``lscpu`` names it, with the flags that decide the CPU path's speed."""
+    import torch
+
+    info: dict[str, str] = {}
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10, check=False).stdout
+        info = {k.strip(): v.strip() for k, _, v in (ln.partition(":") for ln in out.splitlines())}
+    except (OSError, subprocess.SubprocessError):
+        pass
+    flags = set(info.get("Flags", "").split())
+    if not flags:
+        cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+        flags = set(next((ln.split(":", 1)[1] for ln in cpuinfo.splitlines() if ln.startswith("flags")), "").split())
+    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_bf16", "amx_tile")
+    has = [f for f in wanted if f in flags] or ["none of " + "/".join(wanted)]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (
+        f"{info.get('Model name', '?')} (vendor {info.get('Vendor ID', '?')}, family {info.get('CPU family', '?')} "
+        f"model {info.get('Model', '?')}), {cores} cores for this process, flags: {' '.join(has)}; "
+        f"torch {torch.__version__} CPU capability {torch.backends.cpu.get_cpu_capability()}, "
+        f"{torch.get_num_threads()} threads"
+    )
+
+
+def build_assets(shape: str = "base", layers: int | None = None) -> Path:
+    """Random ModernBERT weights of ``shape`` (``layers`` overrides its layer count) and a code
+    BPE, built once into CACHE."""
+    if shape != "base" or layers not in (None, BASE_CONFIG["num_hidden_layers"]):
+        return build_shape(shape, layers)
     model_dir = CACHE / "modernbert-base-random"
     if (model_dir / "model.safetensors").is_file() and (model_dir / "tokenizer.json").is_file():
         return model_dir
@@ -112,7 +158,9 @@ def build_assets() -> Path:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=50368, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=50368,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     sample = [f.read_text(errors="replace") for f in source_files()[::7]]
@@ -122,6 +170,52 @@ def build_assets() -> Path:
     )
     tok.save(str(model_dir / "tokenizer.json"))
     return model_dir
+
+
+def build_shape(shape: str, layers: int | None) -> Path:
+    """Random weights of another shape, the base assets' tokenizer beside them."""
+    import shutil
+
+    import torch
+    from transformers import ModernBertConfig, ModernBertModel
+
+    config = {**BASE_CONFIG, **SHAPES[shape]}
+    if layers is not None:
+        config["num_hidden_layers"] = layers
+    model_dir = CACHE / f"modernbert-{shape}-L{config['num_hidden_layers']}-random"
+    if (model_dir / "model.safetensors").is_file() and (model_dir / "tokenizer.json").is_file():
+        return model_dir
+    tokenizer = build_assets() / "tokenizer.json"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    ModernBertModel(ModernBertConfig(**config)).save_pretrained(str(model_dir), safe_serialization=True)
+    (model_dir / "config.json").write_text(json.dumps(config, indent=2))
+    shutil.copy(tokenizer, model_dir / "tokenizer.json")
+    return model_dir
+
+
+def build_chunks(model_dir: Path, scale: float) -> list[list[int]]:
+    """Workload ``chunks40``: consecutive 40-line chunks of shuffled source files (the shape of
+    issue 27's held-out check), as token ids with [CLS] and [SEP]; deterministic."""
+    path = CACHE / f"chunks{CHUNK_LINES}-{scale}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    rng = random.Random(0)
+    files = source_files()
+    rng.shuffle(files)
+    want, texts = max(1, round(CHUNKS * scale)), []
+    for f in files:
+        lines = f.read_text(errors="replace").splitlines()
+        for start in range(0, len(lines) - CHUNK_LINES + 1, CHUNK_LINES):
+            texts.append("\n".join(lines[start : start + CHUNK_LINES]))
+        if len(texts) >= want:
+            break
+    out = [[CLS, *tok.encode(t, add_special_tokens=False).ids[:8190], SEP] for t in texts[:want]]
+    path.write_text(json.dumps(out))
+    return out
 
 
 def build_workloads(model_dir: Path, scale: float) -> dict[str, list[list[int]]]:
@@ -223,10 +317,18 @@ def worker(impl: str, workload: str, dtype_name: str, scale: float, variant: str
     seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
     tokens = sum(len(s) for s in seqs)
     return {
-        "impl": impl, "workload": workload, "dtype": dtype_name, "variant": variant, "sequences": len(seqs),
-        "tokens": tokens, "seconds": seconds, "tok_per_s": tokens / seconds, "cpu_seconds": cpu_seconds,
+        "impl": impl,
+        "workload": workload,
+        "dtype": dtype_name,
+        "variant": variant,
+        "sequences": len(seqs),
+        "tokens": tokens,
+        "seconds": seconds,
+        "tok_per_s": tokens / seconds,
+        "cpu_seconds": cpu_seconds,
         "tok_per_cpu_s": tokens / cpu_seconds,
-        "peak_rss_mb": rss_mb("VmHWM"), "base_rss_mb": base,
+        "peak_rss_mb": rss_mb("VmHWM"),
+        "base_rss_mb": base,
     }
 
 
@@ -504,6 +606,106 @@ def main_encode(args) -> None:
         )
 
 
+# ------------------------------------------------------------------------------ paired suite (CPU)
+
+
+def hf_forward(model, seqs: list[list[int]], pad: int):
+    """transformers' padded forward over one batch of token id lists."""
+    import torch
+
+    L = max(map(len, seqs))
+    ids = torch.full((len(seqs), L), pad)
+    mask = torch.zeros((len(seqs), L), dtype=torch.long)
+    for j, s in enumerate(seqs):
+        ids[j, : len(s)] = torch.tensor(s)
+        mask[j, : len(s)] = 1
+    with torch.inference_mode():
+        return model(input_ids=ids, attention_mask=mask).last_hidden_state
+
+
+def main_paired(args) -> None:
+    """Ours and transformers in one process, batch by batch, on the same weights and dtype."""
+    import statistics
+
+    import torch
+    from transformers import ModernBertModel
+
+    from codesearch.encoder import load
+    from codesearch.encoder.runtime import token_batches
+
+    scale = 0.25 if args.quick else (args.scale or 1.0)
+    model_dir = build_assets(args.shape, args.layers)
+    config = json.loads((model_dir / "config.json").read_text())
+    loads = {
+        w: build_chunks(model_dir, scale) if w == "chunks40" else build_workloads(model_dir, scale)[w]
+        for w in args.workloads or ["chunks40", "mixed"]
+    }
+    print(f"CPU: {cpu_kind()}")
+    print(
+        f"model: {args.shape} shape, hidden {config['hidden_size']}, {config['num_hidden_layers']} layers, "
+        f"{config['num_attention_heads']} heads, intermediate {config['intermediate_size']} (random weights)"
+    )
+    for name, seqs in loads.items():
+        lens = sorted(map(len, seqs))
+        print(
+            f"workload {name}: {len(seqs)} sequences, {sum(lens)} tokens, lengths {lens[0]}-{lens[-1]}, "
+            f"median {lens[len(lens) // 2]}"
+        )
+    rows = []
+    for dtype_name in args.dtypes:
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype_name]
+        enc = load(model_dir, device="cpu", dtype=dtype, backend="sdpa")
+        hf = ModernBertModel.from_pretrained(str(model_dir), attn_implementation="sdpa", dtype=dtype).eval()
+        impls = {
+            "ours": lambda seqs, enc=enc: enc.backbone(seqs, None),
+            "transformers": lambda seqs, hf=hf: hf_forward(hf, seqs, config["pad_token_id"]),
+        }
+        for workload, seqs in loads.items():
+            batches = [[seqs[i] for i in b] for b in token_batches([len(s) for s in seqs], BATCH_TOKENS)]
+            for run in impls.values():  # warm-up: oneDNN kernels, the allocator
+                run(batches[-1])
+            wall = {k: [[0.0] * args.rounds for _ in batches] for k in impls}
+            cpu = {k: [[0.0] * args.rounds for _ in batches] for k in impls}
+            load_avg = [os.getloadavg()[0]]
+            for r in range(args.rounds):
+                for bi, batch in enumerate(batches):
+                    names = list(impls) if (r + bi) % 2 == 0 else list(impls)[::-1]
+                    for k in names:
+                        t0, c0 = time.perf_counter(), time.process_time()
+                        impls[k](batch)
+                        wall[k][bi][r], cpu[k][bi][r] = time.perf_counter() - t0, time.process_time() - c0
+                load_avg.append(os.getloadavg()[0])
+            tokens = sum(map(len, seqs))
+            res = {}
+            for k in impls:
+                # per batch: its best round (what the code can do) and its median round
+                res[k] = {
+                    "best": tokens / sum(min(b) for b in wall[k]),
+                    "median": tokens / sum(statistics.median(b) for b in wall[k]),
+                    "cpu_best": tokens / sum(min(b) for b in cpu[k]),
+                }
+            o, h = res["ours"], res["transformers"]
+            rows.append((workload, dtype_name, tokens, o, h, min(load_avg), max(load_avg)))
+            print(
+                f"  {workload:8s} {dtype_name:4s} {tokens:7d} tok: ours {o['best']:7.0f} tok/s "
+                f"(median {o['median']:.0f}, {o['cpu_best']:.0f}/CPU s), transformers {h['best']:7.0f} "
+                f"(median {h['median']:.0f}, {h['cpu_best']:.0f}/CPU s): {o['best'] / h['best']:.2f}x "
+                f"(median {o['median'] / h['median']:.2f}x); load {min(load_avg):.1f}-{max(load_avg):.1f}",
+                flush=True,
+            )
+    print(
+        "\n| workload | dtype | tokens | ours tok/s best (median; per CPU s) | transformers tok/s best "
+        "(median; per CPU s) | speed-up best (median) | load |"
+    )
+    print("|---|---|---:|---:|---:|---:|---|")
+    for workload, dt, tokens, o, h, lo, hi in rows:
+        print(
+            f"| {workload} | {dt} | {tokens:,} | {o['best']:,.0f} ({o['median']:,.0f}; {o['cpu_best']:,.0f}) | "
+            f"{h['best']:,.0f} ({h['median']:,.0f}; {h['cpu_best']:,.0f}) | **{o['best'] / h['best']:.2f}x** "
+            f"({o['median'] / h['median']:.2f}x) | {lo:.1f}-{hi:.1f} |"
+        )
+
+
 # ------------------------------------------------------------------------------ main
 
 
@@ -514,17 +716,33 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda: cuda runs the encode() suite")
     ap.add_argument(
         "--suite",
-        choices=["forward", "encode"],
-        help="forward: the CPU comparison of forward "
-        "passes (default on cpu); encode: encode() end to end (default on cuda)",
+        choices=["forward", "encode", "paired"],
+        help="forward: the CPU comparison of "
+        "forward passes (default on cpu); encode: encode() end to end (default on cuda); paired: "
+        "ours and transformers in one process, batch by batch (CPU)",
     )
+    ap.add_argument("--shape", choices=list(SHAPES), default="base", help="paired suite: model shape")
+    ap.add_argument("--layers", type=int, help="paired suite: layer count (default: the shape's)")
+    ap.add_argument(
+        "--dtypes",
+        nargs="+",
+        default=["bf16", "fp32"],
+        choices=["bf16", "fp16", "fp32"],
+        help="paired suite: dtypes to compare",
+    )
+    ap.add_argument("--rounds", type=int, default=3, help="paired suite: rounds over the workload")
     ap.add_argument(
         "--scale",
         type=float,
         help="tokens per workload relative to the CPU run (encode suite; "
         "default 16 on cuda: ~1M tokens short, 1.5M mixed, 0.8M files)",
     )
-    ap.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), help="encode suite: only these workloads")
+    ap.add_argument(
+        "--workloads",
+        nargs="+",
+        choices=[*WORKLOADS, "chunks40"],
+        help="encode and paired suites: only these workloads (chunks40: paired suite only)",
+    )
     ap.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
     ap.add_argument("--encode-worker", nargs=6, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -532,8 +750,12 @@ def main() -> None:
         impl, workload, head, dtype, scale, device = args.encode_worker
         print(json.dumps(encode_worker(impl, workload, head, dtype, float(scale), device)))
         return
-    if (args.suite or ("encode" if args.device.startswith("cuda") else "forward")) == "encode":
+    suite = args.suite or ("encode" if args.device.startswith("cuda") else "forward")
+    if suite == "encode":
         main_encode(args)
+        return
+    if suite == "paired":
+        main_paired(args)
         return
     if args.worker:
         impl, workload, dtype, scale, variant = args.worker
@@ -552,6 +774,7 @@ def main() -> None:
         f"machine: {cpu}, {os.cpu_count()} cores, torch {torch.__version__} ({torch.get_num_threads()} threads), "
         f"{platform.python_version()}; load average at start {os.getloadavg()[0]:.1f}"
     )
+    print(f"CPU: {cpu_kind()}")
     for name, seqs in loads.items():
         lens = sorted(len(s) for s in seqs)
         print(
