@@ -634,6 +634,8 @@ def main_paired(args) -> None:
     from codesearch.encoder.runtime import token_batches
 
     scale = 0.25 if args.quick else (args.scale or 1.0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     model_dir = build_assets(args.shape, args.layers)
     config = json.loads((model_dir / "config.json").read_text())
     loads = {
@@ -731,6 +733,7 @@ def main() -> None:
         help="paired suite: dtypes to compare",
     )
     ap.add_argument("--rounds", type=int, default=3, help="paired suite: rounds over the workload")
+    ap.add_argument("--threads", type=int, help="paired suite: intra-op threads (default: torch's, one per core)")
     ap.add_argument(
         "--scale",
         type=float,
