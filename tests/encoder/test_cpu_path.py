@@ -7,10 +7,10 @@ import time
 import pytest
 import torch
 
-from codesearch.encoder import load, runtime
+from codesearch.encoder import cpu, load, runtime
 from codesearch.encoder.attention import SdpaBackend
+from codesearch.encoder.cpu import CpuContention, threads_at_most
 from codesearch.encoder.modernbert import LOCAL, CpuLayers, ModernBert, ModernBertConfig, PackedBatch
-from codesearch.encoder.runtime import CpuContention, threads_at_most
 
 # lengths that take every attention path of a local layer (window 8): whole, banded, blocked
 SIZES = [3, 11, 70, 300, 1, 26]
@@ -102,8 +102,8 @@ def test_avx512_bf16_without_amx_is_measured(monkeypatch, capability, flags, spe
         return speedup
 
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
-    monkeypatch.setattr(runtime, "_cpu_flags", lambda: flags)
-    monkeypatch.setattr(runtime, "bf16_matmul_speedup", fake_speedup)
+    monkeypatch.setattr(cpu, "_cpu_flags", lambda: flags)
+    monkeypatch.setattr(cpu, "bf16_matmul_speedup", fake_speedup)
     runtime.cpu_has_fast_bf16.cache_clear()
     try:
         assert runtime.cpu_has_fast_bf16() is fast
@@ -114,7 +114,7 @@ def test_avx512_bf16_without_amx_is_measured(monkeypatch, capability, flags, spe
 
 
 def test_bf16_matmul_speedup_is_a_positive_ratio():
-    assert 0.05 < runtime.bf16_matmul_speedup(size=(64, 64, 64), repeats=1) < 50
+    assert 0.05 < cpu.bf16_matmul_speedup(size=(64, 64, 64), repeats=1) < 50
 
 
 # ---------------------------------------------------------------- threads under contention
@@ -192,3 +192,14 @@ def test_threads_at_most_nests_to_the_smallest_limit_and_restores():
         assert torch.get_num_threads() == 4
     finally:
         torch.set_num_threads(before)
+
+
+def test_bf16_residual_adds_round_the_product_first_as_the_modules_do():
+    """A bf16 stream gets ``x + F.linear(h, w, b)`` exactly as the modules compute it: adding
+    inside the GEMM (``x.addmm_``) drifted past the parity test's tolerance against fp32."""
+    g = torch.Generator().manual_seed(3)
+    x, h = torch.randn(64, 48, generator=g).bfloat16(), torch.randn(64, 32, generator=g).bfloat16()
+    w, b = torch.randn(48, 32, generator=g).bfloat16(), torch.randn(48, generator=g).bfloat16()
+    want = x + torch.nn.functional.linear(h, w, b)
+    CpuLayers._add_linear(x, h, w, b, torch.empty(64, 48, dtype=torch.bfloat16))
+    assert torch.equal(x, want)

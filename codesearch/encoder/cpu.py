@@ -1,0 +1,219 @@
+"""What the CPU the encoder runs on can do, and how many of its cores to use.
+
+Two decisions, both made from what the process sees rather than from a table of processors:
+
+- whether bf16 pays (:func:`cpu_has_fast_bf16`): AMX-bf16 does, no bf16 instructions do not,
+  and AVX512-bf16 without AMX is measured, because it goes both ways;
+- how many intra-op threads a pass gets: :func:`threads_at_most` caps the process-wide count
+  for one pass and nests, and :class:`CpuContention` leaves out the cores other processes
+  keep busy on large passes (``runtime.PackedBackbone.forward``; short passes are decided by
+  ``runtime.machine_busy``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import math
+import os
+import threading
+import time
+
+import torch
+
+log = logging.getLogger(__name__)
+
+# --------------------------------------------------------------------------------------------
+# Does bf16 pay on this CPU?
+# --------------------------------------------------------------------------------------------
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+# bf16 counts as fast when its matmuls run at least this much faster than fp32 ones: below it
+# the bf16 model's other ops (conversions, RoPE and attention on bf16) eat the difference.
+BF16_FAST_RATIO = 1.15
+
+
+def bf16_matmul_speedup(size: tuple[int, int, int] = (256, 768, 768), repeats: int = 3) -> float:
+    """Throughput of a bf16 matmul over an fp32 one on this CPU, both through torch's kernels.
+
+    Each dtype's best of ``repeats`` runs, taken alternately, so that a neighbour's load hits
+    both alike (~20-60 ms on 2 cores, by load). The shape is an encoder projection on a 256-token slice.
+    """
+    import time
+
+    m, k, n = size
+    g = torch.Generator().manual_seed(0)
+    a32, b32 = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+    pairs = {dt: (a32.to(dt), b32.to(dt)) for dt in (torch.float32, torch.bfloat16)}
+    best = dict.fromkeys(pairs, float("inf"))
+    with torch.inference_mode():
+        for a, b in pairs.values():  # first calls build oneDNN's kernels
+            torch.nn.functional.linear(a, b)
+        for _ in range(repeats):
+            for dt, (a, b) in pairs.items():
+                t0 = time.perf_counter()
+                torch.nn.functional.linear(a, b)
+                best[dt] = min(best[dt], time.perf_counter() - t0)
+    return best[torch.float32] / best[torch.bfloat16]
+
+
+@functools.cache
+def cpu_has_fast_bf16() -> bool:
+    """True when this CPU multiplies bf16 matrices clearly faster than fp32 ones.
+
+    AMX-bf16 (Sapphire Rapids and later Xeons): yes without measuring (bf16 3.3x fp32 for the
+    whole model, BENCHMARKS.md). No bf16 instructions at all: no (bf16 is emulated). AVX512-bf16
+    without AMX is measured once per process (:func:`bf16_matmul_speedup`), because it goes
+    both ways: on Zen 4 its dot-product instruction doubles the fp32 rate, while on a Xeon
+    whose hypervisor hides AMX (Emerald Rapids, 2 cores) oneDNN's bf16 kernels ran at 0.55-0.65x
+    of MKL's fp32 ones (BENCHMARKS.md, session 8, issue 27).
+    """
+    try:
+        if "AMX" in str(torch.backends.cpu.get_cpu_capability()).upper():
+            return True
+    except Exception:  # noqa: BLE001 - older torch without the probe
+        pass
+    flags = _cpu_flags()
+    if "amx_bf16" in flags:
+        return True
+    if "avx512_bf16" not in flags:
+        return False
+    speedup = bf16_matmul_speedup()
+    log.info("bf16 matmuls on this CPU: %.2fx fp32 (bf16 counts as fast from %.2fx)", speedup, BF16_FAST_RATIO)
+    return speedup >= BF16_FAST_RATIO
+
+
+# --------------------------------------------------------------------------------------------
+# Threads: a cap per pass, and the cores other processes hold
+# --------------------------------------------------------------------------------------------
+
+_threads_lock = threading.Lock()
+_threads_limits: list[int] = []  # the limits of the passes now inside threads_at_most()
+_threads_saved = 1  # the thread count to restore when the last one leaves
+
+
+@contextlib.contextmanager
+def threads_at_most(n: int):
+    """Run the body with at most ``n`` intra-op threads, restoring the count afterwards.
+
+    The thread count is process-wide, so overlapping users are tracked: while several are
+    inside, the smallest limit holds, and the last one out restores the count; a pass that
+    starts meanwhile in another thread runs under that limit until then.
+    """
+    global _threads_saved
+    with _threads_lock:
+        if not _threads_limits:
+            _threads_saved = torch.get_num_threads()
+        _threads_limits.append(n)
+        _set_threads(min(min(_threads_limits), _threads_saved))
+    try:
+        yield
+    finally:
+        with _threads_lock:
+            _threads_limits.remove(n)
+            _set_threads(min(_threads_limits, default=_threads_saved))
+
+
+def _set_threads(n: int) -> None:
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+
+
+@contextlib.contextmanager
+def single_thread(enabled: bool = True):
+    """Run the body with ``torch.set_num_threads(1)`` (:func:`threads_at_most`), or as it is
+    when ``enabled`` is False."""
+    if not enabled:
+        yield
+        return
+    with threads_at_most(1):
+        yield
+
+
+# --------------------------------------------------------------------------------------------
+# Threads for large inputs: leave the cores other processes hold
+# --------------------------------------------------------------------------------------------
+
+# Passes at least this large are measured and may run on fewer threads: long enough (~0.1 s
+# and more) for /proc/stat's 10 ms ticks, and never a search query.
+CONTENTION_MIN_TOKENS = 4096
+
+
+class CpuContention:
+    """How many of this process's CPUs other processes keep busy, measured over our own passes.
+
+    Why: every op of a multi-threaded pass ends at an OpenMP barrier, so a pass runs at the pace
+    of its slowest thread. When another process holds one of the cores, the thread sharing
+    that core makes every barrier wait for the scheduler: with one CPU-bound process beside it
+    on 2 cores, a 2-thread pass of the 17M model ran at 4,534 tok/s and a 1-thread pass at
+    10,849 (Emerald Rapids, BENCHMARKS.md session 8). So a pass leaves one thread out per core
+    that others kept busy during the previous passes.
+
+    "Busy" is read from ``/proc/stat`` for the CPUs this process may run on (a container's
+    cpuset, not the host), less this process's own CPU time, per second of the pass; hypervisor
+    steal counts as busy. A core's worth of others costs one thread once they keep more than
+    half a core busy; averaged over passes so that one burst does not decide.
+    """
+
+    def __init__(self) -> None:
+        try:
+            self.cpus: set[int] | None = set(os.sched_getaffinity(0))
+        except (AttributeError, OSError):  # not Linux
+            self.cpus = None
+        try:
+            self.tick = 1.0 / os.sysconf("SC_CLK_TCK")
+        except (AttributeError, OSError, ValueError):
+            self.tick = 0.01
+        self.others = 0.0  # cores' worth of other processes' work, averaged over passes
+        self.measured = False
+
+    def busy_seconds(self) -> float | None:
+        """CPU seconds spent on our CPUs by anyone since boot (None where unreadable)."""
+        if not self.cpus:
+            return None
+        total, seen = 0, 0
+        try:
+            with open("/proc/stat", encoding="ascii") as f:
+                for line in f:
+                    if not line.startswith("cpu") or line.startswith("cpu "):
+                        continue
+                    name, *fields = line.split()
+                    if int(name[3:]) in self.cpus:
+                        v = [int(x) for x in fields[:8]]  # user nice system idle iowait irq softirq steal
+                        total += v[0] + v[1] + v[2] + v[5] + v[6] + v[7]
+                        seen += 1
+        except (OSError, ValueError):
+            return None
+        return total * self.tick if seen == len(self.cpus) else None
+
+    def threads(self, default: int) -> int:
+        """Threads for the next pass: ``default`` less one per core others kept busy."""
+        return max(1, default - math.ceil(self.others - 0.5))
+
+    @contextlib.contextmanager
+    def measure(self):
+        """Measure the body (one forward pass) and fold what others did meanwhile into
+        :attr:`others`."""
+        busy0, own0, wall0 = self.busy_seconds(), time.process_time(), time.perf_counter()
+        yield
+        busy1, own1, wall = self.busy_seconds(), time.process_time(), time.perf_counter() - wall0
+        if busy0 is None or busy1 is None or wall < 20 * self.tick:
+            return
+        others = max(0.0, (busy1 - busy0) - (own1 - own0)) / wall
+        self.others = others if not self.measured else 0.5 * (self.others + others)
+        self.measured = True
+
+
+CONTENTION = CpuContention()
