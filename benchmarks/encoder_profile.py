@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import encoder_speed as es  # benchmarks/ is not a package
+import encoder_speed as es  # noqa: E402 - benchmarks/ is not a package
 
 KINDS = {  # op name fragments -> kind of work
     "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "mkldnn", "aten::matmul"),

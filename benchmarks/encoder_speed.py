@@ -54,7 +54,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, os.environ.get("CODESEARCH_BENCH_BASELINE", str(ROOT)))  # the baseline worker's checkout
 
 SITE = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
 CACHE = Path(os.environ.get("CODESEARCH_BENCH_CACHE", "/tmp/codesearch-bench"))
@@ -623,14 +623,58 @@ def hf_forward(model, seqs: list[list[int]], pad: int):
         return model(input_ids=ids, attention_mask=mask).last_hidden_state
 
 
+class BaselineWorker:
+    """Another checkout's encoder (``--baseline DIR``: a folder holding a ``codesearch``
+    package, e.g. ``git archive main codesearch | tar -x -C DIR``) in a child process that runs
+    one batch per request and reports its own wall and CPU time. The child waits on a pipe
+    between requests, so the paired suite can interleave it with the in-process encoders."""
+
+    def __init__(self, root: str, model_dir: Path, dtype: str, threads: int | None):
+        env = {**os.environ, "CODESEARCH_BENCH_BASELINE": str(Path(root).resolve())}
+        cmd = [sys.executable, __file__, "--baseline-worker", str(model_dir), dtype, str(threads or 0)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.times = (0.0, 0.0)
+
+    def __call__(self, seqs: list[list[int]]) -> None:
+        self.proc.stdin.write(json.dumps(seqs) + "\n")
+        self.proc.stdin.flush()
+        self.times = tuple(json.loads(self.proc.stdout.readline()))
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def baseline_worker(model_dir: str, dtype_name: str, threads: int) -> None:
+    """The child of :class:`BaselineWorker`: a batch of token ids per stdin line, ``[wall, cpu]``
+    seconds per stdout line."""
+    import torch
+
+    import codesearch
+    from codesearch.encoder import load
+
+    if threads:
+        torch.set_num_threads(threads)
+    print(f"baseline: {Path(codesearch.__file__).parent}", file=sys.stderr, flush=True)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype_name]
+    enc = load(model_dir, device="cpu", dtype=dtype, backend="sdpa")
+    for line in sys.stdin:
+        seqs = json.loads(line)
+        t0, c0 = time.perf_counter(), time.process_time()
+        enc.backbone(seqs, None)
+        print(json.dumps([time.perf_counter() - t0, time.process_time() - c0]), flush=True)
+
+
 def main_paired(args) -> None:
-    """Ours and transformers in one process, batch by batch, on the same weights and dtype."""
+    """Ours and transformers in one process, batch by batch, on the same weights and dtype;
+    optionally the baseline checkout's encoder (``--baseline``) and ours without the thread cap
+    under contention (``--uncapped``), interleaved with them."""
     import statistics
 
     import torch
     from transformers import ModernBertModel
 
-    from codesearch.encoder import load
+    from codesearch.encoder import load, runtime
     from codesearch.encoder.runtime import token_batches
 
     scale = 0.25 if args.quick else (args.scale or 1.0)
@@ -653,6 +697,15 @@ def main_paired(args) -> None:
             f"workload {name}: {len(seqs)} sequences, {sum(lens)} tokens, lengths {lens[0]}-{lens[-1]}, "
             f"median {lens[len(lens) // 2]}"
         )
+
+    def uncapped(enc, seqs):
+        cap = runtime.CONTENTION.threads
+        runtime.CONTENTION.threads = lambda default: default
+        try:
+            return enc.backbone(seqs, None)
+        finally:
+            runtime.CONTENTION.threads = cap
+
     rows = []
     for dtype_name in args.dtypes:
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype_name]
@@ -662,6 +715,11 @@ def main_paired(args) -> None:
             "ours": lambda seqs, enc=enc: enc.backbone(seqs, None),
             "transformers": lambda seqs, hf=hf: hf_forward(hf, seqs, config["pad_token_id"]),
         }
+        if args.uncapped:
+            impls["ours uncapped"] = lambda seqs, enc=enc: uncapped(enc, seqs)
+        base = BaselineWorker(args.baseline, model_dir, dtype_name, args.threads) if args.baseline else None
+        if base:
+            impls["baseline"] = base
         for workload, seqs in loads.items():
             batches = [[seqs[i] for i in b] for b in token_batches([len(s) for s in seqs], BATCH_TOKENS)]
             for run in impls.values():  # warm-up: oneDNN kernels, the allocator
@@ -671,12 +729,16 @@ def main_paired(args) -> None:
             load_avg = [os.getloadavg()[0]]
             for r in range(args.rounds):
                 for bi, batch in enumerate(batches):
-                    names = list(impls) if (r + bi) % 2 == 0 else list(impls)[::-1]
+                    names = list(impls)  # each batch in a rotated order, so no one always runs first
+                    names = names[(r + bi) % len(names) :] + names[: (r + bi) % len(names)]
                     for k in names:
                         t0, c0 = time.perf_counter(), time.process_time()
                         impls[k](batch)
                         wall[k][bi][r], cpu[k][bi][r] = time.perf_counter() - t0, time.process_time() - c0
+                        if k == "baseline":
+                            wall[k][bi][r], cpu[k][bi][r] = base.times
                 load_avg.append(os.getloadavg()[0])
+                print(f"    {workload} {dtype_name}: round {r + 1} of {args.rounds} done", file=sys.stderr, flush=True)
             tokens = sum(map(len, seqs))
             res = {}
             for k in impls:
@@ -686,23 +748,28 @@ def main_paired(args) -> None:
                     "median": tokens / sum(statistics.median(b) for b in wall[k]),
                     "cpu_best": tokens / sum(min(b) for b in cpu[k]),
                 }
-            o, h = res["ours"], res["transformers"]
-            rows.append((workload, dtype_name, tokens, o, h, min(load_avg), max(load_avg)))
-            print(
-                f"  {workload:8s} {dtype_name:4s} {tokens:7d} tok: ours {o['best']:7.0f} tok/s "
-                f"(median {o['median']:.0f}, {o['cpu_best']:.0f}/CPU s), transformers {h['best']:7.0f} "
-                f"(median {h['median']:.0f}, {h['cpu_best']:.0f}/CPU s): {o['best'] / h['best']:.2f}x "
-                f"(median {o['median'] / h['median']:.2f}x); load {min(load_avg):.1f}-{max(load_avg):.1f}",
-                flush=True,
-            )
+            h = res["transformers"]
+            for k, o in res.items():
+                if k == "transformers":
+                    continue
+                rows.append((workload, dtype_name, k, tokens, o, h, min(load_avg), max(load_avg)))
+                print(
+                    f"  {workload:8s} {dtype_name:4s} {tokens:7d} tok: {k} {o['best']:7.0f} tok/s "
+                    f"(median {o['median']:.0f}, {o['cpu_best']:.0f}/CPU s), transformers {h['best']:7.0f} "
+                    f"(median {h['median']:.0f}, {h['cpu_best']:.0f}/CPU s): {o['best'] / h['best']:.2f}x "
+                    f"(median {o['median'] / h['median']:.2f}x); load {min(load_avg):.1f}-{max(load_avg):.1f}",
+                    flush=True,
+                )
+        if base:
+            base.close()
     print(
-        "\n| workload | dtype | tokens | ours tok/s best (median; per CPU s) | transformers tok/s best "
+        "\n| workload | dtype | encoder | tokens | tok/s best (median; per CPU s) | transformers tok/s best "
         "(median; per CPU s) | speed-up best (median) | load |"
     )
-    print("|---|---|---:|---:|---:|---:|---|")
-    for workload, dt, tokens, o, h, lo, hi in rows:
+    print("|---|---|---|---:|---:|---:|---:|---|")
+    for workload, dt, k, tokens, o, h, lo, hi in rows:
         print(
-            f"| {workload} | {dt} | {tokens:,} | {o['best']:,.0f} ({o['median']:,.0f}; {o['cpu_best']:,.0f}) | "
+            f"| {workload} | {dt} | {k} | {tokens:,} | {o['best']:,.0f} ({o['median']:,.0f}; {o['cpu_best']:,.0f}) | "
             f"{h['best']:,.0f} ({h['median']:,.0f}; {h['cpu_best']:,.0f}) | **{o['best'] / h['best']:.2f}x** "
             f"({o['median'] / h['median']:.2f}x) | {lo:.1f}-{hi:.1f} |"
         )
@@ -733,6 +800,15 @@ def main() -> None:
         help="paired suite: dtypes to compare",
     )
     ap.add_argument("--rounds", type=int, default=3, help="paired suite: rounds over the workload")
+    ap.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="paired suite: also run the codesearch package under DIR (another checkout, e.g. main) interleaved",
+    )
+    ap.add_argument(
+        "--uncapped", action="store_true", help="paired suite: also run ours without the thread cap under contention"
+    )
+    ap.add_argument("--baseline-worker", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, help="paired suite: intra-op threads (default: torch's, one per core)")
     ap.add_argument(
         "--scale",
@@ -749,6 +825,9 @@ def main() -> None:
     ap.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
     ap.add_argument("--encode-worker", nargs=6, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.baseline_worker:
+        baseline_worker(*args.baseline_worker[:2], int(args.baseline_worker[2]))
+        return
     if args.encode_worker:
         impl, workload, head, dtype, scale, device = args.encode_worker
         print(json.dumps(encode_worker(impl, workload, head, dtype, float(scale), device)))
