@@ -158,8 +158,10 @@ class CpuContention:
     of its slowest thread. When another process holds one of the cores, the thread sharing
     that core makes every barrier wait for the scheduler: with one CPU-bound process beside it
     on 2 cores, a 2-thread pass of the 17M model ran at 4,534 tok/s and a 1-thread pass at
-    10,849 (Emerald Rapids, BENCHMARKS.md session 8). So a pass leaves one thread out per core
-    that others kept busy during the previous passes.
+    10,849 (Emerald Rapids, BENCHMARKS.md session 8); at load 13-20, the 6-layer base shape ran
+    at 432 tok/s capped and 194 uncapped (bf16), 412 and 109 (fp32). So a pass leaves one
+    thread out per core that others kept busy during the previous passes. On a quiet machine
+    others are ~0 and every thread stays.
 
     "Busy" is read from ``/proc/stat`` for the CPUs this process may run on (a container's
     cpuset, not the host), less this process's own CPU time, per second of the pass; hypervisor
