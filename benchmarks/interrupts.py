@@ -50,11 +50,20 @@ sys.path.insert(0, str(ROOT / "tests"))
 # repository does on a real one. It writes one byte first: the random delay starts once the
 # interpreter runs the child's code (a signal during Python's own start-up is not ours to
 # handle); the guard is armed before the patch's import, as `main` arms it before its own.
-CHILD = (
-    "import os; os.write(1, b'S'); import sys; from codesearch.cli import interrupts; interrupts.install(); "
-    "import codesearch.indexing.chunking.parallel as p; p.PARALLEL_MIN_FILES_FORKSERVER = 200; "
-    "from codesearch.cli import main; sys.argv[0] = 'codesearch'; main()"
-)
+CHILD = """
+import os, sys
+os.write(1, b'S')
+from codesearch.cli import interrupts
+interrupts.install()
+try:
+    import codesearch.indexing.chunking.parallel as p
+    p.PARALLEL_MIN_FILES_FORKSERVER = 200
+except KeyboardInterrupt:  # what main does with one during its imports
+    os._exit(interrupts.say_and_exit())
+from codesearch.cli import main
+sys.argv[0] = 'codesearch'
+main()
+"""
 
 
 def make_inputs(work: Path, n_files: int) -> tuple[Path, Path, Path]:
@@ -145,7 +154,7 @@ def run_trial(repo: Path, dense: Path, colbert: Path, delay: float, sig: signal.
     out["ok"] = (proc.returncode == want and gone_s <= limit and not out["traceback"] and len(said) == 1
                  and (tty or lines[-1] == said[0]))
     if not out["ok"]:
-        out["stderr_tail"] = err[-1500:]
+        out["stderr_head"], out["stderr_tail"] = err[:1500], err[-1500:]
     return out
 
 

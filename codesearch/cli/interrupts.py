@@ -108,8 +108,32 @@ def _on_signal(signum: int, frame: object) -> None:
         again = bool(_state["reraise"])
         _state["reraise"] = False
     if first or again:
+        if _importing(frame):
+            # Not in the middle of an import: it would leave a half-imported module, and torch
+            # turns an exception raised in its import into a C++ abort (SIGABRT, seen in the
+            # benchmark). The watchdog tries again in a moment.
+            _ask_again()
+            return
         raise KeyboardInterrupt
     # A later signal: the watchdog ends the process now (no second exception in clean-up).
+
+
+def _importing(frame: object) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):  # type: ignore[attr-defined]
+            return True
+        frame = frame.f_back  # type: ignore[attr-defined]
+    return False
+
+
+def _ask_again() -> None:
+    """Have the watchdog raise the interrupt again in the main thread shortly."""
+    with _lock:
+        _state["reraise"] = True
+    try:
+        os.write(int(_state["wake"]), _RERAISE)
+    except OSError:
+        pass  # the watchdog ends the run at the deadline anyway
 
 
 def _unraisable(unraisable: object, *, _previous=sys.unraisablehook) -> None:
@@ -118,12 +142,7 @@ def _unraisable(unraisable: object, *, _previous=sys.unraisablehook) -> None:
     and ignored too), instead of printing a traceback and running on."""
     exc = getattr(unraisable, "exc_value", None)
     if isinstance(exc, KeyboardInterrupt) and signalled() and _state["armed"]:
-        with _lock:
-            _state["reraise"] = True
-        try:
-            os.write(int(_state["wake"]), _RERAISE)
-        except OSError:
-            pass  # the watchdog ends the run at the deadline anyway
+        _ask_again()
         return
     _previous(unraisable)
 
@@ -154,7 +173,7 @@ def hard_exit() -> None:
 
 def _watch(fd: int) -> None:
     deadline = None
-    seen = 0
+    seen = synthetic = 0
     while True:
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         ready, _, _ = select.select([fd], [], [], timeout)
@@ -167,11 +186,16 @@ def _watch(fd: int) -> None:
         if not data:
             return
         for signum in data:
-            if signum == _RERAISE[0] and _state["reraise"]:
-                import _thread
+            if signum == _RERAISE[0]:
+                if _state["reraise"]:
+                    import _thread
 
-                time.sleep(0.01)  # out of the finalizer, most likely; if not, it asks again
-                _thread.interrupt_main(int(_state["signum"]))  # runs _on_signal (no wake-up byte)
+                    time.sleep(0.05)  # out of the finalizer or import, likely; if not, it asks again
+                    synthetic += 1  # interrupt_main writes the signal's byte too: not a second signal
+                    _thread.interrupt_main(int(_state["signum"]))  # runs _on_signal in the main thread
+                continue
+            if synthetic and signum == _state["signum"]:
+                synthetic -= 1
                 continue
             # Another handler in charge (`serve` installs its own): not ours to end.
             if signum in _SIGNALS and signal.getsignal(signum) is _on_signal:
