@@ -39,7 +39,7 @@ import time
 __all__ = ["GRACE_S", "exit_status", "install", "say_and_exit", "signalled"]
 
 #: Seconds from the first signal to a forced end (the clean path is given this long).
-GRACE_S = 1.2
+GRACE_S = 0.8
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _RERAISE = b"\0"  # on the wake-up pipe: raise the swallowed interrupt again (no signal is 0)
@@ -206,8 +206,18 @@ def _watch(fd: int) -> None:
             hard_exit()
 
 
-def install() -> None:
-    """Arm the guard for this process (the console script, in its main thread, first thing)."""
+#: Commands that own their signals: a server shuts down gracefully (it drains searches and
+#: waits for its indexer, `codesearch.server.runner`), on its own clock.
+UNGUARDED = frozenset({"serve", "daemon"})
+
+
+def install(argv: list[str] | None = None) -> None:
+    """Arm the guard for this process (the console script, in its main thread, first thing),
+    unless the command (the first word of ``argv``, default ``sys.argv[1:]``) is a server."""
+    args = sys.argv[1:] if argv is None else argv
+    command = next((a for a in args if not a.startswith("-")), None)
+    if command in UNGUARDED:
+        return
     if threading.current_thread() is not threading.main_thread() or _state["armed"]:
         return
     r, w = os.pipe()
