@@ -43,6 +43,7 @@ GRACE_S = 0.8
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _RERAISE = b"\0"  # on the wake-up pipe: raise the swallowed interrupt again (no signal is 0)
+_START = b"\1"  # on the wake-up pipe: a guarded signal was handled (starts the deadline; SIGHUP is not guarded)
 _lock = threading.Lock()
 _state: dict[str, object] = {"signum": None, "said": False, "reraise": False, "armed": False, "wake": -1}
 
@@ -107,6 +108,8 @@ def _on_signal(signum: int, frame: object) -> None:
             _state["signum"] = signum
         again = bool(_state["reraise"])
         _state["reraise"] = False
+    if first:
+        _wake(_START)  # the deadline starts now even if the signal's own byte never came
     if first or again:
         if _importing(frame):
             # Not in the middle of an import: it would leave a half-imported module, and torch
@@ -130,10 +133,14 @@ def _ask_again() -> None:
     """Have the watchdog raise the interrupt again in the main thread shortly."""
     with _lock:
         _state["reraise"] = True
+    _wake(_RERAISE)
+
+
+def _wake(byte: bytes) -> None:
     try:
-        os.write(int(_state["wake"]), _RERAISE)
+        os.write(int(_state["wake"]), byte)
     except OSError:
-        pass  # the watchdog ends the run at the deadline anyway
+        pass  # a full pipe holds bytes enough to wake the watchdog
 
 
 def _unraisable(unraisable: object, *, _previous=sys.unraisablehook) -> None:
@@ -174,6 +181,7 @@ def hard_exit() -> None:
 def _watch(fd: int) -> None:
     deadline = None
     seen = synthetic = 0
+    started = False
     while True:
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         ready, _, _ = select.select([fd], [], [], timeout)
@@ -194,13 +202,16 @@ def _watch(fd: int) -> None:
                     synthetic += 1  # interrupt_main writes the signal's byte too: not a second signal
                     _thread.interrupt_main(int(_state["signum"]))  # runs _on_signal in the main thread
                 continue
+            if signum == _START[0]:
+                started = True
+                continue
             if synthetic and signum == _state["signum"]:
                 synthetic -= 1
                 continue
             # Another handler in charge (`serve` installs its own): not ours to end.
             if signum in _SIGNALS and signal.getsignal(signum) is _on_signal:
                 seen += 1
-        if seen and deadline is None:
+        if (seen or started) and deadline is None:
             deadline = time.monotonic() + GRACE_S
         if seen >= 2:
             hard_exit()
@@ -222,9 +233,9 @@ def install(argv: list[str] | None = None) -> None:
         return
     r, w = os.pipe()
     os.set_blocking(w, False)  # set_wakeup_fd needs it; the C handler never blocks
-    for signum in _SIGNALS:
-        signal.signal(signum, _on_signal)
-    signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    # The watchdog and its pipe first, the handlers last: a Ctrl-C that came before (Python
+    # runs a pending signal's handler at its next check, whichever is installed by then)
+    # finds everything in place. The benchmark lost one that way.
     _state["wake"] = w
     sys.unraisablehook = _unraisable
     watchdog = threading.Thread(target=_watch, args=(r,), name="codesearch-interrupt-watchdog", daemon=True)
@@ -232,3 +243,6 @@ def install(argv: list[str] | None = None) -> None:
     watchdog.fork_safe = True  # type: ignore[attr-defined]
     watchdog.start()
     _state["armed"] = True
+    signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    for signum in _SIGNALS:
+        signal.signal(signum, _on_signal)
