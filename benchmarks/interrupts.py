@@ -50,8 +50,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 # repository does on a real one. It writes one byte first: the random delay starts once the
 # interpreter runs the child's code (a signal during Python's own start-up is not ours to
 # handle); the guard is armed before the patch's import, as `main` arms it before its own.
+# A script run with `&` starts its children with SIGINT ignored (which the guard keeps, as
+# Python does): the child takes SIGINT back first, as a command typed at a terminal has it.
 CHILD = """
-import os, sys
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal, even if we run in the background
 os.write(1, b'S')
 from codesearch.cli import interrupts
 interrupts.install()

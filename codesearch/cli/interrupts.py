@@ -245,4 +245,7 @@ def install(argv: list[str] | None = None) -> None:
     _state["armed"] = True
     signal.set_wakeup_fd(w, warn_on_full_buffer=False)
     for signum in _SIGNALS:
-        signal.signal(signum, _on_signal)
+        # A signal ignored from the start stays ignored (a background job of a script, nohup):
+        # the Unix convention, which Python keeps for SIGINT too.
+        if signal.getsignal(signum) != signal.SIG_IGN:
+            signal.signal(signum, _on_signal)

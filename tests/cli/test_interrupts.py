@@ -27,7 +27,8 @@ WAIT_S = 120.0
 #: The console script's entry point, after a byte on stdout that says the child's code runs
 #: and a test's own set-up (``prelude``; the signal is sent long after it).
 CHILD = """
-import os, sys
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as typed at a terminal (pytest may run in the background)
 os.write(1, b"S")
 {prelude}
 from codesearch.cli import main
