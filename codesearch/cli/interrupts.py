@@ -17,14 +17,17 @@ A plain ``KeyboardInterrupt`` is not enough, and issue 26 saw each way it fails:
 
 So the console script arms a guard before it imports anything heavy (:func:`install`): the
 first signal raises ``KeyboardInterrupt`` in the main thread (the command's own clean-up runs:
-the open batch is committed, the writer lock released); one swallowed by a finalizer is
-raised again at once (:func:`_unraisable`); and a watchdog thread, woken by the signal itself
+the open batch is committed, the writer lock released), except inside an import, where it
+is deferred (a half-imported module; torch aborts on one) and raised again 50 ms later;
+one swallowed by a finalizer is raised again too (:func:`_unraisable`); and a watchdog
+thread, woken by the signal itself
 through ``signal.set_wakeup_fd`` (so even while the main thread sits in C code), ends the
 process with the one line if it is still there `GRACE_S` after the first signal, or at a
 second signal. Ending the process then is safe for the index: every write is committed
 whole or not at all, which the kill -9 tests check (tests/indexing/test_pipeline_crash.py).
 Chunking workers ignore both signals (`codesearch.indexing.chunking.parallel`): the
-parent stops them.
+parent stops them. Servers (`UNGUARDED`) keep their own graceful shutdown, and a signal
+ignored from the start (a background job) stays ignored, as Python keeps it.
 """
 
 from __future__ import annotations

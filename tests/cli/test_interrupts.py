@@ -176,3 +176,14 @@ def test_chunking_workers_leave_the_interrupt_to_the_run(tmp_path, template):
         time.sleep(0.02)
     time.sleep(1.0)  # the other files are chunked
     _check_one_line(*_signal_and_wait(proc, signal.SIGINT), signal.SIGINT)
+
+
+def test_servers_keep_their_own_signal_handling():
+    """`serve` drains its searches and waits for its indexer on SIGTERM/SIGINT
+    (codesearch.server.runner): the guard, with its 0.8 s deadline, stays out of it."""
+    from codesearch.cli import interrupts
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    interrupts.install(["serve", ".", "--mcp", "stdio"])
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    assert not interrupts.signalled()
