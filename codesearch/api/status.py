@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from codesearch.api.health import index_health
 from codesearch.api.refresh import Recorded, stale_files
 from codesearch.indexing.status import index_info
 from codesearch.store import VECTOR_KINDS
@@ -42,6 +43,10 @@ class IndexStatus:
     embedded : dict[str, str]
         Per model (``dense``, ``multi``), how its vectors were last embedded:
         ``local cpu (bfloat16)`` or ``ray <address>: 4 cuda workers (bfloat16)``.
+    health : dict
+        ``state`` (``complete``, ``stale``, ``incomplete``, ``building``, ``damaged`` or
+        ``not_indexed``), ``problems`` (what is wrong, in words) and ``next_action`` (the
+        command that fixes it, or ``none``): :mod:`codesearch.api.health`.
     """
 
     root: str
@@ -55,6 +60,7 @@ class IndexStatus:
     disk_bytes: dict[str, int] = field(default_factory=dict)
     vectors: dict[str, float] = field(default_factory=dict)
     embedded: dict[str, str] = field(default_factory=dict)
+    health: dict = field(default_factory=dict)
 
     @property
     def is_stale(self) -> bool:
@@ -69,10 +75,11 @@ class IndexStatus:
 def index_status(root: Path, index_dir: Path, default_max_file_bytes: int) -> IndexStatus:
     """The `IndexStatus` of the index of ``root`` at ``index_dir`` (not indexed: counts 0)."""
     if not (index_dir / STORE_FILE).is_file():
-        return IndexStatus(root=str(root), index_dir=str(index_dir), indexed=False)
+        return IndexStatus(root=str(root), index_dir=str(index_dir), indexed=False,
+                           health=index_health(root, index_dir, indexed=False, vectors={}, is_stale=False))
     info = index_info(index_dir)
     stale = stale_files(root, index_dir, Recorded.read(index_dir, default_max_file_bytes))
-    return IndexStatus(
+    status = IndexStatus(
         root=str(root),
         index_dir=str(index_dir),
         indexed=True,
@@ -88,6 +95,8 @@ def index_status(root: Path, index_dir: Path, default_max_file_bytes: int) -> In
         },
         embedded={"multi" if role == "colbert" else role: how for role, how in info.embedded.items()},
     )
+    health = index_health(root, index_dir, indexed=True, vectors=status.vectors, is_stale=status.is_stale)
+    return dataclasses.replace(status, health=health)
 
 
 def _disk_usage(index_dir: Path) -> dict[str, int]:

@@ -3,6 +3,29 @@
 
 def main() -> None:
     """Entry point of the `codesearch` console script."""
-    from codesearch.cli.app import run
+    import contextlib
+    import os
+    import sys
 
-    run()
+    from codesearch.cli import interrupts
+
+    interrupts.install()  # before the imports below: Ctrl-C while they run is one line too
+    try:
+        from codesearch.cli.app import run
+
+        run()
+    except KeyboardInterrupt:  # before the app's own handler runs (while importing it)
+        pass
+    except SystemExit:
+        if not interrupts.signalled():
+            raise
+    else:
+        if not interrupts.signalled():
+            return
+    code = interrupts.say_and_exit()  # the line, unless the command said it already
+    # Interrupted, the command's clean-up done (the writer lock released): end now, not
+    # after the interpreter's teardown (seconds with torch loaded, or an atexit join).
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)

@@ -9,7 +9,6 @@ Results go to stdout; progress, notices and errors go to stderr.
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -44,10 +43,10 @@ class _Group(TyperGroup):
             raise typer.Exit(1) from None
         except KeyboardInterrupt:
             # Index writes are atomic: Ctrl-C leaves the previous index or a resumable one.
-            # On a terminal the line starts after the echoed ^C; in a log it is one line.
-            lead = "\n" if sys.stderr.isatty() else ""
-            typer.echo(f"{lead}Interrupted (the index is intact; run the command again to resume)", err=True)
-            raise typer.Exit(130) from None
+            # One line, 130 (SIGINT) or 143 (SIGTERM): codesearch.cli.interrupts.
+            from codesearch.cli import interrupts
+
+            raise typer.Exit(interrupts.say_and_exit()) from None
 
 
 def _readable_list_type(param: Any) -> None:

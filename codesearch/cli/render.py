@@ -310,9 +310,18 @@ def index_status(info: Any, *, as_json: bool) -> None:
         ("vectors", _vectors_cell(info.vectors)),
         ("embedded", _cell(info.embedded)),
         ("stale", _cell(info.stale) if info.is_stale else "up to date"),
+        ("health", _health_cell(info.health)),
         ("size on disk", ", ".join(f"{k}: {_bytes(v)}" for k, v in info.disk_bytes.items())),
     ]
     _key_values(rows)
+
+
+def _health_cell(health: dict) -> str:
+    """``complete``, or the state, what is wrong and the next action."""
+    if not health or health.get("state") == "complete":
+        return health.get("state", "-") if health else "-"
+    parts = [health["state"], *health.get("problems", [])]
+    return f"{'; '.join(parts)} (next: {health['next_action']})"
 
 
 def _vectors_cell(vectors: dict[str, float]) -> str:

@@ -1,4 +1,4 @@
-"""The MCP server: tools ``search_code`` and ``index_status`` for coding agents.
+"""The MCP server: tools ``search_code``, ``index_status`` and ``repair_index`` for coding agents.
 
 Built on the official SDK (``mcp`` 2.x, where v1's ``FastMCP`` is ``MCPServer``). The same
 `Service` answers HTTP and MCP, so a tool call returns exactly the ``POST /search``
@@ -28,7 +28,9 @@ INSTRUCTIONS = (
     "Call search_code with a description of the code you need (or an identifier); "
     "results carry path, line range, score and the code itself. With several repositories "
     "served, a search covers all of them (each hit names its repo) unless repo or path picks "
-    "one. index_status says what is indexed and whether an index run is going."
+    "one. index_status says what is indexed and whether an index run is going; its health says "
+    "whether the index is complete, stale, incomplete, being built or damaged, and the next action, "
+    "which repair_index does."
 )
 
 
@@ -130,4 +132,32 @@ def build_mcp(service: Service) -> MCPServer:
         except CodeSearchError as exc:
             raise ToolError(str(exc)) from None
 
+    _add_repair_tool(server, service)
     return server
+
+
+def _add_repair_tool(server: MCPServer, service: Service) -> None:
+    """``repair_index``: what ``index_status``'s health.next_action asks for, done by the server."""
+    import anyio.to_thread
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    @server.tool()
+    async def repair_index(path: str | None = None, rebuild: bool = False) -> Annotated[CallToolResult, dict[str, Any]]:
+        """Repair a served repository's index: queue an index run that rebuilds missing or
+        outdated derived index files, resumes the vectors a stopped run left out and takes in
+        changed files. Returns at once; index_status's health.state says when it is complete.
+
+        Args:
+            path: Only this repository (its name or path); default all of them.
+            rebuild: Build the index anew (for a damaged store: health.next_action says so).
+
+        Returns the queued run per repository (root, indexing state) and the health before it.
+        """
+        def repair() -> JSONDict:
+            before = {root["root"]: (root.get("index") or {}).get("health") for root in service.status(path)["roots"]}
+            return {**service.index(path, rebuild=rebuild), "health_before": before}
+
+        try:
+            return _compact(await anyio.to_thread.run_sync(repair))
+        except CodeSearchError as exc:
+            raise ToolError(str(exc)) from None

@@ -3,6 +3,7 @@ input order, each file on its own (a worker shares nothing but the token counter
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import operator
@@ -29,6 +30,19 @@ _worker_args: tuple[int, Callable[[str], int] | None] = (512, None)
 def _init_worker(max_tokens: int, count_tokens: Callable[[str], int] | None) -> None:
     global _worker_args
     _worker_args = (max_tokens, count_tokens)
+    _leave_signals_to_the_parent()
+
+
+def _leave_signals_to_the_parent() -> None:
+    """Ctrl-C reaches every process of the terminal's group: a worker that took it would
+    print its own KeyboardInterrupt traceback (and SIGTERM would break the pool, which the
+    parent would then work around). The parent stops its workers when it is interrupted."""
+    import signal
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+    with contextlib.suppress(ValueError):
+        signal.set_wakeup_fd(-1)  # a forked worker inherited the parent's (codesearch.cli.interrupts)
 
 
 def _chunk_item(item: tuple[str, str, str]) -> list[tuple]:
@@ -89,6 +103,9 @@ def chunk_many(
                 for rows in pool.map(_chunk_item, items, chunksize=chunksize):
                     done += 1
                     yield [Chunk(*row) for row in rows]
+            except BaseException:  # Ctrl-C: the workers ignore it, and their files are not wanted
+                _stop_workers(pool)
+                raise
             finally:  # a caller that stops early does not wait for the files it will not read
                 pool.shutdown(wait=True, cancel_futures=True)
             return
@@ -98,11 +115,20 @@ def chunk_many(
         yield chunk_source(path, text, language, max_tokens=max_tokens, count_tokens=count_tokens)
 
 
+def _stop_workers(pool: object) -> None:
+    """Kill the pool's workers (`ProcessPoolExecutor` has no public way before 3.14)."""
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        with contextlib.suppress(Exception):
+            proc.kill()
+
+
 def _pool_method(n_files: int, min_files: int | None) -> str | None:
     """How to start pool workers for ``n_files`` files, or None when a pool does not pay."""
     import threading
 
-    if threading.active_count() == 1:
+    # A thread that holds no lock a child could inherit (the CLI's interrupt watchdog, blocked
+    # in a read) does not count.
+    if sum(1 for t in threading.enumerate() if not getattr(t, "fork_safe", False)) == 1:
         # fork: workers start at once with this process's imports and parsers, and never
         # re-import the caller's __main__ (a script without a main guard would run again)
         method, threshold = "fork", PARALLEL_MIN_FILES
