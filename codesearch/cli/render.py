@@ -246,6 +246,10 @@ def index_summary(summary: Any) -> None:
         if key in d:
             value = d[key] if key != "models" else (d[key] or "none (lexical only)")
             table.add_row(label, _cell(value))
+        if key == "chunks_encoded" and d.get("texts_reused"):
+            # Another worktree, branch or clone embedded these: "12,340 of 12,402 texts".
+            reused = d["texts_reused"]
+            table.add_row("reused from the cache", f"{reused:,} of {reused + d.get('chunks_encoded', 0):,} texts")
     stderr().print(table)
     notices(list(d.get("notices", [])))
 
