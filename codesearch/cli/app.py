@@ -368,6 +368,9 @@ _register_serve(app)
 from codesearch.cli.agents import register as _register_agents  # noqa: E402
 
 _register_agents(app)
+from codesearch.cli.cache import register as _register_cache  # noqa: E402
+
+_register_cache(app, _Group)
 
 
 def run() -> None:
