@@ -149,11 +149,11 @@ def _take_cached(
             found = reuse.take(enc.identity, kind, [items[i][3] for i in part])
             if not found:
                 continue
-            pairs = [(items[part[j]][2], v) for j, v in sorted(found.items())]
+            rows = [(items[part[j]][2], *v) for j, v in sorted(found.items())]
             with commits.batch():
-                run.store.put_vectors(enc.identity, kind, pairs)
-                run.texts_reused += len(pairs)
-            publisher.add(kind, (h for h, _ in pairs))
+                run.store.put_encoded(enc.identity, kind, rows)
+                run.texts_reused += len(rows)
+            publisher.add(kind, (r[0] for r in rows))
             taken.update(part[j] for j in found)
     return [it for i, it in enumerate(items) if i not in taken]
 

@@ -61,13 +61,14 @@ class Reuse:
     def enabled(self) -> bool:
         return self.cache is not None
 
-    def take(self, model: str, kind: str, texts: Sequence[str]) -> dict[int, np.ndarray]:
-        """Position in ``texts`` -> cached vector, for the texts the cache holds."""
+    def take(self, model: str, kind: str, texts: Sequence[str]) -> dict[int, tuple[int, int, bytes]]:
+        """Position in ``texts`` -> the cached vector as stored (``n, dim, float16 bytes``,
+        what `Store.put_encoded` takes), for the texts the cache holds."""
         if self.cache is None or not texts:
             return {}
         keys = [vector_key(t) for t in texts]
         try:
-            found = self.cache.get_vectors(model, kind, keys)
+            found = self.cache.get_encoded(model, kind, keys)
         except _CACHE_ERRORS as exc:
             self._give_up(exc)
             return {}

@@ -252,9 +252,14 @@ class UserCache(SegmentArrays):
     # -- vectors -------------------------------------------------------------------------
 
     def get_vectors(self, model: str, kind: str, keys: Sequence[str]) -> dict[str, np.ndarray]:
-        """Key -> float32 ``(n, dim)`` array, for the keys that are cached (their use is
-        recorded). An array whose bytes are damaged reads as a miss, and its row goes."""
-        out: dict[str, np.ndarray] = {}
+        """Key -> float32 ``(n, dim)`` array, for the keys that are cached (see `get_encoded`)."""
+        return {key: decode_array(*found) for key, found in self.get_encoded(model, kind, keys).items()}
+
+    def get_encoded(self, model: str, kind: str, keys: Sequence[str]) -> dict[str, tuple[int, int, bytes]]:
+        """Key -> ``(n, dim, float16 bytes)`` as stored, for the keys that are cached (their
+        use is recorded): an index copies them as they are. An array whose bytes are damaged
+        reads as a miss, and its row goes."""
+        out: dict[str, tuple[int, int, bytes]] = {}
         stale: list[int] = []
         damaged: list[int] = []
         now = _now()
@@ -273,10 +278,12 @@ class UserCache(SegmentArrays):
                         if self.segments is None:
                             raise SegmentError("no segment folder")
                         data = self.segments.read(seg, off, n * dim * 2, crc)
-                    out[key] = decode_array(n, dim, data)
-                except (SegmentError, ValueError):
+                    elif len(data) != n * dim * 2:
+                        raise SegmentError("short row")
+                except SegmentError:
                     damaged.append(vid)  # a miss: the run encodes it again
                     continue
+                out[key] = (n, dim, data)
                 if used < now - TOUCH_S:
                     stale.append(vid)
         self._rows_update("UPDATE vectors SET used = ? WHERE id IN ({})", stale, (now,))

@@ -119,7 +119,7 @@ class Segments:
             When the segment is missing or unreadable, shorter than the row says, or the
             bytes' CRC differs.
         """
-        name = self.path(seg).name
+        name = f"{seg:06d}{_SUFFIX}"  # (as `path` names it; a Path per read costs 0.1 ms)
         try:
             fd = self._fds.get(seg)
             if fd is None:

@@ -231,7 +231,11 @@ class VectorCache(SegmentArrays):
         Arrays of :data:`SEGMENT_KINDS` go to the segment files of an on-disk store, the
         others into their rows; a caller sees no difference.
         """
-        encoded = [(text_hash, *encode_array(array)) for text_hash, array in items]
+        return self.put_encoded(model, kind, [(text_hash, *encode_array(array)) for text_hash, array in items])
+
+    def put_encoded(self, model: str, kind: str, encoded: Sequence[tuple[str, int, int, bytes]]) -> int:
+        """Cache ``(text hash, n, dim, float16 bytes)`` arrays as :func:`encode_array` makes
+        them (copied from the user's vector cache without a cast); returns how many."""
         if not encoded:
             return 0
         with self.transaction():  # segment appends happen under the store's write lock
