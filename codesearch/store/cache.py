@@ -261,7 +261,7 @@ class UserCache(SegmentArrays):
         reads as a miss, and its row goes."""
         out: dict[str, tuple[int, int, bytes]] = {}
         stale: list[int] = []
-        damaged: list[int] = []
+        damaged: list[tuple[int, int | None, int | None]] = []
         now = _now()
         if self.segments is not None and kind in SEGMENT_KINDS:
             self.segments.open_all(release=self._idle())  # a compaction after this keeps our bytes
@@ -281,13 +281,17 @@ class UserCache(SegmentArrays):
                     elif len(data) != n * dim * 2:
                         raise SegmentError("short row")
                 except SegmentError:
-                    damaged.append(vid)  # a miss: the run encodes it again
+                    # A miss: the run encodes it again. The row goes only if it still points
+                    # there (a compaction may have just moved it, and unlinked what we read).
+                    damaged.append((vid, seg, off))
                     continue
                 out[key] = (n, dim, data)
                 if used < now - TOUCH_S:
                     stale.append(vid)
         self._rows_update("UPDATE vectors SET used = ? WHERE id IN ({})", stale, (now,))
-        self._rows_update("DELETE FROM vectors WHERE id IN ({})", damaged)
+        if damaged:
+            with contextlib.suppress(CodeSearchError, sqlite3.Error), self.transaction():
+                self.conn.executemany("DELETE FROM vectors WHERE id = ? AND seg IS ? AND off IS ?", damaged)
         return out
 
     def put_vectors(self, model: str, kind: str, items: Iterable[tuple[str, np.ndarray]]) -> int:
@@ -331,8 +335,7 @@ class UserCache(SegmentArrays):
         return self._exec("SELECT count(*) FROM vectors WHERE model = ?", (model,)).fetchone()[0]
 
     def _rows_update(self, sql: str, ids: list[int], lead: tuple = ()) -> None:
-        """Best effort (a use's record, a damaged row's removal): a cache busy for longer
-        than SQLite waits skips it."""
+        """Best effort (a use's record): a cache busy for longer than SQLite waits skips it."""
         if not ids:
             return
         with contextlib.suppress(CodeSearchError, sqlite3.Error), self.transaction():
@@ -434,9 +437,9 @@ def _flocked(folder: Path, *, exclusive: bool) -> Iterator[None]:
 
 
 def _set_aside(folder: Path) -> None:
-    """Move an unreadable cache's files out of the way (then remove them)."""
-    aside = folder.with_name(f".{folder.name}.damaged-{os.getpid()}")
-    with contextlib.suppress(OSError):
-        folder.rename(aside)
-    shutil.rmtree(aside, ignore_errors=True)
-    folder.mkdir(parents=True, exist_ok=True)
+    """Remove an unreadable cache's own files (the database, its WAL, its segments), and
+    nothing else: ``CODESEARCH_CACHE_DIR`` may name a folder that holds other things."""
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(OSError):
+            (folder / (CACHE_FILE + suffix)).unlink()
+    shutil.rmtree(folder / (CACHE_FILE + ".vectors"), ignore_errors=True)

@@ -98,11 +98,13 @@ def test_an_unreadable_database_is_set_aside_and_made_again(tmp_path):
     folder = tmp_path / "c"
     folder.mkdir()
     (folder / CACHE_FILE).write_bytes(b"this is not a database" * 100)
+    (folder / "notes.txt").write_text("the user's own file")  # CODESEARCH_CACHE_DIR may be any folder
     with UserCache.open(folder) as cache:
         assert cache.count() == 0
         cache.put_vectors("m@1", "dense", [("a", _vec(1))])
     with UserCache.open(folder) as cache:
         assert cache.count() == 1
+    assert (folder / "notes.txt").read_text() == "the user's own file"
 
 
 def test_a_newer_cache_is_left_alone(tmp_path):
