@@ -510,6 +510,9 @@ class IndexSummary:
     files_read: int = 0  # files whose bytes were read (stat changed, new, or re-chunk)
     #: Seconds per stage (walk, chunk, write, sync, encode): what bounds a run.
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    #: Texts whose vectors came from the user's vector cache (another worktree, branch or
+    #: clone embedded them) instead of an encoder.
+    texts_reused: int = 0
 
     def to_dict(self) -> JSONDict:
         return asdict(self)

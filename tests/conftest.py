@@ -40,3 +40,20 @@ def one_faiss_thread():
     faiss.omp_set_num_threads(1)
     yield
     faiss.omp_set_num_threads(before)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_vector_cache(tmp_path_factory):
+    """The user's vector cache of a module's fixtures (an index built once per module): its
+    own folder, never the real ~/.cache, so no module reuses another's vectors by accident."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CODESEARCH_CACHE_DIR", str(tmp_path_factory.mktemp("vector_cache")))
+        mp.delenv("CODESEARCH_CACHE_SIZE", raising=False)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _vector_cache(tmp_path_factory, monkeypatch):
+    """Each test's own vector cache (subprocesses inherit it): no test shares one by accident."""
+    monkeypatch.setenv("CODESEARCH_CACHE_DIR", str(tmp_path_factory.mktemp("vector_cache")))
+    monkeypatch.delenv("CODESEARCH_CACHE_SIZE", raising=False)

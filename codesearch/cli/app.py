@@ -414,6 +414,9 @@ _register_agents(app)
 from codesearch.cli.export import register as _register_export  # noqa: E402
 
 _register_export(app)
+from codesearch.cli.cache import register as _register_cache  # noqa: E402
+
+_register_cache(app, _Group)
 
 
 def run() -> None:

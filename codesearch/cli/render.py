@@ -250,11 +250,14 @@ def index_summary(summary: Any) -> None:
     across lines), as a log or ``grep`` reads it."""
     d = summary.to_dict()
     root = quote_name(str(d.get("root", "")))
-    rows = [
-        (label, d[key] if key != "models" else (d[key] or "none (lexical only)"))
-        for key, label in _SUMMARY_ROWS
-        if key in d
-    ]
+    rows = []
+    for key, label in _SUMMARY_ROWS:
+        if key in d:
+            rows.append((label, d[key] if key != "models" else (d[key] or "none (lexical only)")))
+        if key == "chunks_encoded" and d.get("texts_reused"):
+            # Another worktree, branch or clone embedded these: "12,340 of 12,402 texts".
+            reused = d["texts_reused"]
+            rows.append(("reused from the cache", f"{reused:,} of {reused + d.get('chunks_encoded', 0):,} texts"))
     console = stderr()
     if console.is_terminal:
         table = Table(title=escape(f"codesearch index {root}"), show_header=False, title_justify="left")

@@ -18,6 +18,7 @@ from codesearch.indexing.commit import Commits
 from codesearch.indexing.encoders import EMBEDDED_KEY, VECTORS_PENDING_KEY
 from codesearch.indexing.options import Run
 from codesearch.indexing.publish import Publisher
+from codesearch.indexing.reuse import Reuse
 from codesearch.pathnames import text_name
 from codesearch.store import VECTOR_KINDS
 from codesearch.store.files import decode_source, hash_bytes, read_inside
@@ -108,13 +109,17 @@ def encode_missing(run: Run) -> None:
                         items[(kind, h)] = (priority(f.path, f.size), kind, h, sc.chunk.encoder_text)
         if items:
             streams.append((enc, sorted(items.values(), key=lambda it: it[0])))
-    total = sum(len(items) for _, items in streams)
-    if not total:
+    if not streams:
         return
     commits = Commits(store)
     publisher = Publisher(run, commits, background=any(_encodes_elsewhere(enc) for enc, _ in streams))
+    reuse = Reuse.open()
     try:
-        _encode_streams(run, streams, roles, total, commits, publisher)
+        # What the user's vector cache holds (another worktree, branch or clone made it) is
+        # copied into this index, which stays whole without the cache; the rest is encoded.
+        streams = [(enc, _take_cached(run, enc, items, reuse, commits, publisher)) for enc, items in streams]
+        total = sum(len(items) for _, items in streams)
+        _encode_streams(run, streams, roles, total, commits, publisher, reuse)
     except BaseException:
         # The batches of an open group are whole: a failed run keeps them, and a publication
         # in flight ends (its files are written whole) before the run lets go of the index.
@@ -124,11 +129,41 @@ def encode_missing(run: Run) -> None:
         with contextlib.suppress(Exception):
             publisher.finish()
         raise
+    finally:
+        reuse.close()
+
+
+#: Texts per store write of vectors taken from the user's cache.
+_REUSE_BATCH = 512
+
+
+def _take_cached(
+    run: Run, enc: Encoder, items: list[_Item], reuse: Reuse, commits: Commits, publisher: Publisher
+) -> list[_Item]:
+    """Write into the store the vectors of ``items`` that the user's cache holds; returns the
+    items left to encode, in their order."""
+    if not reuse.enabled or not items:
+        return items
+    taken: set[int] = set()
+    for kind in dict.fromkeys(it[1] for it in items):
+        where = [i for i, it in enumerate(items) if it[1] == kind]
+        for start in range(0, len(where), _REUSE_BATCH):  # a part in memory at a time
+            part = where[start : start + _REUSE_BATCH]
+            found = reuse.take(enc.identity, kind, [items[i][3] for i in part])
+            if not found:
+                continue
+            rows = [(items[part[j]][2], *v) for j, v in sorted(found.items())]
+            with commits.batch():
+                run.store.put_encoded(enc.identity, kind, rows)
+                run.texts_reused += len(rows)
+            publisher.add(kind, (r[0] for r in rows))
+            taken.update(part[j] for j in found)
+    return [it for i, it in enumerate(items) if i not in taken]
 
 
 def _encode_streams(
     run: Run, streams: list[tuple[Encoder, list[_Item]]], roles: dict[str, Encoder], total: int, commits: Commits,
-    publisher: Publisher,
+    publisher: Publisher, reuse: Reuse,
 ) -> None:
     store = run.store
     enc_t0 = time.perf_counter()
@@ -157,6 +192,11 @@ def _encode_streams(
             for (kind, h, _), v in zip(batch, vectors):
                 by_kind[kind].append((h, v))
             tokens = sum(min(n, int(enc.max_length)) for n in enc.count_tokens([t for _, _, t in batch]))
+            if reuse.enabled:
+                # Keyed by the text each vector was made from, and kept before the store commits
+                # it: a run killed in between finds it there when it resumes.
+                for kind in by_kind:
+                    reuse.keep(enc.identity, kind, ((t, v) for (k, _, t), v in zip(batch, vectors) if k == kind))
             with commits.batch():  # the batch is cached whole or not at all
                 for kind, pairs in by_kind.items():
                     store.put_vectors(enc.identity, kind, pairs)

@@ -103,3 +103,4 @@ class Run:
     chunks_made: int = 0
     texts_encoded: int = 0
     tokens_encoded: int = 0
+    texts_reused: int = 0  # vectors copied from the user's vector cache instead of encoded

@@ -345,6 +345,7 @@ def _build(run: Run) -> IndexSummary:
         notices=run.notices,
         files_read=run.changes.files_read,
         stage_seconds=stages,
+        texts_reused=run.texts_reused,
     )
 
 

@@ -19,7 +19,7 @@ from codesearch.errors import IndexCorruptError
 from codesearch.store import schema
 from codesearch.store.records import ModelRecord
 from codesearch.store.rows import from_db, to_db
-from codesearch.store.segments import Segments
+from codesearch.store.segments import SEGMENT_BYTES, Segments
 
 _C = TypeVar("_C", bound="Connection")
 
@@ -50,7 +50,10 @@ class Connection:
         memory = self.path == ":memory:"
         # The segment folder is named after the store file, so two stores in one folder
         # never share it.
-        self.segments = None if memory else Segments(Path(self.path + ".vectors"), readonly=readonly)
+        self.segments = (
+            None if memory
+            else Segments(Path(self.path + ".vectors"), readonly=readonly, max_bytes=self.SEGMENT_MAX_BYTES)
+        )
         self._cursors = 0  # iter_vectors generators under way (their snapshots need segments)
         if not memory:
             schema.check_header(Path(self.path))
@@ -119,27 +122,38 @@ class Connection:
     def schema_version(self) -> int:
         return self.conn.execute("PRAGMA user_version").fetchone()[0]
 
+    #: The numbered migrations of this kind of database and the oldest version a read-only
+    #: open reads as it is; None: the index store's (`codesearch.store.schema`, read at
+    #: open). The user's vector cache has its own.
+    MIGRATIONS: list[str] | None = None
+    READABLE_FROM: int | None = None
+    #: Bytes at which a new segment file starts (see `codesearch.store.segments`).
+    SEGMENT_MAX_BYTES: int = SEGMENT_BYTES
+
     def _migrate(self) -> None:
         version = self.schema_version
-        if version > schema.SCHEMA_VERSION:
+        migrations = schema.MIGRATIONS if self.MIGRATIONS is None else self.MIGRATIONS
+        readable_from = schema.READABLE_FROM if self.READABLE_FROM is None else self.READABLE_FROM
+        latest = len(migrations)
+        if version > latest:
             raise IndexCorruptError(
                 f"Index store {self.path} has schema version {version}, newer than this codesearch "
-                f"understands ({schema.SCHEMA_VERSION}); upgrade codesearch or run 'codesearch index --rebuild'"
+                f"understands ({latest}); upgrade codesearch or run 'codesearch index --rebuild'"
             )
-        if version == schema.SCHEMA_VERSION:
+        if version == latest:
             return
-        if self.readonly and version >= schema.READABLE_FROM:
+        if self.readonly and version >= readable_from:
             return
         if self.readonly:
             raise IndexCorruptError(
-                f"Index store {self.path} has schema version {version}, older than {schema.SCHEMA_VERSION}; "
+                f"Index store {self.path} has schema version {version}, older than {latest}; "
                 "run 'codesearch index' once to upgrade it"
             )
-        for target in range(version + 1, schema.SCHEMA_VERSION + 1):
+        for target in range(version + 1, latest + 1):
             # One script per step, with its version bump, in one transaction: a crash leaves
             # either the old version or the new one.
             self.conn.executescript(
-                f"BEGIN IMMEDIATE;\n{schema.MIGRATIONS[target - 1]}\nPRAGMA user_version = {target};\nCOMMIT;"
+                f"BEGIN IMMEDIATE;\n{migrations[target - 1]}\nPRAGMA user_version = {target};\nCOMMIT;"
             )
 
     @contextlib.contextmanager

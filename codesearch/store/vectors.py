@@ -102,7 +102,117 @@ def _cast(a: np.ndarray, dtype: type) -> np.ndarray:
     return torch.from_numpy(a).to(torch.float16 if dtype is np.float16 else torch.float32).numpy()
 
 
-class VectorCache(Connection):
+class SegmentArrays(Connection):
+    """A ``vectors`` table whose large arrays live in segment files: the reads that keep a
+    snapshot's segments open, compaction, and the check that drops damaged arrays. The
+    vectors cache of an index store (`VectorCache`) and the user's vector cache
+    (`codesearch.store.cache.UserCache`) are both one: one on-disk format, one set of
+    crash-safety rules.
+    """
+
+    #: SQL for the bytes a ``vectors`` row's array takes in its segment.
+    ARRAY_BYTES = "n * dim * 2"
+
+    def begin_read(self) -> None:
+        """Open a read transaction that holds its snapshot until it ends (a pinned
+        searcher's): segments are opened first, so the snapshot's stay readable."""
+        if self.segments is not None:
+            self.segments.open_all(release=self._idle())
+        self._exec("BEGIN")
+
+    def _idle(self) -> bool:
+        """No read of this store holds a snapshot (so no unlinked segment is needed)."""
+        return not self.conn.in_transaction and self._cursors == 0
+
+    def compact_segments(self, dead_share: float = 0.5) -> int:
+        """Reclaim segment space no row refers to; returns the bytes freed.
+
+        A segment with no live array is unlinked. One more than ``dead_share`` dead (half,
+        by default) has its live arrays copied to a new segment (the rows move in one
+        transaction), then is unlinked. So dead space stays below about that share of the
+        folder, and each byte is copied a bounded number of times. Only a writer calls this
+        (under the index lock, or the vector cache's maintenance lock); readers that opened
+        a segment before it goes keep reading it.
+        """
+        if self.segments is None or self.readonly or self._depth:
+            return 0
+        sizes = self.segments.sizes()
+        if not sizes:
+            return 0
+        live = dict(
+            self._exec(
+                f"SELECT seg, sum({self.ARRAY_BYTES}) FROM vectors WHERE seg IS NOT NULL GROUP BY seg"
+            ).fetchall()
+        )
+        sparse = [seg for seg, size in sizes.items() if 0 < live.get(seg, 0) < (1 - dead_share) * size]
+        # (An empty file at the top is the one a compaction started and nothing used yet.)
+        empty = [seg for seg, size in sizes.items() if not live.get(seg) and (size or seg != max(sizes))]
+        if not sparse and not empty:
+            return 0
+        if sparse or max(sizes) in empty:
+            # Copies go to a segment of their own, numbered above every other: the highest
+            # number always stays on disk, so no number is reused while the folder exists.
+            self.segments.rotate()
+        moved = []
+        for seg in sparse:
+            try:
+                with self.transaction():
+                    rows = self._exec(
+                        f"SELECT id, {self.ARRAY_BYTES}, off, crc FROM vectors WHERE seg = ? ORDER BY off", (seg,)
+                    ).fetchall()
+                    for part in chunked(rows, 256):
+                        blobs = [self.segments.read(seg, off, size, crc) for _, size, off, crc in part]
+                        places = self.segments.append(blobs)
+                        self.conn.executemany(
+                            "UPDATE vectors SET seg = ?, off = ? WHERE id = ?",
+                            [(s, o, r[0]) for r, (s, o, _) in zip(part, places, strict=True)],
+                        )
+            except SegmentError:
+                continue  # damaged: left for drop_damaged_vectors (a rebuild) to find
+            moved.append(seg)
+        # The commits that emptied these segments must be on disk before the files go:
+        # with synchronous=NORMAL a commit is durable only once the WAL is synced, and a
+        # power loss would otherwise keep the unlink and lose the commit.
+        self._sync_wal()
+        self.segments.remove([*empty, *moved])
+        self.segments.open_all(release=self._idle())  # this store's descriptors of them close
+        return sum(sizes[seg] - live.get(seg, 0) for seg in (*empty, *moved))
+
+    def _sync_wal(self) -> None:
+        """Make every commit so far durable (fsync the WAL; a checkpoint's pages are synced
+        by SQLite itself)."""
+        with contextlib.suppress(FileNotFoundError):
+            fd = os.open(self.path + "-wal", os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def drop_damaged_vectors(self) -> int:
+        """Delete cached arrays whose segment bytes are missing, short or fail their CRC, so
+        the next encode makes them again; returns how many. Reads every segment array once
+        (what a rebuild of the multi-vector index reads anyway)."""
+        if self.segments is None:
+            return 0
+        self.segments.open_all(release=self._idle())
+        rows = self._exec(
+            f"SELECT id, {self.ARRAY_BYTES}, seg, off, crc FROM vectors WHERE seg IS NOT NULL ORDER BY seg, off"
+        )
+        bad = []
+        for vid, size, seg, off, crc in rows:  # streamed: one array in memory at a time
+            try:
+                self.segments.read(seg, off, size, crc)
+            except SegmentError:
+                bad.append(vid)
+        if not bad:
+            return 0
+        with self.transaction():
+            for part in chunked(bad):
+                self._exec(f"DELETE FROM vectors WHERE id IN ({','.join('?' * len(part))})", part)
+        return len(bad)
+
+
+class VectorCache(SegmentArrays):
     """The vectors cache of one store (`codesearch.store.Store` is one)."""
 
     def model_identity(self, kind: str) -> str | None:
@@ -121,7 +231,11 @@ class VectorCache(Connection):
         Arrays of :data:`SEGMENT_KINDS` go to the segment files of an on-disk store, the
         others into their rows; a caller sees no difference.
         """
-        encoded = [(text_hash, *encode_array(array)) for text_hash, array in items]
+        return self.put_encoded(model, kind, [(text_hash, *encode_array(array)) for text_hash, array in items])
+
+    def put_encoded(self, model: str, kind: str, encoded: Sequence[tuple[str, int, int, bytes]]) -> int:
+        """Cache ``(text hash, n, dim, float16 bytes)`` arrays as :func:`encode_array` makes
+        them (copied from the user's vector cache without a cast); returns how many."""
         if not encoded:
             return 0
         with self.transaction():  # segment appends happen under the store's write lock
@@ -202,17 +316,6 @@ class VectorCache(Connection):
                 yield (np.asarray([r[0] for r in rows], dtype=np.int64), [self._array(*r[1:]) for r in rows])
         finally:
             self._cursors -= 1
-
-    def begin_read(self) -> None:
-        """Open a read transaction that holds its snapshot until it ends (a pinned
-        searcher's): segments are opened first, so the snapshot's stay readable."""
-        if self.segments is not None:
-            self.segments.open_all(release=self._idle())
-        self._exec("BEGIN")
-
-    def _idle(self) -> bool:
-        """No read of this store holds a snapshot (so no unlinked segment is needed)."""
-        return not self.conn.in_transaction and self._cursors == 0
 
     def _vector_rows(self, sql: str, params: Sequence[object], kind: str) -> sqlite3.Cursor:
         """Run a vector read (``{cols}`` in ``sql`` the columns :meth:`_array` takes, table
@@ -311,85 +414,3 @@ class VectorCache(Connection):
                 ).rowcount
         self.compact_segments()
         return dropped
-
-    def compact_segments(self) -> int:
-        """Reclaim segment space no row refers to; returns the bytes freed.
-
-        A segment with no live array is unlinked. One more than half dead has its live
-        arrays copied to a new segment (the rows move in one transaction), then is
-        unlinked. So dead space stays below about half the folder, and each byte is copied
-        a bounded number of times. Only a writer calls this (under the index lock); readers
-        that opened a segment before it goes keep reading it.
-        """
-        if self.segments is None or self.readonly or self._depth:
-            return 0
-        sizes = self.segments.sizes()
-        if not sizes:
-            return 0
-        live = dict(
-            self._exec("SELECT seg, sum(n * dim * 2) FROM vectors WHERE seg IS NOT NULL GROUP BY seg").fetchall()
-        )
-        sparse = [seg for seg, size in sizes.items() if 0 < live.get(seg, 0) and 2 * live[seg] < size]
-        # (An empty file at the top is the one a compaction started and nothing used yet.)
-        empty = [seg for seg, size in sizes.items() if not live.get(seg) and (size or seg != max(sizes))]
-        if not sparse and not empty:
-            return 0
-        if sparse or max(sizes) in empty:
-            # Copies go to a segment of their own, numbered above every other: the highest
-            # number always stays on disk, so no number is reused while the folder exists.
-            self.segments.rotate()
-        moved = []
-        for seg in sparse:
-            try:
-                with self.transaction():
-                    rows = self._exec(
-                        "SELECT id, n, dim, off, crc FROM vectors WHERE seg = ? ORDER BY off", (seg,)
-                    ).fetchall()
-                    for part in chunked(rows, 256):
-                        blobs = [self.segments.read(seg, off, n * dim * 2, crc) for _, n, dim, off, crc in part]
-                        places = self.segments.append(blobs)
-                        self.conn.executemany(
-                            "UPDATE vectors SET seg = ?, off = ? WHERE id = ?",
-                            [(s, o, r[0]) for r, (s, o, _) in zip(part, places, strict=True)],
-                        )
-            except SegmentError:
-                continue  # damaged: left for drop_damaged_vectors (a rebuild) to find
-            moved.append(seg)
-        # The commits that emptied these segments must be on disk before the files go:
-        # with synchronous=NORMAL a commit is durable only once the WAL is synced, and a
-        # power loss would otherwise keep the unlink and lose the commit.
-        self._sync_wal()
-        self.segments.remove([*empty, *moved])
-        self.segments.open_all(release=self._idle())  # this store's descriptors of them close
-        return sum(sizes[seg] - live.get(seg, 0) for seg in (*empty, *moved))
-
-    def _sync_wal(self) -> None:
-        """Make every commit so far durable (fsync the WAL; a checkpoint's pages are synced
-        by SQLite itself)."""
-        with contextlib.suppress(FileNotFoundError):
-            fd = os.open(self.path + "-wal", os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
-    def drop_damaged_vectors(self) -> int:
-        """Delete cached arrays whose segment bytes are missing, short or fail their CRC, so
-        the next encode makes them again; returns how many. Reads every segment array once
-        (what a rebuild of the multi-vector index reads anyway)."""
-        if self.segments is None:
-            return 0
-        self.segments.open_all(release=self._idle())
-        rows = self._exec("SELECT id, n, dim, seg, off, crc FROM vectors WHERE seg IS NOT NULL ORDER BY seg, off")
-        bad = []
-        for vid, n, dim, seg, off, crc in rows:  # streamed: one array in memory at a time
-            try:
-                self.segments.read(seg, off, n * dim * 2, crc)
-            except SegmentError:
-                bad.append(vid)
-        if not bad:
-            return 0
-        with self.transaction():
-            for part in chunked(bad):
-                self._exec(f"DELETE FROM vectors WHERE id IN ({','.join('?' * len(part))})", part)
-        return len(bad)

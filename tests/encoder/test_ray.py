@@ -233,6 +233,9 @@ def test_worker_killed_mid_run_is_retried_and_nothing_is_lost(
     pool, local_index, tmp_path, monkeypatch, single_vector_dir, colbert_dir
 ):
     monkeypatch.setattr(encode, "ENCODE_BATCH", 2)  # many batches, so the kill lands mid-run
+    # Both runs encode every text: the reference's would otherwise reach the Ray run through
+    # the user's vector cache, and no worker would have work to be killed in.
+    monkeypatch.setenv("CODESEARCH_CACHE_SIZE", "0")
     # The reference is a local run with the same batches: the encoder's last float bits
     # depend on which texts share a forward pass (up to 1e-4 on a tiny random model).
     _index(local_index[0], tmp_path / "local", single_vector_dir, colbert_dir)
@@ -352,6 +355,7 @@ def test_a_lost_head_ends_the_run_in_one_line_and_the_next_run_resumes(
 
     repo = local_index[0]
     monkeypatch.setattr(encode, "ENCODE_BATCH", 1)
+    monkeypatch.setenv("CODESEARCH_CACHE_SIZE", "0")  # each run encodes (no user vector cache between them)
     full, _ = _index(repo, tmp_path / "local", single_vector_dir, colbert_dir)  # the reference
     done = subprocess.run(
         [sys.executable, "-c", _LOSE_THE_HEAD, "index", str(repo), "--index-dir", str(tmp_path / "index"),

@@ -582,10 +582,12 @@ def test_the_summary_says_how_long_each_stage_took(repo):
     assert all(v >= 0 for v in summary.stage_seconds.values())
 
 
-def test_a_damaged_vectors_segment_asks_for_a_rebuild_which_reencodes_only_that_text(model_repo, counting):
+def test_a_damaged_vectors_segment_asks_for_a_rebuild_which_reencodes_only_that_text(model_repo, counting, monkeypatch):
     """The ColBERT arrays live in segment files beside the store. A damaged one is an error
     that names --rebuild; the rebuild drops the arrays that fail their checksum and encodes
-    just those texts again (the rest come from the cache)."""
+    just those texts again (the rest come from the cache). (With the user's vector cache on,
+    that text comes from there: tests/indexing/test_vector_cache.py.)"""
+    monkeypatch.setenv("CODESEARCH_CACHE_SIZE", "0")
     build_index(model_repo, encoders=counting)
     idir = pipeline.default_index_dir(model_repo)
     with _store(model_repo) as s:
