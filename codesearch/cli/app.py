@@ -102,6 +102,10 @@ def _parse_size(value: str) -> int:
     return size
 
 
+#: The daemon itself is used before this app runs (`codesearch.cli.lean`); the option is
+#: declared here so that help shows it and the app accepts it.
+NO_DAEMON_HELP = "Work in this process; neither use nor start the per-user daemon (also: CODESEARCH_NO_DAEMON=1)."
+
 PathArg = Annotated[Path, typer.Argument(help="Repository folder.", show_default=True)]
 IndexDirOpt = Annotated[
     Path | None,
@@ -154,6 +158,7 @@ def index(
         str | None,
         typer.Option("--ray-address", metavar="ADDRESS", help="Embed on the Ray cluster at ADDRESS (implies --ray)."),
     ] = None,
+    no_daemon: Annotated[bool, typer.Option("--no-daemon", help=NO_DAEMON_HELP)] = False,
 ) -> None:
     """Index a repository (incremental: unchanged files cost a stat)."""
     size = _parse_size(max_file_size)
@@ -240,6 +245,7 @@ def query_command(
         ),
     ] = False,
     index_dir: IndexDirOpt = None,
+    no_daemon: Annotated[bool, typer.Option("--no-daemon", help=NO_DAEMON_HELP)] = False,
 ) -> None:
     """Search a repository (indexing it first, lexical only, if it has no index yet)."""
     if json_out and jsonl_out:
@@ -368,6 +374,9 @@ _register_serve(app)
 from codesearch.cli.agents import register as _register_agents  # noqa: E402
 
 _register_agents(app)
+from codesearch.cli.daemon import register as _register_daemon  # noqa: E402
+
+_register_daemon(app)
 
 
 def run() -> None:
