@@ -37,7 +37,7 @@ def run(argv: list[str]) -> int | None:
     if not argv:
         return None
     try:
-        handler = {"query": _query, "index": _index}.get(argv[0])
+        handler = {"query": _query, "index": _index, "serve": _serve}.get(argv[0])
         return None if handler is None else handler(argv[1:])
     except KeyboardInterrupt:
         lead = "\n" if sys.stderr.isatty() else ""
