@@ -7,6 +7,7 @@ what it fully understands:
 - ``query`` (every option): sent to the per-user daemon (started when the query needs a
   model and none runs), printed as the Typer path prints it (rich only on a terminal);
 - ``index`` when nothing changed: a stat-only check against the store (no model, no torch);
+  with work to do and a daemon running, the daemon's run (it is the root's one writer);
 - ``serve ... --mcp stdio``: the thin client of the daemon (`codesearch.server.mcp_proxy`).
 
 Anything else, any doubt (an option spelled in a way this parser does not take, a folder
@@ -22,10 +23,6 @@ import json
 import os
 import sys
 from pathlib import Path
-
-#: Set when the lean ``index`` path has checked that a run is needed (the Typer path then
-#: does not walk the files a second time).
-checked_index: dict[str, bool] = {}
 
 _MODES = ("hybrid", "lexical", "dense", "colbert")
 _DEVICES = ("auto", "cpu", "cuda")
@@ -330,13 +327,74 @@ def _index(argv: list[str]) -> int | None:
         exclude=tuple(opts.get("exclude") or ()), max_file_bytes=size,
     )
     if summary is None:
-        checked_index["needed"] = True
-        return None
+        return _index_in_daemon(Path(positional[0] if positional else "."), opts, size, device)
     if not opts.get("quiet"):
         from codesearch.cli import render
 
         render.index_summary(summary)
     return 0
+
+
+INDEX_POLL_S = 0.1
+
+
+def _index_in_daemon(path: Path, opts: dict[str, object], size: int, device: str) -> int | None:
+    """An index run with work to do, made by the daemon when one runs (with its models
+    loaded, and as the one writer of the root: a run here would contend with its watcher for
+    the index lock). None: no daemon runs, or a first index (it shows its progress here)."""
+    from codesearch.server import daemon_client
+
+    if daemon_client.policy(bool(opts.get("no_daemon"))) == daemon_client.OFF or not path.is_dir():
+        return None
+    if opts.get("model") is not None or opts.get("multi_model") is not None:
+        return None  # a one-off model choice: the daemon keeps serving the root with its own
+    root = path.resolve()
+    index_dir = Path(str(opts["index_dir"])).expanduser().resolve() if opts.get("index_dir") else None
+    if not ((index_dir or root / ".codesearch") / "store.sqlite").is_file():
+        return None
+    info = daemon_client.find()
+    if info is None:
+        return None
+    options: dict[str, object] = {"device": device, "include": list(opts.get("include") or ()),  # type: ignore[call-overload]
+                                  "exclude": list(opts.get("exclude") or ()),  # type: ignore[call-overload]
+                                  "index_dir": str(index_dir) if index_dir else None, "max_file_bytes": size}
+    try:
+        status, doc = daemon_client.call(info, "POST", "/daemon/index", {"root": str(root), "options": options})
+        if status != 200:
+            return None  # the Typer path runs it here and words any error itself
+        target = int(doc["target_runs"])
+        while True:
+            status, doc = daemon_client.call(info, "GET", f"/daemon/run?root={_quote(str(root))}")
+            state = doc.get("indexing") or {}
+            if status != 200 or state.get("runs", 0) >= target:
+                break
+            import time
+
+            time.sleep(INDEX_POLL_S)
+    except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError):
+        return None
+    if status != 200:
+        return None
+    if state.get("last_error"):
+        from codesearch.pathnames import escape_controls
+
+        sys.stderr.write(f"Error: {escape_controls(state['last_error'])}\n")
+        return 1
+    from codesearch.cli import render
+    from codesearch.types import IndexSummary
+
+    summary = IndexSummary(**state["last_summary"])
+    if opts.get("quiet"):
+        render.notices(summary.notices)
+    else:
+        render.index_summary(summary)
+    return 0
+
+
+def _quote(text: str) -> str:
+    from urllib.parse import quote
+
+    return quote(text, safe="")
 
 
 # -- serve --mcp stdio ------------------------------------------------------------------------

@@ -232,3 +232,23 @@ def test_an_idle_daemon_exits_by_itself_and_removes_its_file(runtime):
     assert _wait_gone(info.pid, timeout=60.0)
     assert not (runtime / "daemon.json").exists()
     assert "idle for" in (runtime / "daemon.log").read_text()
+
+
+def test_an_index_run_with_work_goes_to_the_running_daemon(tmp_path, single_vector_dir, runtime):
+    from codesearch.api import CodeSearch
+
+    root = write_sample_repo(tmp_path / "own")
+    with CodeSearch(root, model=str(single_vector_dir), multi_model=None) as cs:
+        cs.index()
+    env = daemon_env(runtime, CODESEARCH_DAEMON_IDLE="600")
+    _query(root, env)  # starts the daemon, which now serves the root
+    (root / "later.py").write_text("def brand_new_helper(x):\n    return x + 1\n")
+    done = run_cli(["index", str(root)], {**env, "PYTHONPROFILEIMPORTTIME": "1"})
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert "torch" not in imported  # the daemon's model did the work
+    assert "files unchanged" in done.stderr
+    status = json.loads(run_cli(["daemon", "status", "--json"], env).stdout)
+    (served,) = status["roots"]
+    assert served["runs"] >= 1 and served["last_error"] is None
+    found = run_cli(["query", "brand_new_helper", "-p", str(root), "--json", "--no-refresh"], env)
+    assert _hits(found)[0][0] == "later.py"
