@@ -40,6 +40,8 @@ def run(argv: list[str]) -> int | None:
         lead = "\n" if sys.stderr.isatty() else ""
         sys.stderr.write(f"{lead}Interrupted (the index is intact; run the command again to resume)\n")
         return 130
+    except ImportError:
+        return None  # a platform without fcntl (the daemon's locks): the app does it all here
     except BrokenPipeError:
         # `codesearch query ... | head -1`: the reader is gone; say nothing more.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
