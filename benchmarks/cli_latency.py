@@ -5,7 +5,8 @@ p50/p90/max wall seconds (and whether torch was imported, read from ``-X importt
 
 * ``query-lexical``: ``codesearch query ... --mode lexical`` on an index with vectors;
 * ``query-hybrid``: ``codesearch query ...`` (hybrid) on the same index: the query needs
-  the model that embedded it;
+  the model that embedded it (where the per-user daemon exists, the warm daemon answers;
+  ``--no-daemon`` and a cold start, the daemon stopped before each run, are rows of their own);
 * ``index-noop``: ``codesearch index`` when nothing changed, on a lexical-only index of
   ``--noop-files`` files and on the index with vectors;
 * ``query-via-serve``: the hybrid query again while ``codesearch serve`` runs for the
@@ -63,11 +64,14 @@ def stdlib_repo(dest: Path, n: int) -> Path:
     return dest
 
 
-def timed(argv: list[str], env: dict[str, str], runs: int) -> dict:
-    """Wall seconds of ``runs`` fresh processes (after one warm-up), and whether torch loaded."""
+def timed(argv: list[str], env: dict[str, str], runs: int, before=None) -> dict:
+    """Wall seconds of ``runs`` fresh processes (after one warm-up), and whether torch loaded;
+    ``before()`` runs ahead of each, untimed."""
     walls: list[float] = []
     torch = False
     for i in range(runs + 1):
+        if before is not None:
+            before()
         t0 = time.perf_counter()
         done = subprocess.run(argv, check=False, env={**env, "PYTHONPROFILEIMPORTTIME": "1"}, capture_output=True,
                               text=True,
@@ -101,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
            "CODESEARCH_RUNTIME_DIR": str(work / "run")}
     env.pop("CODESEARCH_TOKEN", None)
     exe = _exe()
+    # Whether this codesearch has the per-user daemon (issue 25): the "before" runs had none.
+    daemon = subprocess.run([*exe, "daemon", "--help"], env=env, capture_output=True).returncode == 0
     model = args.model or _minilm()
     rows: dict[str, dict] = {}
     serve = None
@@ -113,7 +119,14 @@ def main(argv: list[str] | None = None) -> int:
                        check=True, capture_output=True)
         q = [*exe, "query", args.query, "-p", str(repo), "-k", "5", "--no-snippet"]
         rows["query-lexical"] = timed([*q, "--mode", "lexical"], env, args.runs)
-        rows["query-hybrid"] = timed(q, env, args.runs)
+        rows["query-hybrid"] = timed(q, env, args.runs)  # the daemon's, warm, where there is one
+        if daemon:
+            rows["query-hybrid --no-daemon"] = timed([*q, "--no-daemon"], env, args.runs)
+
+            def stop_daemon() -> None:
+                subprocess.run([*exe, "daemon", "stop"], check=False, env=env, capture_output=True)
+
+            rows["query-hybrid cold (starts the daemon)"] = timed(q, env, min(args.runs, 3), before=stop_daemon)
         noop_name = f"index-noop ({args.noop_files} files, lexical-only)"
         rows[noop_name] = timed([*exe, "index", str(noop), "-q"], env, args.runs)
         rows["index-noop (query repo, with vectors)"] = timed([*exe, "index", str(repo), "-q"], env, args.runs)

@@ -1,9 +1,35 @@
-"""Shared fixtures: tiny random checkpoints on disk, built once per session."""
+"""Shared fixtures: tiny random checkpoints on disk, built once per session; and the
+per-user daemon kept out of the user's runtime folder."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from fixtures import models
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_daemon_runtime(tmp_path_factory):
+    """Every ``codesearch`` process the tests start works in this process (no daemon:
+    ``CODESEARCH_NO_DAEMON=1``) unless a test asks for one, and any daemon a test starts
+    lives in a private runtime folder, never the user's; whatever runs there at the end is
+    stopped (``.ci/run`` fails on a codesearch process left behind)."""
+    folder = tmp_path_factory.mktemp("runtime")
+    saved = {k: os.environ.get(k) for k in ("CODESEARCH_RUNTIME_DIR", "CODESEARCH_NO_DAEMON")}
+    os.environ["CODESEARCH_RUNTIME_DIR"] = str(folder)
+    os.environ["CODESEARCH_NO_DAEMON"] = "1"
+    try:
+        yield folder
+    finally:
+        from codesearch.server import daemon_client
+
+        daemon_client.stop(folder)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 @pytest.fixture(scope="session")

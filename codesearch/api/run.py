@@ -4,6 +4,7 @@ repository is searchable), the Ray wrapping, and the errors a user can do someth
 from __future__ import annotations
 
 import dataclasses
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -11,8 +12,9 @@ from typing import TYPE_CHECKING
 from codesearch.api.models import ModelArgs, Models
 from codesearch.api.refresh import Walk
 from codesearch.encoder.base import Encoders
-from codesearch.errors import IndexWriteError
+from codesearch.errors import CodeSearchError, IndexWriteError
 from codesearch.indexing.run import build_index
+from codesearch.indexing.unchanged import ONCE_PER_INDEX, SAID_KEY
 from codesearch.types import DEFAULT, STORE_FILE, IndexSummary, ProgressEvent
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -98,4 +100,27 @@ def run_index(
         ) from exc
     if notices:
         summary = dataclasses.replace(summary, notices=[*notices, *summary.notices])
-    return summary
+    return dataclasses.replace(summary, notices=said_once(index_dir, summary.notices))
+
+
+def said_once(index_dir: Path, notices: list[str]) -> list[str]:
+    """``notices`` less those about the default models this index has said already (each is
+    said once per index, not on every run: an offline machine hears it at its first index);
+    the new ones are recorded. A store that cannot record them says them again next time."""
+    once = [n for n in notices if n.startswith(ONCE_PER_INDEX)]
+    if not once:
+        return notices
+    import json
+
+    from codesearch.store import Store
+
+    try:
+        with Store(index_dir / STORE_FILE) as store:
+            said = set(json.loads(store.get_meta(SAID_KEY) or "[]"))
+            fresh = [n for n in once if n not in said]
+            if fresh:
+                with store.transaction():
+                    store.set_meta(SAID_KEY, json.dumps(sorted(said | set(fresh))))
+    except (CodeSearchError, OSError, ValueError, sqlite3.Error):
+        return notices
+    return [n for n in notices if n not in once or n in fresh]

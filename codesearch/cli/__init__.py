@@ -2,7 +2,11 @@
 
 
 def main() -> None:
-    """Entry point of the `codesearch` console script."""
+    """Entry point of the `codesearch` console script.
+
+    A query for the warm daemon, a no-op ``index`` and ``serve --mcp stdio`` are answered by
+    `codesearch.cli.lean` before typer and rich are imported; everything else by the app.
+    """
     import contextlib
     import os
     import sys
@@ -11,9 +15,16 @@ def main() -> None:
 
     interrupts.install()  # before the imports below: Ctrl-C while they run is one line too
     try:
-        from codesearch.cli.app import run
+        from codesearch.cli.lean import run as lean
 
-        run()
+        status = lean(sys.argv[1:])
+        if status is not None and not interrupts.signalled():
+            sys.stdout.flush()
+            raise SystemExit(status)
+        if status is None:
+            from codesearch.cli.app import run
+
+            run()
     except KeyboardInterrupt:  # before the app's own handler runs (while importing it)
         pass
     except SystemExit:

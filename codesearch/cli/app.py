@@ -125,6 +125,10 @@ def _parse_size(value: str) -> int:
     return size
 
 
+#: The daemon itself is used before this app runs (`codesearch.cli.lean`); the option is
+#: declared here so that help shows it and the app accepts it.
+NO_DAEMON_HELP = "Work in this process; neither use nor start the per-user daemon (also: CODESEARCH_NO_DAEMON=1)."
+
 PathArg = Annotated[Path, typer.Argument(help="Repository folder.", show_default=True)]
 IndexDirOpt = Annotated[
     Path | None,
@@ -182,6 +186,7 @@ def index(
         typer.Option("--from", metavar="FILE", help="Start from an index written by 'codesearch export' "
                      "(as 'codesearch import'; --rebuild replaces an index already there)."),
     ] = None,
+    no_daemon: Annotated[bool, typer.Option("--no-daemon", help=NO_DAEMON_HELP)] = False,
 ) -> None:
     """Index a repository (incremental: unchanged files cost a stat)."""
     size = _parse_size(max_file_size)
@@ -282,6 +287,7 @@ def query_command(
         ),
     ] = False,
     index_dir: IndexDirOpt = None,
+    no_daemon: Annotated[bool, typer.Option("--no-daemon", help=NO_DAEMON_HELP)] = False,
 ) -> None:
     """Search a repository (indexing it first, lexical only, if it has no index yet)."""
     if json_out and jsonl_out:
@@ -417,6 +423,9 @@ _register_export(app)
 from codesearch.cli.cache import register as _register_cache  # noqa: E402
 
 _register_cache(app, _Group)
+from codesearch.cli.daemon import register as _register_daemon  # noqa: E402
+
+_register_daemon(app)
 
 
 def run() -> None:

@@ -135,6 +135,12 @@ class LiveSearcher:
         with self._lock:
             return self._current is not None
 
+    @property
+    def generation(self) -> int | None:
+        """The store generation the current searcher opened; None when none is open."""
+        with self._lock:
+            return None if self._current is None else self._current.searcher.generation
+
     # -- replacing generations ----------------------------------------------------------------
 
     def swap(self, *, warm: bool = True) -> None:

@@ -259,6 +259,11 @@ class Searcher:
         with self._lock:
             self._encoders = encoders
 
+    @property
+    def generation(self) -> int:
+        """The store generation this searcher opened (and, pinned, holds)."""
+        return self._generation
+
     def is_current(self) -> bool:
         """Whether the store is still at the generation this searcher opened (one meta read;
         always true for a pinned searcher, whose read transaction keeps its snapshot)."""

@@ -80,6 +80,14 @@ def serve(
             "--query-batching/--no-query-batching", help="Encode concurrent queries in shared forward passes."
         ),
     ] = True,
+    no_daemon: Annotated[
+        bool,
+        typer.Option(
+            "--no-daemon",
+            help="With --mcp stdio: serve in this process instead of relaying to the per-user daemon "
+            "(also: CODESEARCH_NO_DAEMON=1).",
+        ),
+    ] = False,
 ) -> None:
     """Serve indexed repositories over HTTP (JSON API + MCP at /mcp) or MCP over stdio."""
     from codesearch.server.repos import RepoOptions

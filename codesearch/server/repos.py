@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING
 from codesearch.api import DEFAULT, CodeSearch, EncoderPool
 from codesearch.api.snapshot import with_notices
 from codesearch.errors import CodeSearchError, IndexLockedError, NotIndexedError, PathError
-from codesearch.types import JSONDict, Mode, ProgressEvent, SearchRequest, SearchResult
+from codesearch.store import Store
+from codesearch.types import STORE_FILE, JSONDict, Mode, ProgressEvent, SearchRequest, SearchResult
 
 if TYPE_CHECKING:  # pragma: no cover
     from codesearch.server.watch import RepoWatcher
@@ -87,8 +88,9 @@ class RepoOptions:
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     index_dir: Path | None = None
+    max_file_bytes: int = 1_000_000
 
-    def kwargs(self) -> dict[str, str | Path | tuple[str, ...] | None]:
+    def kwargs(self) -> dict[str, str | Path | tuple[str, ...] | int | None]:
         return {
             "index_dir": self.index_dir,
             "model": self.model,
@@ -96,6 +98,7 @@ class RepoOptions:
             "device": self.device,
             "include": self.include,
             "exclude": self.exclude,
+            "max_file_bytes": self.max_file_bytes,
         }
 
 
@@ -168,6 +171,7 @@ class ServedRepo:
         # and the second run finds the models the first one loaded.
         self._run_lock = run_lock if run_lock is not None else threading.Lock()
         self._cond = threading.Condition()
+        self._swap_lock = threading.Lock()
         self._requested = False
         self._rebuild = False
         self._stopping = False
@@ -283,9 +287,14 @@ class ServedRepo:
         )
 
     def _swap_reader(self) -> None:
-        """Open the generation committed now, warm it, and make it the one searches use."""
-        self._live.swap()
-        self.run_state.generation += 1
+        """Open the generation committed now, warm it, and make it the one searches use.
+
+        One swap at a time per root: of two swaps (a run's, and `catch_up`'s), the second
+        opens a generation at least as new as the first, so an older one is never installed
+        last."""
+        with self._swap_lock:
+            self._live.swap()
+            self.run_state.generation += 1
 
     # -- indexing ----------------------------------------------------------------------
 
@@ -302,6 +311,43 @@ class ServedRepo:
                 self.run_state.state = "queued"
             self._cond.notify_all()
             return dataclasses.replace(self.run_state)
+
+    def schedule(self, rebuild: bool = False) -> int:
+        """`request_index`, returning the count of finished runs (``run_state.runs``) at which
+        the run that covers this request has finished: the next one, or the one after the
+        run going now (it may have walked the files before the change this asks for)."""
+        with self._cond:
+            target = self.run_state.runs + (2 if self.run_state.state == "running" else 1)
+            self.request_index(rebuild)
+            return target
+
+    def wait_runs(self, target: int, timeout: float) -> bool:
+        """Block until ``run_state.runs >= target`` (see `schedule`); False after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self.run_state.runs < target:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
+
+    def catch_up(self) -> bool:
+        """Move searches to a generation another process committed (a ``codesearch index
+        --no-daemon``, a script): the pinned searcher would not see it. Only between runs of
+        this root; True when it swapped."""
+        if self.run_state.state != "idle" or not self.indexed:
+            return False
+        pinned = self._live.generation
+        try:
+            with Store(self.index_dir / STORE_FILE, readonly=True) as store:
+                committed = store.generation
+        except CodeSearchError:
+            return False
+        if pinned is not None and committed == pinned:
+            return False
+        self._swap_reader()
+        return True
 
     def wait_idle(self, timeout: float) -> bool:
         """Block until no run is running or queued (tests and benchmarks)."""
@@ -436,6 +482,16 @@ class RepoSet:
             for repo in self.repos:
                 repo.close()
             raise
+
+    @classmethod
+    def of(cls, repos: list[ServedRepo], encoder_pool: EncoderPool) -> RepoSet:
+        """A set over roots served elsewhere (the daemon's: each request's view of the roots
+        it is about). ``repos`` is used as it is, not copied: the daemon's set of every root
+        grows as roots are added. Closing it closes them."""
+        view = cls.__new__(cls)
+        view.repos = repos
+        view.encoder_pool = encoder_pool
+        return view
 
     @property
     def roots(self) -> list[str]:

@@ -162,13 +162,16 @@ class Service:
         The roots being served.
     limits:
         Thread pool size, queue bound and timeout for searches.
+    pool:
+        Run searches on this pool, shared with other services (the daemon's views of its
+        roots); default a pool of ``limits.workers`` threads of its own.
     """
 
-    def __init__(self, repos: RepoSet, limits: Limits = Limits()):
+    def __init__(self, repos: RepoSet, limits: Limits = Limits(), *, pool: DaemonPool | None = None):
         self.repos = repos
         self.limits = limits
         self.started_at = time.time()
-        self._pool = DaemonPool(limits.workers, "codesearch-search")
+        self._pool = pool if pool is not None else DaemonPool(limits.workers, "codesearch-search")
         self._pending = 0  # searches running or waiting
         self._pending_lock = threading.Lock()
 

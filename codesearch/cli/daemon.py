@@ -1,0 +1,131 @@
+"""``codesearch daemon start | status | stop | logs``: the per-user daemon, by hand.
+
+The CLI starts the daemon by itself when a command needs a model (`codesearch.cli.lean`);
+these commands show what it serves and stop it. They speak to the daemon of the runtime
+folder (`codesearch.server.runtime_dir`), ``$CODESEARCH_RUNTIME_DIR`` first.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from typing import Annotated
+
+import typer
+
+from codesearch.errors import ServerError
+
+daemon_app = typer.Typer(
+    rich_markup_mode=None,
+    help="The per-user daemon that keeps models loaded for every CLI call and agent session.",
+    epilog="Example: codesearch daemon status",
+    no_args_is_help=True,
+)
+
+
+def _mib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**20:.0f} MiB"
+
+
+@daemon_app.command("status", epilog="Example: codesearch daemon status --json")
+def status(json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False) -> None:
+    """Which repositories the daemon serves, its models, memory and the run state of each root."""
+    from codesearch.server import daemon_client
+    from codesearch.server.runtime_dir import runtime_dir
+
+    folder = runtime_dir()
+    info = daemon_client.find_any(folder)
+    if info is None:
+        if json_out:
+            typer.echo(json.dumps({"running": False, "runtime_dir": str(folder)}))
+        else:
+            typer.echo(f"no codesearch daemon runs (runtime folder {folder})")
+        return
+    if not daemon_client.compatible(info):
+        raise ServerError(f"the daemon (pid {info.pid}) is codesearch {info.version}, protocol {info.protocol}; "
+                          "this is another version (run 'codesearch daemon stop'; the next command starts a new one)")
+    try:
+        code, doc = daemon_client.call(info, "GET", "/daemon/info", timeout=10.0)
+    except (OSError, ValueError) as exc:
+        raise ServerError(f"the daemon (pid {info.pid}) did not answer: {exc} "
+                          "(see 'codesearch daemon logs'; 'codesearch daemon stop' ends it)") from None
+    if code != 200:
+        raise ServerError(f"the daemon (pid {info.pid}) answered {code}: {doc.get('detail', '')} "
+                          "(see 'codesearch daemon logs')")
+    if json_out:
+        typer.echo(json.dumps({"running": True, "runtime_dir": str(folder), **doc}, indent=2))
+        return
+    from codesearch.pathnames import escape_controls
+
+    typer.echo(f"codesearch daemon {doc['version']} (pid {doc['pid']}) at {info.url}, up {doc['uptime_s']:.0f}s, "
+               f"idle {doc['idle_s']:.0f}s of {doc['idle_timeout_s']:.0f}s, memory {_mib(doc.get('rss_bytes'))}")
+    models = doc.get("models") or []
+    typer.echo("models: " + (", ".join(escape_controls(m["name"]) for m in models) if models else "none loaded"))
+    roots = doc.get("roots") or []
+    typer.echo(f"roots: {len(roots)}" + ("" if roots else " (none yet)"))
+    for r in roots:
+        state = r["state"] + (f" ({r['progress']})" if r.get("progress") and r["state"] != "idle" else "")
+        error = f"; last error: {escape_controls(r['last_error'])}" if r.get("last_error") else ""
+        typer.echo(f"  {escape_controls(r['root'])}: {state}, {r['runs']} run(s), "
+                   f"{'watching' if r['watching'] else 'not watching'}{error}")
+    sessions = doc.get("sessions") or []
+    if sessions:
+        typer.echo(f"agent sessions: {len(sessions)}")
+
+
+@daemon_app.command("stop", epilog="Example: codesearch daemon stop")
+def stop() -> None:
+    """Stop the daemon (it finishes what it writes first)."""
+    from codesearch.server import daemon_client
+
+    info = daemon_client.stop()
+    if info is None:
+        typer.echo("no codesearch daemon was running", err=True)
+    else:
+        typer.echo(f"stopped the codesearch daemon (pid {info.pid})", err=True)
+
+
+@daemon_app.command("start", epilog="Example: codesearch daemon start --idle-timeout 1h")
+def start(
+    idle_timeout: Annotated[
+        str | None,
+        typer.Option("--idle-timeout", help="Exit after this long without work: 1200, 90s, 20m, 1h; 0 never "
+                     "(default: CODESEARCH_DAEMON_IDLE, else 20m)."),
+    ] = None,
+) -> None:
+    """Start the daemon now (commands start it by themselves when they need a model)."""
+    from codesearch.server import daemon_client
+
+    idle = None
+    if idle_timeout is not None:
+        try:
+            idle = daemon_client.parse_seconds(idle_timeout)
+        except ValueError:
+            raise typer.BadParameter(f"{idle_timeout!r} is not a time (use 1200, 90s, 20m or 1h)") from None
+    running = daemon_client.find()
+    if running is not None:
+        typer.echo(f"the codesearch daemon runs already (pid {running.pid})", err=True)
+        return
+    daemon_client.ensure(start=True, say=lambda line: typer.echo(line, err=True), idle_s=idle)
+
+
+@daemon_app.command("logs", epilog="Example: codesearch daemon logs -n 20")
+def logs(
+    lines: Annotated[int, typer.Option("--lines", "-n", min=1, help="How many of the last lines.")] = 50,
+) -> None:
+    """The last lines of the daemon's log (model loads, roots added, runs, errors)."""
+    from codesearch.server.runtime_dir import LOG_NAME, runtime_dir
+
+    path = runtime_dir() / LOG_NAME
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            tail = deque(fh, maxlen=lines)
+    except FileNotFoundError:
+        typer.echo(f"no daemon log yet ({path})", err=True)
+        return
+    typer.echo("".join(tail), nl=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``daemon`` command group to ``app``."""
+    app.add_typer(daemon_app, name="daemon")

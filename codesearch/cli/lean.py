@@ -1,0 +1,457 @@
+"""The commands the CLI answers before importing typer, rich, numpy or torch.
+
+``codesearch --help`` costs about 0.4 s in imports; a query to the warm daemon costs a few
+milliseconds. So `run` looks at the arguments first and answers, with the standard library,
+what it fully understands:
+
+- ``query`` (every option): sent to the per-user daemon (started when the query needs a
+  model and none runs), printed as the Typer path prints it (rich only on a terminal);
+- ``index`` when nothing changed: a stat-only check against the store (no model, no torch);
+  with work to do and a daemon running, the daemon's run (it is the root's one writer);
+- ``serve ... --mcp stdio``: the thin client of the daemon (`codesearch.server.mcp_proxy`).
+
+Anything else, any doubt (an option spelled in a way this parser does not take, a folder
+without an index, a daemon that cannot answer) returns None and the Typer app runs the
+command as it always did, in this process. Options are parsed as click parses them: long
+options with ``--name value`` or ``--name=value``, short ones with ``-k 5`` or ``-k5``.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import sys
+from pathlib import Path
+
+_MODES = ("hybrid", "lexical", "dense", "colbert")
+_DEVICES = ("auto", "cpu", "cuda")
+SEARCH_TIMEOUT_S = 120.0  # the daemon's refresh (30 s at most) and search (10 s)
+
+
+def run(argv: list[str]) -> int | None:
+    """Answer ``argv`` (the arguments after ``codesearch``) here; None: leave it to Typer."""
+    if not argv:
+        return None
+    try:
+        handler = {"query": _query, "index": _index, "serve": _serve}.get(argv[0])
+        return None if handler is None else handler(argv[1:])
+    except KeyboardInterrupt:
+        from codesearch.cli import interrupts
+
+        return interrupts.say_and_exit()  # the one line, 130 (143 for SIGTERM)
+    except ImportError:
+        return None  # a platform without fcntl (the daemon's locks): the app does it all here
+    except BrokenPipeError:
+        # `codesearch query ... | head -1`: the reader is gone; say nothing more.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+# -- parsing --------------------------------------------------------------------------------
+
+
+def parse(argv: list[str], flags: dict[str, str], values: dict[str, str],
+          multi: frozenset[str] = frozenset()) -> tuple[dict[str, object], list[str]] | None:
+    """``argv`` -> (options by name, positional arguments); None for anything not understood.
+
+    ``flags`` and ``values`` map each spelling (``--json``, ``-l``) to an option name; a
+    name in ``multi`` collects a list, any other keeps its last value (as click does).
+    """
+    options: dict[str, object] = {}
+    positional: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--" or arg in ("-h", "--help"):
+            return None
+        if arg.startswith("--"):
+            name, eq, value = arg.partition("=")
+            if name in flags and not eq:
+                options[flags[name]] = True
+            elif name in values:
+                if not eq:
+                    i += 1
+                    if i >= len(argv):
+                        return None
+                    value = argv[i]
+                _put(options, values[name], value, multi)
+            else:
+                return None
+        elif arg.startswith("-") and len(arg) > 1:
+            name, rest = arg[:2], arg[2:]
+            if name in flags and not rest:
+                options[flags[name]] = True
+            elif name in values:
+                if not rest:
+                    i += 1
+                    if i >= len(argv):
+                        return None
+                    rest = argv[i]
+                _put(options, values[name], rest, multi)
+            else:
+                return None
+        else:
+            positional.append(arg)
+        i += 1
+    return options, positional
+
+
+def _put(options: dict[str, object], name: str, value: str, multi: frozenset[str]) -> None:
+    if name in multi:
+        options.setdefault(name, [])
+        options[name].append(value)  # type: ignore[union-attr]
+    else:
+        options[name] = value
+
+
+def _int(value: object, minimum: int) -> int | None:
+    try:
+        number = int(str(value))
+    except ValueError:
+        return None
+    return number if number >= minimum else None
+
+
+# -- query ----------------------------------------------------------------------------------
+
+_QUERY_FLAGS = {"--json": "json", "--jsonl": "jsonl", "--files-only": "files_only", "-l": "files_only",
+                "--no-snippet": "no_snippet", "--no-refresh": "no_refresh", "--no-server": "no_server",
+                "--no-daemon": "no_daemon"}
+_QUERY_VALUES = {"--path": "path", "-p": "path", "--top-k": "k", "-k": "k", "--mode": "mode", "--lang": "lang",
+                 "--glob": "glob", "-g": "glob", "--context": "context", "-C": "context", "--max-lines": "max_lines",
+                 "--min-score": "min_score", "--budget": "budget", "--index-dir": "index_dir"}
+
+
+def _query(argv: list[str]) -> int | None:
+    parsed = parse(argv, _QUERY_FLAGS, _QUERY_VALUES, frozenset({"lang", "glob"}))
+    if parsed is None:
+        return None
+    opts, positional = parsed
+    if len(positional) != 1 or (opts.get("json") and opts.get("jsonl")) or opts.get("no_server"):
+        return None
+    request = _search_request(positional[0], opts)
+    if request is None:
+        return None
+    from codesearch.server import daemon_client
+
+    policy = daemon_client.policy(bool(opts.get("no_daemon")))
+    if policy == daemon_client.OFF:
+        return None
+    found = _locate(opts.get("path"), opts.get("index_dir"))
+    if found is None:
+        return None  # no index yet: the Typer path indexes it first, lexically, here
+    root, index_dir = found
+    info = daemon_client.find()
+    if info is None:
+        if policy != daemon_client.START or request["mode"] == "lexical" or not _records_models(index_dir):
+            return None  # needs no model: this process answers without torch
+        try:
+            info = daemon_client.ensure(start=True, say=_notice)
+        except Exception as exc:  # noqa: BLE001 - any failure to start: search here, and say why
+            _notice(f"{exc}; searching in this process")
+            return None
+        if info is None:
+            return None
+    body = {"root": str(root), "index_dir": str(index_dir) if opts.get("index_dir") else None,
+            "refresh": not opts.get("no_refresh"), "request": request}
+    try:
+        status, doc = daemon_client.call(info, "POST", "/daemon/search", body, timeout=SEARCH_TIMEOUT_S)
+    except (OSError, http.client.HTTPException, ValueError):
+        return None
+    if status != 200 or doc.get("schema_version") != 1 or not isinstance(doc.get("results"), list):
+        # The Typer path gives the error its own words and exit status (a bad glob, ...).
+        return None
+    _print_result(doc, root, as_json=bool(opts.get("json")), as_jsonl=bool(opts.get("jsonl")),
+                  files_only=bool(opts.get("files_only")))
+    return 0
+
+
+def _search_request(query: str, opts: dict[str, object]) -> dict[str, object] | None:
+    """The ``POST /search`` body of the options; None when one is out of range (Typer then
+    gives the usage error)."""
+    k = _int(opts.get("k", 10), 1)
+    context = _int(opts.get("context", 0), 0)
+    max_lines = None if opts.get("max_lines") is None else _int(opts["max_lines"], 1)
+    budget = None if opts.get("budget") is None else _int(opts["budget"], 1)
+    mode = str(opts.get("mode", "hybrid"))
+    try:
+        min_score = None if opts.get("min_score") is None else float(str(opts["min_score"]))
+    except ValueError:
+        return None
+    if None in (k, context) or mode not in _MODES or (opts.get("max_lines") is not None and max_lines is None) or (
+            opts.get("budget") is not None and budget is None):
+        return None
+    return {"query": query, "k": k, "mode": mode, "lang": opts.get("lang") or None, "glob": opts.get("glob") or None,
+            "files_only": bool(opts.get("files_only")), "context": context, "max_lines": max_lines,
+            "no_snippet": bool(opts.get("no_snippet")), "min_score": min_score, "budget": budget}
+
+
+def _locate(path: object, index_dir: object) -> tuple[Path, Path] | None:
+    """(root, index folder) of an indexed repository, found as the Typer path finds it;
+    None when there is no index there (yet)."""
+    if path is None and index_dir is None:
+        here = Path.cwd().resolve()
+        for folder in (here, *here.parents):
+            if (folder / ".codesearch" / "store.sqlite").is_file():
+                return folder, folder / ".codesearch"
+        return None
+    root = Path(str(path) if path is not None else ".").expanduser()
+    if not root.is_dir():
+        return None
+    root = root.resolve()
+    idir = Path(str(index_dir)).expanduser().resolve() if index_dir is not None else root / ".codesearch"
+    return (root, idir) if (idir / "store.sqlite").is_file() else None
+
+
+def _records_models(index_dir: Path) -> bool:
+    """Whether the index has vectors of a model (a semantic query must load it); True when
+    the store cannot tell (the daemon then decides)."""
+    import sqlite3
+
+    try:
+        conn = sqlite3.connect(f"file:{index_dir / 'store.sqlite'}?mode=ro", uri=True, timeout=1.0)
+        try:
+            return conn.execute("SELECT count(*) FROM models").fetchone()[0] > 0
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return True
+
+
+def _notice(line: str) -> None:
+    from codesearch.pathnames import escape_controls
+
+    sys.stderr.write(f"Notice: {escape_controls(line)}\n")
+    sys.stderr.flush()
+
+
+# -- rendering: what codesearch.cli.render prints, without rich off a terminal -----------------
+
+_LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+
+
+def _dumps(doc: object, indent: int | None = None) -> str:
+    return json.dumps(doc, ensure_ascii=False, indent=indent).translate(_LINE_BREAKS)
+
+
+def _rich_terminal() -> bool:
+    """Whether rich would draw on stdout (a terminal, or forced by its environment)."""
+    return sys.stdout.isatty() or any(os.environ.get(v) for v in ("FORCE_COLOR", "TTY_COMPATIBLE"))
+
+
+def _print_result(doc: dict, root: Path, *, as_json: bool, as_jsonl: bool, files_only: bool) -> None:
+    """The daemon's document as ``codesearch query`` prints a result (notices on stderr)."""
+    from codesearch.pathnames import escape_controls, quote_name
+
+    for line in doc.get("notices", []):
+        sys.stderr.write(f"Notice: {escape_controls(line)}\n")
+    hits = doc["results"]
+    if as_json:
+        sys.stdout.write(_dumps(doc, indent=2) + "\n")
+        return
+    if not hits and not as_jsonl:
+        sys.stderr.write("No results.\n")
+        return
+    if as_jsonl:
+        for hit in hits:
+            sys.stdout.write(_dumps({"schema_version": doc["schema_version"], **hit}) + "\n")
+        return
+    if files_only:
+        for hit in hits:
+            sys.stdout.write(f"{quote_name(hit['path'])}\n")
+        return
+    if _rich_terminal():
+        from codesearch.cli import render
+        from codesearch.server.client import result_from_document
+
+        render.search_result(result_from_document(doc), root=root, as_json=False, as_jsonl=False, files_only=False)
+        return
+    out = sys.stdout
+    for hit in hits:
+        bits = [f"{hit['score']:.4f}"]
+        if hit.get("symbol"):
+            bits.append(f"{hit['symbol']} ({hit['kind']})" if hit.get("kind") else hit["symbol"])
+        elif hit.get("kind"):
+            bits.append(hit["kind"])
+        out.write(f"{quote_name(hit['path'])}:{hit['start_line']}-{hit['end_line']}  "
+                  f"{escape_controls('  '.join(bits))}\n")
+        text = hit.get("text") or ""
+        if not text:
+            continue
+        out.write(text if text.endswith("\n") else text + "\n")
+        out.write("\n")
+
+
+# -- index ----------------------------------------------------------------------------------
+
+_INDEX_FLAGS = {"--quiet": "quiet", "-q": "quiet", "--rebuild": "rebuild", "--ray": "ray", "--no-daemon": "no_daemon"}
+_INDEX_VALUES = {"--model": "model", "--multi-model": "multi_model", "--device": "device", "--index-dir": "index_dir",
+                 "--include": "include", "--exclude": "exclude", "--max-file-size": "max_file_size",
+                 "--ray-address": "ray_address"}
+_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def _size(value: str) -> int | None:
+    text = value.strip().lower()
+    number = text.rstrip("kmgib")
+    try:
+        size = int(float(number) * _SIZE_UNITS[text[len(number):]])
+    except (ValueError, KeyError):
+        return None
+    return size if size > 0 else None
+
+
+def _model(value: object) -> str | None:
+    from codesearch.types import DEFAULT
+
+    if value is None:
+        return DEFAULT
+    return None if str(value).strip().lower() == "none" else str(value)
+
+
+def _index(argv: list[str]) -> int | None:
+    parsed = parse(argv, _INDEX_FLAGS, _INDEX_VALUES, frozenset({"include", "exclude"}))
+    if parsed is None:
+        return None
+    opts, positional = parsed
+    size = _size(str(opts.get("max_file_size", "1MB")))
+    device = str(opts.get("device", "auto"))
+    if len(positional) > 1 or size is None or device not in _DEVICES or opts.get("rebuild") or opts.get("ray") \
+            or opts.get("ray_address"):
+        return None
+    from codesearch.indexing.unchanged import unchanged_run
+
+    summary = unchanged_run(
+        Path(positional[0] if positional else "."), index_dir=opts.get("index_dir"), model=_model(opts.get("model")),
+        multi_model=_model(opts.get("multi_model")), device=device, include=tuple(opts.get("include") or ()),
+        exclude=tuple(opts.get("exclude") or ()), max_file_bytes=size,
+    )
+    if summary is None:
+        return _index_in_daemon(Path(positional[0] if positional else "."), opts, size, device)
+    if not opts.get("quiet"):
+        from codesearch.cli import render
+
+        render.index_summary(summary)
+    return 0
+
+
+INDEX_POLL_S = 0.1
+
+
+def _index_in_daemon(path: Path, opts: dict[str, object], size: int, device: str) -> int | None:
+    """An index run with work to do, made by the daemon when one runs (with its models
+    loaded, and as the one writer of the root: a run here would contend with its watcher for
+    the index lock). None: no daemon runs, or a first index (it shows its progress here)."""
+    from codesearch.server import daemon_client
+
+    if daemon_client.policy(bool(opts.get("no_daemon"))) == daemon_client.OFF or not path.is_dir():
+        return None
+    if opts.get("model") is not None or opts.get("multi_model") is not None:
+        return None  # a one-off model choice: the daemon keeps serving the root with its own
+    root = path.resolve()
+    index_dir = Path(str(opts["index_dir"])).expanduser().resolve() if opts.get("index_dir") else None
+    if not ((index_dir or root / ".codesearch") / "store.sqlite").is_file():
+        return None
+    info = daemon_client.find()
+    if info is None:
+        return None
+    options: dict[str, object] = {"device": device, "include": list(opts.get("include") or ()),  # type: ignore[call-overload]
+                                  "exclude": list(opts.get("exclude") or ()),  # type: ignore[call-overload]
+                                  "index_dir": str(index_dir) if index_dir else None, "max_file_bytes": size}
+    try:
+        status, doc = daemon_client.call(info, "POST", "/daemon/index", {"root": str(root), "options": options})
+        if status != 200:
+            return None  # the Typer path runs it here and words any error itself
+        target = int(doc["target_runs"])
+        while True:
+            status, doc = daemon_client.call(info, "GET", f"/daemon/run?root={_quote(str(root))}")
+            state = doc.get("indexing") or {}
+            if status != 200 or state.get("runs", 0) >= target:
+                break
+            import time
+
+            time.sleep(INDEX_POLL_S)
+    except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError):
+        return None
+    if status != 200:
+        return None
+    if state.get("last_error"):
+        from codesearch.pathnames import escape_controls
+
+        sys.stderr.write(f"Error: {escape_controls(state['last_error'])}\n")
+        return 1
+    from codesearch.cli import render
+    from codesearch.types import IndexSummary
+
+    summary = IndexSummary(**state["last_summary"])
+    if opts.get("quiet"):
+        render.notices(summary.notices)
+    else:
+        render.index_summary(summary)
+    return 0
+
+
+def _quote(text: str) -> str:
+    from urllib.parse import quote
+
+    return quote(text, safe="")
+
+
+# -- serve --mcp stdio ------------------------------------------------------------------------
+
+_SERVE_FLAGS = {"--watch": "watch", "--no-watch": "no_watch", "--index-on-start": "index_on_start",
+                "--no-index-on-start": "no_index_on_start", "--no-daemon": "no_daemon",
+                "--query-batching": "query_batching", "--no-query-batching": "no_query_batching"}
+_SERVE_VALUES = {"--mcp": "mcp", "--model": "model", "--multi-model": "multi_model", "--device": "device",
+                 "--index-dir": "index_dir", "--include": "include", "--exclude": "exclude"}
+
+
+def _serve(argv: list[str]) -> int | None:
+    parsed = parse(argv, _SERVE_FLAGS, _SERVE_VALUES, frozenset({"include", "exclude"}))
+    if parsed is None:
+        return None
+    opts, paths = parsed
+    if opts.get("mcp") != "stdio" or str(opts.get("device", "auto")) not in _DEVICES:
+        return None
+    from codesearch.server import daemon_client, mcp_proxy
+
+    policy = daemon_client.policy(bool(opts.get("no_daemon")))
+    if policy == daemon_client.OFF or (opts.get("index_dir") and len(paths) > 1):
+        return None
+    roots = [Path(p) for p in paths] or [_default_root()]
+    if not all(r.is_dir() for r in roots):
+        return None
+    served = mcp_proxy.proxy_stdio(roots, session_options(opts), start=policy == daemon_client.START,
+                                   index_on_start=not opts.get("no_index_on_start"))
+    return 0 if served else None
+
+
+def session_options(opts: dict[str, object]) -> dict[str, object] | None:
+    """The options a session names explicitly (none: the daemon uses what each index records)."""
+    from codesearch.types import DEFAULT
+
+    out: dict[str, object] = {}
+    for name in ("model", "multi_model"):
+        if opts.get(name) is not None:
+            out[name] = _model(opts[name])
+    if opts.get("device") not in (None, "auto"):
+        out["device"] = opts["device"]
+    for name in ("include", "exclude"):
+        if opts.get(name):
+            out[name] = list(opts[name])  # type: ignore[arg-type]
+    if opts.get("index_dir"):
+        out["index_dir"] = str(Path(str(opts["index_dir"])).expanduser().resolve())
+    if not out:
+        return None
+    return {k: v for k, v in out.items() if v != DEFAULT}
+
+
+def _default_root() -> Path:
+    """The indexed folder at or above the current one, else the current one (as ``serve``)."""
+    here = Path.cwd().resolve()
+    for folder in (here, *here.parents):
+        if (folder / ".codesearch" / "store.sqlite").is_file():
+            return folder
+    return here

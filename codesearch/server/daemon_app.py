@@ -1,0 +1,595 @@
+"""What the per-user daemon serves: every repository any client asks about, added on its
+first request, with one model load shared by all of them.
+
+The daemon is the server (`repos`, `service`, `app`, `mcp_tools`) with a registry of roots
+that grows instead of a list fixed at start. Each request sees a view of the roots it is
+about (`Registry.service`): the CLI's query one root, an agent session the roots its
+``serve ... --mcp stdio`` named. Views share the served roots, the search threads and the
+encoder pool, so N agent sessions on one repository are one model load, one watcher and
+one index writer.
+
+Routes under ``/daemon/`` (bearer token, loopback, as every route):
+
+- ``POST /daemon/search``: one root's search (the CLI's ``query``), after a refresh of
+  what changed on disk, as ``codesearch query`` does in its own process;
+- ``POST /daemon/index``, ``GET /daemon/run``: queue a root's index run, follow it;
+- ``POST /daemon/sessions``, ``DELETE /daemon/sessions/{id}``, ``/daemon/mcp/{id}``: an
+  agent session's roots and its MCP endpoint (Streamable HTTP, stateless);
+- ``GET /daemon/info``, ``POST /daemon/stop``: ``codesearch daemon status | stop``.
+
+The JSON API and MCP of ``codesearch serve`` (``/search``, ``/status``, ``/mcp``, ...) are
+there too, over every root served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from codesearch import __version__
+from codesearch.api import DEFAULT, EncoderPool
+from codesearch.api.refresh import Recorded, stale_files
+from codesearch.encoder.base import Encoder
+from codesearch.errors import CodeSearchError, NotIndexedError, PathError
+from codesearch.server.app import BearerAuth, BodyLimit, HostGuard, create_app, status_for
+from codesearch.server.app import SearchRequest as SearchBody
+from codesearch.server.discovery import pid_alive
+from codesearch.server.repos import RepoOptions, RepoSet, ServedRepo, _labels
+from codesearch.server.runtime_dir import PROTOCOL
+from codesearch.server.service import DaemonPool, Limits, Service
+from codesearch.store import IndexLock
+from codesearch.types import JSONDict
+
+log = logging.getLogger("codesearch.daemon")
+
+#: How long a query waits for the run that indexes what changed on disk (its own refresh)
+#: and, when a run was going already, for that one (it may be a first index, embedding for
+#: minutes: the query then answers from what is ready).
+REFRESH_WAIT_S = 30.0
+REFRESH_WAIT_BUSY_S = 2.0
+
+
+class CountingPool(EncoderPool):
+    """The encoder pool, logging each model load (``codesearch daemon logs`` shows them) and
+    counting them (``daemon status``: one load per model, whoever asks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loads: list[dict[str, Any]] = []
+
+    def load(self, name: str, *, device: str = "auto") -> Encoder:
+        before = len(self.loaded())
+        t0 = time.perf_counter()
+        encoder = super().load(name, device=device)
+        if len(self.loaded()) > before:
+            seconds = round(time.perf_counter() - t0, 3)
+            self.loads.append({"name": str(name), "device": device, "seconds": seconds})
+            log.info("loaded model %s on %s in %.1fs", name, device, seconds)
+        return encoder
+
+
+@dataclass
+class Session:
+    """An agent's ``serve ... --mcp stdio``: its roots, and the thin client's pid (while it
+    lives the daemon does not exit for being idle)."""
+
+    id: str
+    roots: tuple[Path, ...]
+    pid: int
+    started_at: float = field(default_factory=time.time)
+
+
+class McpScope:
+    """The MCP server of one view of the roots, run in the daemon's event loop.
+
+    Why one per view rather than one for the daemon: a tool call without ``path`` searches
+    every root its server serves, and an agent started on one repository must not see the
+    user's others; repository names (``repo``) are those of its own roots.
+    """
+
+    def __init__(self, service: Service, host: str):
+        from codesearch.server.mcp_tools import build_mcp
+
+        self.server = build_mcp(service)
+        self.app = self.server.streamable_http_app(
+            streamable_http_path="/mcp", stateless_http=True, json_response=True, host=host
+        )
+        self._started: asyncio.Event | None = None
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._started is None:
+            self._started = asyncio.Event()
+            self._task = asyncio.create_task(self._run())
+        await self._started.wait()
+        await self.app({**scope, "path": "/mcp", "raw_path": b"/mcp", "root_path": ""}, receive, send)
+
+    async def _run(self) -> None:
+        async with self.server.session_manager.run():
+            assert self._started is not None
+            self._started.set()
+            await self._stop.wait()
+
+    async def close(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await asyncio.wait({self._task}, timeout=2.0)
+
+
+class Registry:
+    """Every root the daemon serves, the views of them, the agent sessions, and activity.
+
+    Parameters
+    ----------
+    limits:
+        Search threads, queue bound and timeout (shared by every view: one pool).
+    watch:
+        Watch each root and re-index it on changes (the daemon does; tests may not).
+    """
+
+    def __init__(self, *, limits: Limits | None = None, watch: bool = True, debounce_s: float = 0.25,
+                 query_batching: bool = True, host: str = "127.0.0.1"):
+        limits = limits if limits is not None else Limits()
+        self.limits = limits
+        self.watch = watch
+        self.debounce_s = debounce_s
+        self.query_batching = query_batching
+        self.host = host
+        self.pool = CountingPool()
+        self.search_pool = DaemonPool(limits.workers, "codesearch-search")
+        self.run_lock = threading.Lock()  # one index run at a time, across every root
+        self.repos: list[ServedRepo] = []  # the global view's list: it grows in place
+        self.everything = Service(RepoSet.of(self.repos, self.pool), limits, pool=self.search_pool)
+        self.sessions: dict[str, Session] = {}
+        self._ready: dict[Path, threading.Event] = {}
+        self._views: dict[tuple[Path, ...], Service] = {}
+        self._mcp: dict[tuple[Path, ...], McpScope] = {}
+        self._lock = threading.RLock()
+        self.started_at = time.time()
+        self.last_activity = time.monotonic()
+        self.in_flight = 0
+        self._closed = False
+
+    # -- roots -------------------------------------------------------------------------------
+
+    def repo(self, root: str | os.PathLike[str], options: RepoOptions | None = None, *,
+             index_dir: str | None = None, index_now: bool = False) -> ServedRepo:
+        """The served root at ``root``, added (and started: its reader opened, its watcher on)
+        on first use. ``options`` None: the root's options as served, else as its index
+        records them. Options that differ from the served ones replace the root (models
+        stay loaded in the pool): an ``index --exclude ...`` changes what is indexed.
+
+        Raises
+        ------
+        PathError
+            ``root`` does not exist or is not a folder.
+        """
+        path = Path(root).expanduser().resolve()
+        if not path.is_dir():
+            raise PathError(f"path {str(root)!r} is not a folder (pass the folder of a repository)")
+        wanted_dir = Path(index_dir).expanduser().resolve() if index_dir else None
+        while True:
+            with self._lock:
+                if self._closed:
+                    raise CodeSearchError("the codesearch daemon is stopping (run the command again)")
+                ready = self._ready.get(path)
+                served = self._find(path)
+                if ready is None or ready.is_set():
+                    if served is not None and self._fits(served, options, wanted_dir):
+                        return served
+                    ready = self._ready[path] = threading.Event()
+                    break
+            ready.wait()  # another request is adding this root: use what it made
+        try:
+            if options is None:
+                options = self._recorded_options(path, wanted_dir)
+            if served is not None:
+                log.info("options of %s changed: %s", path, options)
+                self._remove(served)
+            added = ServedRepo(path, options, encoder_pool=self.pool, run_lock=self.run_lock,
+                               query_batching=self.query_batching, name=path.name)
+            try:
+                added.start(index_now=index_now, watch=self.watch, quiet_s=self.debounce_s)
+            except BaseException:
+                added.close(5.0)
+                raise
+            with self._lock:
+                self.repos.append(added)
+                self._relabel()
+            log.info("serving %s (index %s)", path, added.index_dir)
+            return added
+        finally:
+            ready.set()
+
+    def _find(self, path: Path) -> ServedRepo | None:
+        return next((r for r in self.repos if r.root == path), None)
+
+    @staticmethod
+    def _fits(served: ServedRepo, options: RepoOptions | None, index_dir: Path | None) -> bool:
+        if options is not None:
+            return served.options == options
+        return index_dir is None or served.index_dir == index_dir
+
+    @staticmethod
+    def _recorded_options(root: Path, index_dir: Path | None) -> RepoOptions:
+        """A root added by a search: the walk options its index records, so that the watcher's
+        runs index the files the user's ``index`` run chose (not every file)."""
+        folder = index_dir or root / ".codesearch"
+        try:
+            recorded = Recorded.read(folder, 1_000_000)
+        except (CodeSearchError, OSError):
+            return RepoOptions(index_dir=index_dir)
+        return RepoOptions(include=recorded.include, exclude=recorded.exclude, index_dir=index_dir,
+                           max_file_bytes=recorded.max_file_bytes)
+
+    def _remove(self, served: ServedRepo) -> None:
+        with self._lock:
+            if served in self.repos:
+                self.repos.remove(served)
+            stale = [key for key in self._views if served.root in key]
+            for key in stale:
+                del self._views[key]
+                self._mcp.pop(key, None)  # (its task ends with the loop; a new one is made)
+        threading.Thread(target=served.close, args=(30.0,), daemon=True).start()
+
+    def _relabel(self) -> None:
+        """Each root's name, as the global view's hits and ``repo`` use it (unique)."""
+        for served, name in zip(self.repos, _labels([r.root for r in self.repos])):
+            served.name = name
+
+    # -- views -----------------------------------------------------------------------------------
+
+    def service(self, roots: tuple[Path, ...]) -> Service:
+        """The `Service` over exactly ``roots`` (served already), made once per set."""
+        with self._lock:
+            view = self._views.get(roots)
+            if view is None:
+                repos = [self._find(root) for root in roots]
+                if any(r is None for r in repos):
+                    raise NotIndexedError("a root of this request is no longer served (run the command again)")
+                labels = _labels(list(roots))
+                view_repos = [r if r.name == label else _Named(r, label) for r, label in zip(repos, labels)]
+                view = self._views[roots] = Service(RepoSet.of(view_repos, self.pool), self.limits,
+                                                    pool=self.search_pool)
+            return view
+
+    def mcp(self, roots: tuple[Path, ...]) -> McpScope:
+        with self._lock:
+            scope = self._mcp.get(roots)
+            if scope is None:
+                scope = self._mcp[roots] = McpScope(self.service(roots), self.host)
+            return scope
+
+    # -- refresh before a search ------------------------------------------------------------
+
+    def refresh(self, served: ServedRepo) -> list[str]:
+        """What ``codesearch query`` does in its own process before searching, done by the
+        writer of the root: index what changed on disk, and say so.
+
+        The watcher would get there too, a quarter second after the last save; a query made
+        right after an edit (an agent's) must not answer from before it. A run of another
+        process is followed (`ServedRepo.catch_up`), not waited for.
+        """
+        served.catch_up()
+        try:
+            recorded = Recorded.read(served.index_dir, 1_000_000)
+            stale = stale_files(served.root, served.index_dir, recorded)
+        except (CodeSearchError, OSError):
+            return []
+        if not stale.stale:
+            return []
+        n = len(stale.added) + len(stale.changed) + len(stale.removed)
+        busy = served.run_state.state != "idle"
+        if not busy and IndexLock.writer_active(served.index_dir):
+            return [f"{n} file(s) changed since the last run, but another process is updating the index; "
+                    "searched the current index"]
+        t0 = time.perf_counter()
+        target = served.schedule()
+        if not served.wait_runs(target, REFRESH_WAIT_BUSY_S if busy else REFRESH_WAIT_S):
+            return [f"{n} file(s) changed since the last run; the daemon is indexing them now "
+                    "('codesearch daemon status' shows it); searched what is ready"]
+        error = served.run_state.last_error
+        if error:
+            return [f"{n} file(s) changed since the last run, but the index could not be updated ({error}); "
+                    "searched the current index"]
+        return [f"index refreshed: {n} file(s) added, changed or removed since the last run "
+                f"({time.perf_counter() - t0:.1f}s)"]
+
+    # -- sessions, activity, status -----------------------------------------------------------
+
+    def add_session(self, roots: tuple[Path, ...], pid: int) -> Session:
+        session = Session(secrets.token_hex(8), roots, pid)
+        with self._lock:
+            self.sessions[session.id] = session
+        log.info("agent session %s (pid %d) on %s", session.id, pid, ", ".join(map(str, roots)))
+        return session
+
+    def drop_session(self, sid: str) -> bool:
+        with self._lock:
+            return self.sessions.pop(sid, None) is not None
+
+    def live_sessions(self) -> int:
+        """Sessions whose thin client still runs (those of a client gone without saying so are dropped)."""
+        with self._lock:
+            for sid in [s.id for s in self.sessions.values() if not pid_alive(s.pid)]:
+                del self.sessions[sid]
+            return len(self.sessions)
+
+    def busy(self) -> bool:
+        """Anything that must keep the daemon up: a request, an index run, an agent session."""
+        return bool(self.in_flight or self.live_sessions()
+                    or any(r.run_state.state != "idle" for r in list(self.repos)))
+
+    def info(self, idle_timeout_s: float) -> JSONDict:
+        """``GET /daemon/info``: what ``codesearch daemon status`` shows."""
+        roots = []
+        for served in list(self.repos):
+            state = served.run_state.to_dict()
+            roots.append({
+                "root": str(served.root), "index_dir": str(served.index_dir), "ready": served._live.ready,
+                "watching": served.watcher is not None, "state": state["state"], "runs": state["runs"],
+                "generation": state["generation"], "progress": state["progress"],
+                "last_error": state["last_error"], "finished_at": state["finished_at"],
+                "last_summary": state["last_summary"],
+            })
+        return {
+            "schema_version": 1,
+            "version": __version__,
+            "protocol": PROTOCOL,
+            "pid": os.getpid(),
+            "started_at": self.started_at,
+            "uptime_s": round(time.time() - self.started_at, 1),
+            "idle_s": round(time.monotonic() - self.last_activity, 1),
+            "idle_timeout_s": idle_timeout_s,
+            "rss_bytes": rss_bytes(),
+            "models": [{"name": e.name, "identity": e.identity, "dim": int(e.dim), "multivector": bool(e.multivector)}
+                       for e in self.pool.loaded()],
+            "model_loads": list(self.pool.loads),
+            "roots": roots,
+            "sessions": [{"id": s.id, "pid": s.pid, "roots": [str(r) for r in s.roots]}
+                         for s in list(self.sessions.values())],
+        }
+
+    def close(self, timeout: float = 10.0) -> None:
+        with self._lock:
+            self._closed = True
+            repos = list(self.repos)
+        self.search_pool.shutdown()
+        self.search_pool.wait_idle(min(timeout, 1.0))
+        for served in repos:
+            served.close(timeout)
+
+
+class _Named:
+    """A served root under another name in one view (two roots named ``app`` in a session)."""
+
+    def __init__(self, repo: ServedRepo, name: str):
+        self._repo = repo
+        self.name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._repo, attr)
+
+
+def rss_bytes() -> int | None:
+    """This process's resident memory, from ``/proc`` (None elsewhere)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+# -- the /daemon routes -------------------------------------------------------------------
+
+
+class DaemonSearch(BaseModel):
+    """``POST /daemon/search``: a root, and the ``POST /search`` body for it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    root: str = Field(description="The repository folder (absolute).")
+    index_dir: str | None = Field(None, description="Its index folder, when not ROOT/.codesearch.")
+    refresh: bool = Field(True, description="Index what changed on disk first (codesearch query's default).")
+    request: SearchBody
+
+
+class Options(BaseModel):
+    """The ``codesearch index`` options of a root (model fields: a name, null for 'none', or
+    absent for the index's own / the default)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = DEFAULT
+    multi_model: str | None = DEFAULT
+    device: str = "auto"
+    include: list[str] = []
+    exclude: list[str] = []
+    index_dir: str | None = None
+    max_file_bytes: int = Field(1_000_000, ge=1)
+
+    def repo_options(self) -> RepoOptions:
+        return RepoOptions(
+            model=self.model, multi_model=self.multi_model, device=self.device, include=tuple(self.include),
+            exclude=tuple(self.exclude), index_dir=Path(self.index_dir).expanduser().resolve() if self.index_dir
+            else None, max_file_bytes=self.max_file_bytes,
+        )
+
+
+class DaemonIndex(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    root: str
+    options: Options = Options()
+    rebuild: bool = False
+
+
+class DaemonSession(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    roots: list[str] = Field(min_length=1)
+    options: Options | None = None
+    pid: int
+    index_on_start: bool = True
+
+
+def daemon_routes(registry: Registry, *, idle_timeout_s: float, on_stop: Callable[[], None]) -> FastAPI:
+    """The FastAPI app of the ``/daemon/`` routes (auth and guards are added by `build_app`)."""
+    app = FastAPI(title="codesearch daemon", version=__version__, openapi_url=None, docs_url=None, redoc_url=None)
+
+    @app.exception_handler(CodeSearchError)
+    async def _codesearch_error(_request: Request, exc: CodeSearchError) -> JSONResponse:
+        return JSONResponse({"error": type(exc).__name__, "detail": str(exc)}, status_code=status_for(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        parts = [f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: {e.get('msg', 'invalid')}"
+                 for e in exc.errors()]
+        return JSONResponse({"error": "ValidationError", "detail": "; ".join(parts)}, status_code=400)
+
+    @app.post("/daemon/search")
+    async def search(body: DaemonSearch) -> JSONResponse:
+        served = await anyio.to_thread.run_sync(lambda: registry.repo(body.root, index_dir=body.index_dir))
+        notices = await anyio.to_thread.run_sync(registry.refresh, served) if body.refresh else []
+        view = registry.service((served.root,))
+        req = body.request
+        fields = req.model_dump(exclude={"path", "repo", "lang", "glob"})
+        doc = await view.search(lang=req.lang, glob=req.glob, path=req.path, repo=None, **fields)
+        if notices:
+            doc = {**doc, "notices": [*notices, *doc.get("notices", [])]}
+        return JSONResponse(doc)
+
+    @app.post("/daemon/index")
+    async def index(body: DaemonIndex) -> dict[str, Any]:
+        options = body.options.repo_options()
+        served = await anyio.to_thread.run_sync(lambda: registry.repo(body.root, options))
+        target = served.schedule(rebuild=body.rebuild)
+        return {"root": str(served.root), "index_dir": str(served.index_dir), "target_runs": target,
+                "indexing": served.run_state.to_dict()}
+
+    @app.get("/daemon/run")
+    def run(root: str = Query(...)) -> dict[str, Any]:
+        served = registry._find(Path(root).expanduser().resolve())
+        if served is None:
+            raise PathError(f"{root!r} is not served by the daemon (run 'codesearch index {root}')")
+        return {"root": str(served.root), "indexing": served.run_state.to_dict()}
+
+    @app.post("/daemon/sessions")
+    async def add_session(body: DaemonSession) -> dict[str, Any]:
+        options = body.options.repo_options() if body.options is not None else None
+
+        def add() -> tuple[Path, ...]:
+            return tuple(registry.repo(root, options, index_now=body.index_on_start).root for root in body.roots)
+
+        roots = await anyio.to_thread.run_sync(add)
+        roots = tuple(dict.fromkeys(roots))
+        registry.service(roots)
+        session = registry.add_session(roots, body.pid)
+        return {"id": session.id, "mcp": f"/daemon/mcp/{session.id}", "roots": [str(r) for r in roots]}
+
+    @app.delete("/daemon/sessions/{sid}")
+    def drop_session(sid: str) -> dict[str, Any]:
+        return {"dropped": registry.drop_session(sid)}
+
+    @app.get("/daemon/info")
+    def info() -> dict[str, Any]:
+        return registry.info(idle_timeout_s)
+
+    @app.post("/daemon/stop")
+    def stop() -> dict[str, Any]:
+        log.info("stop requested")
+        on_stop()
+        return {"stopping": os.getpid()}
+
+    return app
+
+
+class _McpSessions:
+    """ASGI: ``/daemon/mcp/{id}`` to the session's MCP server, anything else to ``app``."""
+
+    PREFIX = "/daemon/mcp/"
+
+    def __init__(self, app: ASGIApp, registry: Registry):
+        self.app = app
+        self.registry = registry
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if not path.startswith(self.PREFIX):
+            await self.app(scope, receive, send)
+            return
+        session = self.registry.sessions.get(path[len(self.PREFIX):].strip("/"))
+        if session is None:
+            response = JSONResponse({"error": "NotFound", "detail": "no such agent session (the daemon restarted: "
+                                     "register again)"}, status_code=404)
+            await response(scope, receive, send)
+            return
+        try:
+            mcp = self.registry.mcp(session.roots)
+        except CodeSearchError as exc:
+            await JSONResponse({"error": type(exc).__name__, "detail": str(exc)}, status_code=409)(scope, receive,
+                                                                                                   send)
+            return
+        await mcp.handle(scope, receive, send)
+
+
+class _Activity:
+    """ASGI: count requests in flight and the time of the last one (the idle exit reads both).
+    Looking at the daemon (``daemon status``) is not work that keeps it up."""
+
+    PASSIVE = frozenset({"/daemon/info", "/health"})
+
+    def __init__(self, app: ASGIApp, registry: Registry):
+        self.app = app
+        self.registry = registry
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") in self.PASSIVE:
+            await self.app(scope, receive, send)
+            return
+        self.registry.in_flight += 1
+        self.registry.last_activity = time.monotonic()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.registry.in_flight -= 1
+            self.registry.last_activity = time.monotonic()
+
+
+def build_app(registry: Registry, *, token: str, idle_timeout_s: float, on_stop: Callable[[], None]) -> ASGIApp:
+    """The daemon's ASGI app: ``/daemon/`` routes and agent sessions, and ``serve``'s whole
+    app over every root; all behind the token and the loopback Host/Origin guard."""
+    host = registry.host
+    routes = _McpSessions(daemon_routes(registry, idle_timeout_s=idle_timeout_s, on_stop=on_stop), registry)
+    guarded_routes = HostGuard(BearerAuth(BodyLimit(routes), token), host)
+    everything = create_app(registry.everything, token=token, mcp=True, host=host)
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("path", "").startswith("/daemon/"):
+            await guarded_routes(scope, receive, send)
+        else:
+            await everything(scope, receive, send)  # and the lifespan, which its /mcp needs
+
+    return _Activity(app, registry)
+
+
+__all__ = ["Registry", "build_app"]

@@ -1,0 +1,308 @@
+"""The client side of the per-user daemon: find the live one, start one (one, however many
+clients race), restart one of another version, and call it.
+
+Only the standard library (and the stdlib-only `runtime_dir` and `discovery` helpers): the
+CLI's lean query path runs this before typer, rich, numpy or torch are imported, which is
+what lets a warm query cost a process start and a round trip.
+
+Whom a client believes: ``daemon.json`` in the user's private runtime folder (see
+`runtime_dir`), naming a live pid whose process owns the listening loopback socket (where
+``/proc`` tells), of this package version and protocol. Anything else is a daemon that is
+gone (``kill -9``: the file stays) or of another version: the first is replaced, the
+second stopped and replaced, never spoken to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import http.client
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from codesearch import __version__
+from codesearch.errors import ServerError
+from codesearch.server.discovery import listener_belongs_to, pid_alive
+from codesearch.server.runtime_dir import (
+    LOG_NAME,
+    PROTOCOL,
+    START_LOCK,
+    DaemonInfo,
+    ensure_runtime_dir,
+    open_private,
+    read_info,
+    remove_info,
+    runtime_dir,
+)
+
+NO_DAEMON_ENV = "CODESEARCH_NO_DAEMON"
+DAEMON_ENV = "CODESEARCH_DAEMON"
+IDLE_ENV = "CODESEARCH_DAEMON_IDLE"
+DEFAULT_IDLE_S = 20 * 60.0
+START_TIMEOUT_S = 90.0  # importing the server on 2 busy cores takes seconds, not minutes
+STOP_TIMEOUT_S = 15.0
+STARTED = "started the codesearch daemon (pid {pid}) to keep models loaded; `codesearch daemon stop` stops it"
+
+OFF, USE, START = "off", "use", "start"
+
+
+class DaemonError(ServerError):
+    """The daemon could not be started, reached or stopped (the message says why and how on)."""
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def policy(no_daemon: bool = False, environ: dict[str, str] | None = None) -> str:
+    """What a command may do with the daemon: `OFF` (never use it), `USE` (a running one, but
+    start none) or `START` (start one when none runs).
+
+    ``--no-daemon`` or ``CODESEARCH_NO_DAEMON=1``: off. ``CODESEARCH_DAEMON=1``: start, also
+    under CI (``=0``: off). With ``CI`` set a daemon is used but never started (a CI job
+    must not leave a process behind); anywhere else, terminal or not (agents run the CLI
+    without one), one is started.
+    """
+    env = os.environ if environ is None else environ
+    if no_daemon or _truthy(env.get(NO_DAEMON_ENV)):
+        return OFF
+    asked = env.get(DAEMON_ENV)
+    if asked is not None and asked.strip():
+        return START if _truthy(asked) else OFF
+    return USE if _truthy(env.get("CI")) else START
+
+
+def parse_seconds(text: str) -> float:
+    """``"1200"``, ``"90s"``, ``"20m"``, ``"1h"`` -> seconds.
+
+    Raises
+    ------
+    ValueError
+        Anything else, or a negative time.
+    """
+    value = text.strip().lower()
+    scale = {"s": 1, "m": 60, "h": 3600}.get(value[-1:], None)
+    number = float(value[:-1] if scale else value)
+    if number < 0:
+        raise ValueError(text)
+    return number * (scale or 1)
+
+
+def idle_timeout(environ: dict[str, str] | None = None) -> float:
+    """``$CODESEARCH_DAEMON_IDLE`` (seconds, or 90s / 20m / 1h), else 20 minutes."""
+    env = os.environ if environ is None else environ
+    try:
+        return parse_seconds(env[IDLE_ENV]) if env.get(IDLE_ENV) else DEFAULT_IDLE_S
+    except ValueError:
+        return DEFAULT_IDLE_S
+
+
+# -- finding one ---------------------------------------------------------------------------
+
+
+def _serving(info: DaemonInfo) -> bool:
+    """The named process is alive and (where /proc says) owns the listening socket."""
+    return pid_alive(info.pid) and listener_belongs_to(info.port, info.pid) is not False
+
+
+def compatible(info: DaemonInfo) -> bool:
+    return info.version == __version__ and info.protocol == PROTOCOL
+
+
+def find(folder: Path | None = None) -> DaemonInfo | None:
+    """The live daemon of this version, or None (none, gone, or another version)."""
+    info = read_info(runtime_dir() if folder is None else folder)
+    if info is None or not compatible(info) or not _serving(info):
+        return None
+    return info
+
+
+def find_any(folder: Path | None = None) -> DaemonInfo | None:
+    """The live daemon of any version (``daemon stop`` stops that one too)."""
+    info = read_info(runtime_dir() if folder is None else folder)
+    return info if info is not None and _serving(info) else None
+
+
+# -- calling it ----------------------------------------------------------------------------
+
+
+def call(
+    info: DaemonInfo, method: str, path: str, body: object = None, *, timeout: float = 60.0,
+) -> tuple[int, dict]:
+    """One request; returns (status, JSON document). Raises OSError, http.client.HTTPException
+    or ValueError (not JSON) on a broken exchange."""
+    conn = http.client.HTTPConnection(info.host, info.port, timeout=timeout)
+    try:
+        headers = {"Accept": "application/json", "Authorization": f"Bearer {info.token}"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode("utf-8")
+            headers["Content-Type"] = "application/json"
+        conn.request(method, path, body=data, headers=headers)
+        resp = conn.getresponse()
+        payload = resp.read()
+        doc = json.loads(payload) if payload else {}
+        return resp.status, doc if isinstance(doc, dict) else {"value": doc}
+    finally:
+        conn.close()
+
+
+# -- starting, replacing, stopping --------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _start_lock(folder: Path, timeout: float) -> Iterator[None]:
+    """Hold ``start.lock``: of several clients starting a daemon at once, one starts it and
+    the others then find it. The kernel drops the lock if its holder dies."""
+    fd = open_private(folder / START_LOCK)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise DaemonError(
+                        f"another codesearch process has been starting the daemon for {timeout:.0f}s "
+                        f"(see {folder / LOG_NAME}; or pass --no-daemon)"
+                    ) from None
+                time.sleep(0.02)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid):
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # our own child (tests, a daemon this process started)
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def retire(info: DaemonInfo, folder: Path, *, timeout: float = STOP_TIMEOUT_S) -> None:
+    """Stop a daemon without speaking to it (another version's protocol may differ): SIGTERM
+    to its pid, once that pid is shown to be the listener of its port and ours; SIGKILL if
+    it has not exited within ``timeout``. Its discovery file goes."""
+    if listener_belongs_to(info.port, info.pid) is not False and pid_alive(info.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(info.pid, signal.SIGTERM)
+        if not _wait_gone(info.pid, timeout):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(info.pid, signal.SIGKILL)
+            _wait_gone(info.pid, 5.0)
+    remove_info(folder, info.pid)
+
+
+def _spawn(folder: Path, idle_s: float) -> int:
+    import subprocess
+
+    log = open_private(folder / LOG_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "codesearch.server.daemon", "--runtime-dir", str(folder),
+             "--idle-timeout", repr(idle_s)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, close_fds=True,
+            start_new_session=True,  # not in the terminal's process group: Ctrl-C of a query leaves it
+        )
+    finally:
+        os.close(log)
+    _CHILDREN.append(proc)  # kept, so that the Popen is not collected (and reaped) early
+    return proc.pid
+
+
+_CHILDREN: list = []
+
+
+def _last_log_line(folder: Path) -> str:
+    try:
+        lines = (folder / LOG_NAME).read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1][:300] if lines else ""
+
+
+def ensure(*, start: bool, say: Callable[[str], None] | None = None, folder: Path | None = None,
+           idle_s: float | None = None) -> DaemonInfo | None:
+    """The live daemon; started (``start``) when none runs, once among racing clients.
+
+    A daemon of another version is stopped and replaced only when ``start``; a stale
+    discovery file (a daemon killed with -9) is replaced. ``say`` gets the one line that
+    announces a start.
+
+    Raises
+    ------
+    DaemonError
+        A daemon could not be started (the last line of its log says why).
+    RuntimeDirError
+        The runtime folder is not this user's alone.
+    """
+    info = find(folder)
+    if info is not None or not start:
+        return info
+    folder = ensure_runtime_dir(folder)
+    with _start_lock(folder, START_TIMEOUT_S):
+        current = read_info(folder)
+        if current is not None and _serving(current):
+            if compatible(current):
+                return current
+            retire(current, folder)
+        elif current is not None:
+            remove_info(folder, current.pid)  # killed with -9: its file stayed
+        pid = _spawn(folder, idle_timeout() if idle_s is None else idle_s)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            info = read_info(folder)
+            if info is not None and info.pid == pid and _serving(info):
+                break
+            exited = not pid_alive(pid) or _reaped(pid)
+            if exited or time.monotonic() > deadline:
+                other = find(folder)
+                if other is not None:  # one started by hand in between (it holds the daemon lock)
+                    return other
+                why = _last_log_line(folder) or ("it exited" if exited else f"no answer in {START_TIMEOUT_S:.0f}s")
+                raise DaemonError(f"could not start the codesearch daemon: {why} "
+                                  f"(see {folder / LOG_NAME}; or pass --no-daemon)")
+            time.sleep(0.02)
+    if say is not None:
+        say(STARTED.format(pid=info.pid))
+    return info
+
+
+def _reaped(pid: int) -> bool:
+    for proc in _CHILDREN:
+        if proc.pid == pid:
+            return proc.poll() is not None
+    return False
+
+
+def stop(folder: Path | None = None, *, timeout: float = STOP_TIMEOUT_S) -> DaemonInfo | None:
+    """Stop the running daemon (any version); returns what it was, None when none ran.
+
+    Ours is asked (``POST /daemon/stop``: it finishes what it writes); another version's
+    gets SIGTERM. Either way the call returns once the process is gone.
+    """
+    folder = runtime_dir() if folder is None else folder
+    info = find_any(folder)
+    if info is None:
+        stale = read_info(folder)
+        if stale is not None:
+            remove_info(folder, stale.pid)
+        return None
+    asked = False
+    if compatible(info):
+        with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
+            status, _ = call(info, "POST", "/daemon/stop", {}, timeout=5.0)
+            asked = status == 200
+    if not asked or not _wait_gone(info.pid, timeout):
+        retire(info, folder, timeout=timeout)
+    return info
