@@ -140,4 +140,5 @@ def test_the_summary_says_how_much_came_from_the_cache(repo, tmp_path, counting,
     summary = build_index(_copy(repo, tmp_path / "wt"), encoders=counting)
     render.index_summary(summary)
     err = " ".join(capsys.readouterr().err.split())
-    assert f"reused from the cache │ {summary.texts_reused:,} of {summary.texts_reused:,} texts" in err
+    # Piped (as here): one "label: value" line per row; a terminal gets the table.
+    assert f"reused from the cache: {summary.texts_reused:,} of {summary.texts_reused:,} texts" in err
