@@ -10,15 +10,12 @@ Mounting a tmpfs needs root (or CAP_SYS_ADMIN): elsewhere these tests skip.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from fixtures.disks import fill, tmpfs
 from fixtures.pipeline_helpers import check_consistent, chunk_set, make_repo, module_source
 from typer.testing import CliRunner
 
@@ -29,33 +26,6 @@ LEXICAL = ("--model", "none", "--multi-model", "none")
 #: runs fail at every stage in between (the store's open, the commit of the files, the
 #: lexical index file, the vectors, their publication) for the lexical and the model runs.
 LEVELS_KB = (0, 128, 384, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 8192)
-
-
-@contextlib.contextmanager
-def tmpfs(path: Path, size: str = "48m"):
-    path.mkdir(parents=True)
-    if shutil.which("mount") is None or os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                          capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
-
-
-def fill(disk: Path, free_kb: int) -> Path:
-    """A file that leaves about ``free_kb`` KiB of ``disk`` free."""
-    st = os.statvfs(disk)
-    size = st.f_bavail * st.f_frsize - free_kb * 1024
-    filler = disk / "filler"
-    with open(filler, "wb") as fh:
-        while size > 0:
-            n = fh.write(b"\0" * min(size, 1 << 20))
-            size -= n
-    return filler
 
 
 def cli(*argv):

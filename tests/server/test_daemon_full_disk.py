@@ -5,45 +5,14 @@ On a real tmpfs of a set size (mounting needs root: elsewhere this skips)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
-import subprocess
-from pathlib import Path
 
-import pytest
 from daemonkit import daemon_env, daemon_pids, run_cli, stop_all
+from fixtures.disks import fill, tmpfs
 from fixtures.sample_repo import write_sample_repo
 
 from codesearch.api import CodeSearch
-
-
-@contextlib.contextmanager
-def tmpfs(path: Path, size: str = "48m"):
-    """As tests/cli/test_cli_full_disk.py mounts one."""
-    path.mkdir(parents=True)
-    if shutil.which("mount") is None or os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                          capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
-
-
-def fill(disk: Path, free_kb: int) -> Path:
-    """A file that leaves about ``free_kb`` KiB of ``disk`` free."""
-    st = os.statvfs(disk)
-    size = st.f_bavail * st.f_frsize - free_kb * 1024
-    filler = disk / "filler"
-    with open(filler, "wb") as fh:
-        while size > 0:
-            size -= fh.write(b"\0" * min(size, 1 << 20))
-    return filler
 
 
 def _query(repo, index_dir, env, text="greet the user"):
