@@ -154,6 +154,11 @@ def import_index(
         except ModelMismatchError as exc:
             raise ExportError(f"{file} cannot be adopted with the models here: {exc}") from exc
         _swap(tmp, target, force=force, file=file, replace_flag=replace_flag)
+    except OSError as exc:  # a full disk, a read-only checkout: one line, the old index kept
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ExportError(f"cannot import {file} into {target}: {exc.strerror or exc}; nothing was imported "
+                          "and any index there is unchanged (free some space or check the folder's permissions)"
+                          ) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

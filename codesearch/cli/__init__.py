@@ -15,24 +15,32 @@ def main() -> None:
 
     interrupts.install()  # before the imports below: Ctrl-C while they run is one line too
     try:
-        from codesearch.cli.lean import run as lean
+        ended: SystemExit | None = None
+        try:
+            from codesearch.cli.lean import run as lean
 
-        status = lean(sys.argv[1:])
-        if status is not None and not interrupts.signalled():
-            sys.stdout.flush()
-            raise SystemExit(status)
-        if status is None:
-            from codesearch.cli.app import run
+            status = lean(sys.argv[1:])
+            if status is not None and not interrupts.signalled():
+                try:
+                    sys.stdout.flush()
+                except BrokenPipeError:  # `codesearch query ... | head -1`: the reader is gone
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                raise SystemExit(status)
+            if status is None:
+                from codesearch.cli.app import run
 
-            run()
-    except KeyboardInterrupt:  # before the app's own handler runs (while importing it)
-        pass
-    except SystemExit:
+                run()
+        except SystemExit as exc:
+            ended = exc
         if not interrupts.signalled():
-            raise
-    else:
-        if not interrupts.signalled():
+            # Done: a signal from here on is ignored (the interpreter's teardown would put the
+            # default action back and die of it, with no line); one before it is caught below.
+            interrupts.finished()
+            if ended is not None:
+                raise ended
             return
+    except KeyboardInterrupt:  # at any point, the app's own handler included or not
+        pass
     code = interrupts.say_and_exit()  # the line, unless the command said it already
     # Interrupted, the command's clean-up done (the writer lock released): end now, not
     # after the interpreter's teardown (seconds with torch loaded, or an atexit join).

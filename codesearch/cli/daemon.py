@@ -7,6 +7,7 @@ folder (`codesearch.server.runtime_dir`), ``$CODESEARCH_RUNTIME_DIR`` first.
 
 from __future__ import annotations
 
+import http.client
 import json
 from collections import deque
 from typing import Annotated
@@ -46,7 +47,7 @@ def status(json_out: Annotated[bool, typer.Option("--json", help="One JSON docum
                           "this is another version (run 'codesearch daemon stop'; the next command starts a new one)")
     try:
         code, doc = daemon_client.call(info, "GET", "/daemon/info", timeout=10.0)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, http.client.HTTPException) as exc:
         raise ServerError(f"the daemon (pid {info.pid}) did not answer: {exc} "
                           "(see 'codesearch daemon logs'; 'codesearch daemon stop' ends it)") from None
     if code != 200:

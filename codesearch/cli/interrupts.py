@@ -32,6 +32,7 @@ ignored from the start (a background job) stays ignored, as Python keeps it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -39,7 +40,7 @@ import sys
 import threading
 import time
 
-__all__ = ["GRACE_S", "exit_status", "install", "say_and_exit", "signalled"]
+__all__ = ["GRACE_S", "exit_status", "finished", "install", "say_and_exit", "signalled"]
 
 #: Seconds from the first signal to a forced end (the clean path is given this long).
 GRACE_S = 0.8
@@ -93,6 +94,17 @@ def _isatty(fd: int) -> bool:
         return os.isatty(fd)
     except OSError:
         return False
+
+
+def finished() -> None:
+    """The command ran to its end: a signal from now on finds nothing left to stop. It is
+    ignored, not left to the interpreter's teardown, which puts the default action back (the
+    process then died of the signal, with no line, after printing its summary)."""
+    if not _state["armed"]:
+        return
+    for signum in _SIGNALS:
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(signum, signal.SIG_IGN)
 
 
 def say_and_exit() -> int:

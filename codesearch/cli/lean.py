@@ -142,6 +142,10 @@ def _query(argv: list[str]) -> int | None:
     if found is None:
         return None  # no index yet: the Typer path indexes it first, lexically, here
     root, index_dir = found
+    from codesearch.server.discovery import read_discovery
+
+    if read_discovery(index_dir) is not None:
+        return None  # a `codesearch serve` of this index answers (the Typer path asks it)
     info = daemon_client.find()
     if info is None:
         if policy != daemon_client.START or request["mode"] == "lexical" or not _records_models(index_dir):
@@ -280,6 +284,8 @@ def _print_result(doc: dict, root: Path, *, as_json: bool, as_jsonl: bool, files
         if not text:
             continue
         out.write(text if text.endswith("\n") else text + "\n")
+        if hit.get("more_lines"):
+            out.write(f"... ({hit['more_lines']} more lines)\n")  # as render's plain output says it
         out.write("\n")
 
 
@@ -415,6 +421,8 @@ def _serve(argv: list[str]) -> int | None:
     opts, paths = parsed
     if opts.get("mcp") != "stdio" or str(opts.get("device", "auto")) not in _DEVICES:
         return None
+    if opts.get("no_watch") or opts.get("no_query_batching"):
+        return None  # the daemon watches and batches: a session that asks otherwise runs here
     from codesearch.server import daemon_client, mcp_proxy
 
     policy = daemon_client.policy(bool(opts.get("no_daemon")))

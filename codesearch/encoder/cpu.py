@@ -75,7 +75,8 @@ def cpu_has_fast_bf16() -> bool:
 
     AMX-bf16 (Sapphire Rapids and later Xeons): yes without measuring (bf16 3.3x fp32 for the
     whole model, BENCHMARKS.md). No bf16 instructions at all: no (bf16 is emulated). AVX512-bf16
-    without AMX is measured once per process (:func:`bf16_matmul_speedup`), because it goes
+    without AMX is measured once per machine (:func:`bf16_matmul_speedup`; ``CODESEARCH_CPU_BF16=1``
+    or ``0`` decides instead), because it goes
     both ways: on Zen 4 its dot-product instruction doubles the fp32 rate, while on a Xeon
     whose hypervisor hides AMX (Emerald Rapids, 2 cores) oneDNN's bf16 kernels ran at 0.55-0.65x
     of MKL's fp32 ones (BENCHMARKS.md, session 8, issue 27).
@@ -90,9 +91,37 @@ def cpu_has_fast_bf16() -> bool:
         return True
     if "avx512_bf16" not in flags:
         return False
+    forced = os.environ.get("CODESEARCH_CPU_BF16", "").strip().lower()
+    if forced in ("1", "0", "true", "false", "yes", "no"):
+        return forced in ("1", "true", "yes")
+    return _measured_once_per_machine(flags)
+
+
+def _measured_once_per_machine(flags: set[str]) -> bool:
+    """The probe's verdict, measured by the first process on this machine and read back by the
+    others: a daemon, the CLI and a worker then compute a model with the same numerics, and a
+    score does not depend on how busy the machine was when a process started (the probe is a
+    timing, noisy under load). The file is keyed by the CPU's flags and torch's version."""
+    import hashlib
+    import json
+
+    base = os.environ.get("CODESEARCH_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "codesearch")
+    key = hashlib.sha256(f"{torch.__version__}|{' '.join(sorted(flags))}".encode()).hexdigest()[:16]
+    path = os.path.join(base, f"cpu-bf16-{key}.json")
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+        with open(path, encoding="utf-8") as fh:
+            return bool(json.load(fh)["fast"])
     speedup = bf16_matmul_speedup()
+    fast = speedup >= BF16_FAST_RATIO
     log.info("bf16 matmuls on this CPU: %.2fx fp32 (bf16 counts as fast from %.2fx)", speedup, BF16_FAST_RATIO)
-    return speedup >= BF16_FAST_RATIO
+    with contextlib.suppress(OSError):  # no writable cache: this process keeps its own verdict
+        os.makedirs(base, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump({"fast": fast, "speedup": round(speedup, 3)}, fh)
+        os.replace(tmp, path)
+    return fast
 
 
 # --------------------------------------------------------------------------------------------

@@ -396,7 +396,9 @@ def unpack_export(file: str | os.PathLike[str], folder: Path, *, check=None) -> 
             try:
                 while (m := tar.next()) is not None:  # (iterating would start at the manifest again)
                     want = manifest.members.get(m.name)
-                    if want is None or m.name in seen or not m.isreg():
+                    # Plain files only: a GNU sparse member declares a size it does not carry
+                    # (a 10 KB file could ask for 100 GB of zeros that match their checksum).
+                    if want is None or m.name in seen or m.type not in _PLAIN or m.issparse():
                         raise _damaged(file, f"member {m.name!r} is not in its manifest")
                     if m.size != want[0]:
                         raise _damaged(file, f"member {m.name!r} has {m.size} bytes, the manifest says {want[0]}")
@@ -411,6 +413,9 @@ def unpack_export(file: str | os.PathLike[str], folder: Path, *, check=None) -> 
         shutil.rmtree(folder, ignore_errors=True)
         raise
     return manifest
+
+
+_PLAIN = (tarfile.REGTYPE, tarfile.AREGTYPE)
 
 
 def _write_member(file: Path, tar: tarfile.TarFile, m: tarfile.TarInfo, dest: Path, sha256: str) -> None:

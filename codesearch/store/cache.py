@@ -369,17 +369,38 @@ class UserCache(SegmentArrays):
                     evicted = self._exec("DELETE FROM vectors").rowcount
                 elif self.disk_bytes() > limit:
                     # Segments end at most 1 / _EVICT_TO of their live bytes (compaction below),
-                    # beside the database itself: the live bytes that fit the cap with both.
-                    overhead = self.disk_bytes() - sum(self.segments.sizes().values() if self.segments else ())
+                    # beside the database itself: the live bytes that fit the cap with both. The
+                    # database's own overhead leaves out the arrays stored in it (dense and file
+                    # vectors) and its free pages: counted as overhead, they made the target 0,
+                    # and a cache of dense vectors emptied itself on every write.
+                    database = self.disk_bytes() - sum(self.segments.sizes().values() if self.segments else ())
+                    overhead = max(0, database - self._inline_bytes() - self._free_bytes())
                     evicted = self._evict_to(int(_EVICT_TO * max(0, limit - overhead)))
                 else:
                     evicted = 0
             self.compact_segments(dead_share=0.0 if everything else 1 - _EVICT_TO)
             self._checkpoint()
-            if everything:
+            if everything or self._free_bytes() * 4 > self._database_bytes():
+                # Deleted rows free pages, not the file: give them back, so that the file
+                # shrinks below the cap and the next write does not prune again.
                 with contextlib.suppress(sqlite3.Error):
                     self.conn.execute("VACUUM")
+                self._checkpoint()  # VACUUM wrote the whole database into the WAL
             return evicted, max(0, before - self.disk_bytes())
+
+    def _inline_bytes(self) -> int:
+        """Bytes of the arrays kept inside the database (the kinds without segment files)."""
+        return self._exec("SELECT coalesce(sum(length(data)), 0) FROM vectors WHERE seg IS NULL").fetchone()[0]
+
+    def _free_bytes(self) -> int:
+        """Bytes of the database's free pages (deleted rows' space, not yet given back)."""
+        free = self._exec("PRAGMA freelist_count").fetchone()[0]
+        return int(free) * int(self._exec("PRAGMA page_size").fetchone()[0])
+
+    def _database_bytes(self) -> int:
+        with contextlib.suppress(OSError):
+            return os.stat(self.path).st_size
+        return 0
 
     def _checkpoint(self) -> None:
         """Move the WAL's pages into the database and empty it (as far as readers allow)."""

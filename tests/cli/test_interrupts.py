@@ -187,3 +187,25 @@ def test_servers_keep_their_own_signal_handling():
     interrupts.install(["serve", ".", "--mcp", "stdio"])
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
     assert not interrupts.signalled()
+
+
+def test_a_signal_after_the_summary_does_not_kill_the_process(tmp_path, template):
+    # The run is done and has said so; a signal during the interpreter's teardown found the
+    # default action back in place and killed the process (status -2, no line). CI hit it.
+    repo = tmp_path / "repo"
+    shutil.copytree(template, repo)
+    for delay in (0.0, 0.01, 0.02, 0.03, 0.05):
+        proc = _start(["index", str(repo), "--model", "none", "--multi-model", "none", "--rebuild"])
+        said = b""
+        while (line := proc.stderr.readline()) and b"models:" not in line:
+            said += line
+        assert line, said.decode()
+        time.sleep(delay)
+        try:
+            rc, err = _signal_and_wait(proc, signal.SIGINT)
+        except ProcessLookupError:  # it had ended: nothing to stop
+            proc.communicate()
+            continue
+        assert rc in (0, 130), (delay, rc, err)
+        if rc == 130:
+            _check_one_line(rc, err, signal.SIGINT)

@@ -16,6 +16,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from fixtures.disks import fill, tmpfs
 from fixtures.pipeline_helpers import check_consistent, function_source, make_repo, module_source
 from typer.testing import CliRunner
 
@@ -340,3 +341,17 @@ def test_kill_9_during_an_import_leaves_the_index_that_was_there(exported, tmp_p
     import_index(file, other, force=True, device="cpu")
     assert not list(other.glob(".codesearch.*-*"))
     assert results(other, models) == results(repo, models)
+
+
+def test_a_full_disk_during_an_import_is_one_line_and_keeps_nothing(exported, tmp_path):
+    repo, file, _ = exported
+    with tmpfs(tmp_path / "disk", size="8m") as disk:
+        other = clone(repo, disk / "checkout")
+        filler = fill(disk, free_kb=64)  # the export's members do not fit
+        with pytest.raises(ExportError) as err:
+            import_index(file, other, device="cpu")
+        message = str(err.value)
+        assert "\n" not in message and "nothing was imported" in message, message
+        assert not (other / ".codesearch").exists()
+        assert not list(other.glob(".*import*"))
+        filler.unlink()

@@ -252,3 +252,15 @@ def test_an_index_run_with_work_goes_to_the_running_daemon(tmp_path, single_vect
     assert served["runs"] >= 1 and served["last_error"] is None
     found = run_cli(["query", "brand_new_helper", "-p", str(root), "--json", "--no-refresh"], env)
     assert _hits(found)[0][0] == "later.py"
+
+
+def test_piped_output_through_the_daemon_is_the_same_as_without_it(repo, runtime):
+    # The lean path prints plain text itself: the cut of a snippet says "... (N more lines)"
+    # there as the Typer path does.
+    env = daemon_env(runtime)
+    args = ["query", "greet the user", "-p", str(repo), "-k", "3", "--max-lines", "2"]
+    through = run_cli(args, env)
+    assert read_info(runtime) is not None, through.stderr  # the daemon answered
+    alone = run_cli([*args, "--no-daemon"], env)
+    assert "more lines)" in alone.stdout
+    assert through.stdout == alone.stdout

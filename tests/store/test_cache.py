@@ -179,3 +179,19 @@ def test_processes_making_a_new_cache_at_once_keep_every_vector(tmp_path):
         assert sorted(cache.get_vectors("m@1", "colbert", [f"key{i}" for i in range(8)])) == [
             f"key{i}" for i in range(8)
         ]
+
+
+def test_a_cache_of_dense_vectors_past_its_cap_keeps_the_recent_ones(tmp_path):
+    # Dense vectors live inside the database file: counted as the database's overhead, they
+    # made the eviction target 0, and once past the cap every write emptied the cache.
+    limit = 3 * 2**20
+    with UserCache.open(tmp_path / "c", limit=limit) as cache:
+        counts = []
+        for batch in range(12):
+            cache.put_vectors("m@1", "dense", [(f"b{batch}-{i}", _vec(batch * 1000 + i, n=1, dim=768))
+                                               for i in range(200)])
+            counts.append(cache.count())
+        assert cache.disk_bytes() <= limit
+        assert min(counts[1:]) >= 200, counts  # never emptied: at least the batch just written
+        newest = [f"b11-{i}" for i in range(200)]
+        assert len(cache.get_vectors("m@1", "dense", newest)) == 200
