@@ -12,7 +12,6 @@ import sqlite3
 
 import pytest
 from fixtures.pipeline_helpers import (
-    CountingEncoder,
     check_consistent,
     chunk_set,
     function_source,
@@ -348,24 +347,10 @@ def test_old_store_without_schema_is_migrated(repo):
 # -- with encoders -----------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tiny_encoders(single_vector_dir, colbert_dir):
-    enc = pytest.importorskip("codesearch.encoder")
-    if not hasattr(enc, "load"):
-        pytest.skip("codesearch.encoder.load is not there yet")
-    return enc.load(str(single_vector_dir)), enc.load(str(colbert_dir))
-
-
 @pytest.fixture
 def model_repo(tmp_path):
     """Smaller than `repo`: the tiny models still take a while to encode on 2 busy cores."""
     return make_repo(tmp_path / "repo", n_files=3, n_functions=2, lines=5)
-
-
-@pytest.fixture
-def counting(tiny_encoders):
-    dense, multi = tiny_encoders
-    return Encoders(dense=CountingEncoder(dense), multi=CountingEncoder(multi))
 
 
 def _n_encoded(encoders):

@@ -11,26 +11,12 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from fixtures.pipeline_helpers import CountingEncoder, check_consistent, make_repo
+from fixtures.pipeline_helpers import check_consistent, make_repo
 
-from codesearch.encoder.base import Encoders
 from codesearch.indexing import run as pipeline
 from codesearch.indexing.run import build_index
 from codesearch.store import Store
 from codesearch.types import STORE_FILE
-
-
-@pytest.fixture(scope="module")
-def tiny_encoders(single_vector_dir, colbert_dir):
-    from codesearch.encoder import load
-
-    return load(str(single_vector_dir)), load(str(colbert_dir))
-
-
-@pytest.fixture
-def counting(tiny_encoders):
-    dense, multi = tiny_encoders
-    return Encoders(dense=CountingEncoder(dense), multi=CountingEncoder(multi))
 
 
 @pytest.fixture

@@ -26,19 +26,6 @@ from codesearch.types import STORE_FILE
 QUERIES = ["retry the request", "mod1_fn0 helper value", "fixture repository"]
 
 
-@pytest.fixture(scope="module")
-def tiny_encoders(single_vector_dir, colbert_dir):
-    from codesearch.encoder import load
-
-    return load(str(single_vector_dir)), load(str(colbert_dir))
-
-
-@pytest.fixture
-def counting(tiny_encoders):
-    dense, multi = tiny_encoders
-    return Encoders(dense=CountingEncoder(dense), multi=CountingEncoder(multi))
-
-
 @pytest.fixture
 def repo(tmp_path):
     return make_repo(tmp_path / "main", n_files=4, n_functions=2, lines=5)
