@@ -32,6 +32,28 @@ def private_daemon_runtime(tmp_path_factory):
                 os.environ[key] = value
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_bf16_verdict(tmp_path_factory):
+    """Whether bf16 pays on this CPU is a timing where AVX512-bf16 comes without AMX
+    (`codesearch.encoder.cpu`), kept once per cache folder. Each test has its own cache
+    folder, so under load a test's server and its library could measure differently and
+    compute one model in two precisions (a 0.2% score gap). Measure once for the run and
+    hand the verdict to every process through ``CODESEARCH_CPU_BF16``."""
+    if os.environ.get("CODESEARCH_CPU_BF16"):
+        yield os.environ["CODESEARCH_CPU_BF16"]
+        return
+    from codesearch.encoder import runtime
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CODESEARCH_CACHE_DIR", str(tmp_path_factory.mktemp("bf16_probe")))
+        verdict = "1" if runtime.cpu_has_fast_bf16() else "0"
+    os.environ["CODESEARCH_CPU_BF16"] = verdict
+    try:
+        yield verdict
+    finally:
+        os.environ.pop("CODESEARCH_CPU_BF16", None)
+
+
 @pytest.fixture(scope="session")
 def modernbert_dir(tmp_path_factory):
     """A bare ModernBERT checkpoint, legacy config form."""

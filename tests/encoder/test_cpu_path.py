@@ -102,6 +102,7 @@ def test_avx512_bf16_without_amx_is_measured(monkeypatch, capability, flags, spe
         measured.append(1)
         return speedup
 
+    monkeypatch.delenv("CODESEARCH_CPU_BF16", raising=False)  # the suite pins it (conftest)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     monkeypatch.setattr(cpu, "_cpu_flags", lambda: flags)
     monkeypatch.setattr(cpu, "bf16_matmul_speedup", fake_speedup)
