@@ -441,29 +441,29 @@ class Searcher:
 
     def _regex_mask(self, pattern: str, mask: np.ndarray | None) -> np.ndarray:
         """``mask`` narrowed to the rows whose chunk text matches ``pattern`` (checked when the
-        request was made). Texts are read from the store in batches, only for rows the other
-        filters keep; the store is locked per batch, not for the whole scan."""
+        request was made).
+
+        Why in batches: the texts are most of an index's bytes. They are read from the store
+        `_TEXT_BATCH` chunks at a time, only for rows the other filters keep, and each batch
+        is matched and dropped before the next is read; the store's lock is held per read,
+        so the other searches of this searcher go on between batches. A pinned searcher
+        reads every batch from its one generation.
+        """
         c = self._ranker.corpus
         regex = compile_regex(pattern)
         n = len(c.ids)
-        rows = np.arange(n) if mask is None else np.flatnonzero(mask)
         keep = np.zeros(n, dtype=bool)
-        if not len(rows):
-            return keep
-        row_of = {int(i): r for r, i in enumerate(c.ids.tolist())}
-        if mask is None:
+        rows = np.arange(n) if mask is None else np.flatnonzero(mask)
+        rows = rows[np.argsort(c.ids[rows], kind="stable")]  # by id: each batch is one stretch of the table
+        ids = c.ids[rows]
+        for start in range(0, len(rows), _TEXT_BATCH):
+            part = ids[start : start + _TEXT_BATCH]
             with self._lock:
-                batches = [self._store.chunk_texts()]
-        else:
-            batches = []
-            for start in range(0, len(rows), _TEXT_BATCH):
-                with self._lock:
-                    batches.append(self._store.chunk_texts(c.ids[rows[start : start + _TEXT_BATCH]].tolist()))
-        for batch in batches:
-            found = [row_of.get(int(i), -1) for i, _ in batch]
+                batch = self._store.chunk_texts(part.tolist())  # by id, a subset of part
+            found = np.fromiter((i for i, _ in batch), dtype=ids.dtype, count=len(batch))
             hits = np.fromiter(regex.matches(text for _, text in batch), dtype=bool, count=len(batch))
-            where = np.asarray(found, dtype=np.int64)
-            keep[where[hits & (where >= 0)]] = True
+            keep[rows[start + np.searchsorted(part, found[hits])]] = True
+            del batch
         return keep
 
     def _hits(self, picked: list[tuple[int, float]], sources: dict[str, np.ndarray]) -> list[SearchHit]:
