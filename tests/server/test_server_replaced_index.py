@@ -7,8 +7,10 @@ new one can carry the same generation number, so only the file's identity tells 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from serverkit import LEXICAL, server_env, start_server
@@ -74,3 +76,47 @@ def test_import_force_is_followed_by_an_open_codesearch(tmp_path):
         (served / "a.py").write_text(NEW)
         import_index(tmp_path / "new.tar", served, force=True)
         assert [h.path for h in cs.search("quokka", k=5, mode="lexical")] == ["a.py"]
+
+
+def test_the_daemon_follows_an_import_force(tmp_path, single_vector_dir):
+    # The per-user daemon refreshes before each query (`ServedRepo.catch_up`): it compared
+    # generations only, and the imported store's may equal the served one's. Without a
+    # watcher (a tree past the inotify limit is served so), nothing else would tell it.
+    from daemonkit import daemon_env, daemon_pids, run_cli, stop_all
+
+    from codesearch.api import CodeSearch, import_index
+    from codesearch.server.runtime_dir import read_info
+
+    # Both indexes made the same way (an export of a checkout indexed once, imported), so
+    # that their stores carry the same generation.
+    for name, text in (("old", OLD), ("new", NEW)):
+        with CodeSearch(checkout(tmp_path / name, text), model=str(single_vector_dir), multi_model=None) as cs:
+            cs.index()
+            cs.export(tmp_path / f"{name}.tar")
+    served = checkout(tmp_path / "served", OLD)
+    import_index(tmp_path / "old.tar", served)
+    runtime = tmp_path / "run"
+    env = daemon_env(runtime)
+
+    def texts() -> str:
+        done = run_cli(["query", "function", "-p", str(served), "-k", "10", "--json"], env)
+        return " ".join(hit["text"] for hit in json.loads(done.stdout)["results"])
+
+    daemon = subprocess.Popen([sys.executable, "-m", "codesearch.server.daemon", "--runtime-dir", str(runtime),
+                               "--no-watch"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while read_info(runtime) is None and daemon.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert read_info(runtime) is not None, "the daemon did not start"
+        before = texts()
+        assert "alpha_function" in before and "quokka_function" not in before
+        pids = daemon_pids(runtime)
+        (served / "a.py").write_text(NEW)
+        run_cli(["import", str(tmp_path / "new.tar"), str(served), "--force", "-q"], env)
+        after = texts()
+        assert "quokka_function" in after and "alpha_function" not in after
+        assert daemon_pids(runtime) == pids == [daemon.pid]  # the same daemon, not a restart
+    finally:
+        stop_all(runtime)
+        daemon.wait(30)
