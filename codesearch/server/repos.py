@@ -359,7 +359,10 @@ class ServedRepo:
         if self.run_state.state != "idle" or not self._live.replaced:
             return
         try:
-            self._swap_reader()
+            with self._swap_lock:
+                if self._live.replaced:  # not swapped by a search that asked first
+                    self._live.swap()
+                    self.run_state.generation += 1
         except CodeSearchError as exc:
             log.warning("could not open the replaced index of %s yet: %s", self.root, exc)
 

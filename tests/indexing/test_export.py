@@ -392,3 +392,26 @@ def test_a_file_replaced_during_the_export_never_gives_a_refused_archive(tmp_pat
     finally:
         stop.set()
         writer.join(10)
+
+
+def test_a_member_changed_in_place_after_its_hash_is_one_line_and_no_file(tmp_path, monkeypatch):
+    """Only an index run writes into a file in place, and the export holds its lock; should
+    one do it anyway, the export fails in one line and leaves no file (never an archive
+    whose checksums lie)."""
+    from codesearch.indexing import export as export_mod
+
+    repo = make_repo(tmp_path / "repo")
+    with CodeSearch(repo, model=None, multi_model=None) as cs:
+        cs.index()
+    real = export_mod._manifest
+
+    def then_append(members, *args):
+        manifest = real(members, *args)
+        with open(repo / ".codesearch" / "lexical.npz", "r+b") as fh:
+            fh.write(b"written after the hash")  # same size, other bytes
+        return manifest
+
+    monkeypatch.setattr(export_mod, "_manifest", then_append)
+    with pytest.raises(ExportError, match=r"'lexical.npz' changed while it was exported.*export' again"):
+        export_mod.write_export(repo / ".codesearch", repo, tmp_path / "e.tar")
+    assert not (tmp_path / "e.tar").exists() and not list(tmp_path.glob(".e.tar*"))
