@@ -132,9 +132,10 @@ class _Batch(list):
 
 @pytest.mark.parametrize("glob", [None, "*.{py,md}"])
 def test_the_filter_reads_bounded_batches_and_drops_each_before_the_next(repo, monkeypatch, glob):
-    """The texts are most of an index's bytes: the filter must never hold them all (one read
-    of every text, or every batch kept until the end):
-    a batch goes before the next is read. Same chunks kept as one pass over everything."""
+    """The texts are most of an index's bytes: the filter reads them in batches of at most
+    `_TEXT_BATCH` and lets go of each before it reads the next (before: one read of every
+    text without another filter, every batch kept to the end with one). It keeps the same
+    chunks as one pass over everything."""
     import weakref
 
     from codesearch.search import searcher as searcher_mod
