@@ -124,3 +124,40 @@ def test_the_filter_applies_in_every_vector_mode(tmp_path, repo, single_vector_d
         assert set(every.indexes_used) >= ({"dense", "colbert"} if mode == "hybrid" else {mode})
         assert {(h.path, h.start_line) for h in every.hits} == want
         assert cs.query("retry logic", 1, mode=mode, regex=pattern).hits == every.hits[:1]
+
+
+class _Batch(list):
+    """A list a weak reference can follow (to see when the filter let go of a batch)."""
+
+
+@pytest.mark.parametrize("glob", [None, "*.{py,md}"])
+def test_the_filter_reads_bounded_batches_and_drops_each_before_the_next(repo, monkeypatch, glob):
+    """The texts are most of an index's bytes: the filter reads them in batches of at most
+    `_TEXT_BATCH` and lets go of each before it reads the next (before: one read of every
+    text without another filter, every batch kept to the end with one). It keeps the same
+    chunks as one pass over everything."""
+    import weakref
+
+    from codesearch.search import searcher as searcher_mod
+    from codesearch.search.searcher import Searcher
+
+    monkeypatch.setattr(searcher_mod, "_TEXT_BATCH", 1)
+    pattern = "retry|Retry|Sleep|backoff"
+    want = {(p, s) for p, s, text in _all_chunks(repo) if re.search(pattern, text, re.M)
+            and (glob is None or p.endswith((".py", ".md")))}
+    with Searcher(repo / ".codesearch") as searcher:
+        store, reads, alive = searcher._store, [], []
+        real = store.chunk_texts
+
+        def chunk_texts(ids=None):
+            assert all(ref() is None for ref in alive), "the previous batch is still held"
+            reads.append(None if ids is None else len(ids))
+            batch = _Batch(real(ids))
+            alive.append(weakref.ref(batch))
+            return batch
+
+        monkeypatch.setattr(store, "chunk_texts", chunk_texts)
+        hits = searcher.search(SearchRequest("retry logic", 100, mode="lexical", regex=pattern,
+                                             globs=(glob,) if glob else ())).hits
+    assert {(h.path, h.start_line) for h in hits} == want
+    assert len(reads) > 1 and all(n == 1 for n in reads), reads

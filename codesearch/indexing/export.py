@@ -165,12 +165,11 @@ def _members(index_dir: Path) -> list[str]:
     return out
 
 
-def _sha256(path: Path) -> tuple[int, str]:
+def _sha256(fh: io.BufferedReader) -> tuple[int, str]:
     h, size = hashlib.sha256(), 0
-    with open(path, "rb") as fh:
-        while block := fh.read(_BLOCK):
-            h.update(block)
-            size += len(block)
+    while block := fh.read(_BLOCK):
+        h.update(block)
+        size += len(block)
     return size, h.hexdigest()
 
 
@@ -218,28 +217,14 @@ def write_export(index_dir: Path, root: Path, dest: Path) -> Manifest:
                 files, chunks = store.count("files"), store.count("chunks")
                 schema_version = store.schema_version
             sources = {STORE_FILE: snap, **{name: index_dir / name for name in _members(index_dir)}}
-            manifest = Manifest(
-                schema_version=schema_version,
-                codesearch_version=_version(),
-                created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                repository=repository_of(root),
-                models=models,
-                files=files,
-                chunks=chunks,
-                members={name: _sha256(path) for name, path in sources.items()},
-            )
-            body = manifest.to_json()
-            with open(tmp, "wb") as fh:
-                with tarfile.open(fileobj=fh, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                    _add_bytes(tar, MANIFEST, body)
-                    _add_bytes(tar, MANIFEST_SUM, hashlib.sha256(body).hexdigest().encode() + b"\n")
-                    for name, path in sources.items():
-                        info = tarfile.TarInfo(name)
-                        info.size, info.mtime, info.mode = manifest.members[name][0], int(time.time()), 0o644
-                        with open(path, "rb") as src:
-                            tar.addfile(info, src)
-                fh.flush()
-                os.fsync(fh.fileno())
+            # Each member is opened once and both hashed and written from that open file:
+            # a file replaced by rename meanwhile (a searcher's centrality cache needs no
+            # lock) then leaves this export on the version it hashed.
+            opened = contextlib.ExitStack()
+            with opened:
+                members = {name: opened.enter_context(open(path, "rb")) for name, path in sources.items()}
+                manifest = _manifest(members, root, models, files, chunks, schema_version)
+                _write_tar(tmp, manifest, members)
         os.replace(tmp, dest)
     except (OSError, sqlite3.Error) as exc:
         why = getattr(exc, "strerror", None) or exc
@@ -251,6 +236,55 @@ def write_export(index_dir: Path, root: Path, dest: Path) -> Manifest:
             with contextlib.suppress(OSError):
                 path.unlink()
     return manifest
+
+
+def _manifest(members: dict[str, io.BufferedReader], root: Path, models: dict[str, dict], files: int, chunks: int,
+              schema_version: int) -> Manifest:
+    return Manifest(
+        schema_version=schema_version,
+        codesearch_version=_version(),
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        repository=repository_of(root),
+        models=models,
+        files=files,
+        chunks=chunks,
+        members={name: _sha256(fh) for name, fh in members.items()},
+    )
+
+
+def _write_tar(tmp: Path, manifest: Manifest, members: dict[str, io.BufferedReader]) -> None:
+    """The manifest, its checksum, then each member from its open file, checked again as
+    it is copied: a file changed in place since it was hashed (only an index run writes
+    so, and the export holds its lock) is an error, never an archive that import refuses."""
+    body = manifest.to_json()
+    with open(tmp, "wb") as fh:
+        with tarfile.open(fileobj=fh, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            _add_bytes(tar, MANIFEST, body)
+            _add_bytes(tar, MANIFEST_SUM, hashlib.sha256(body).hexdigest().encode() + b"\n")
+            for name, src in members.items():
+                size, digest = manifest.members[name]
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime, info.mode = size, int(time.time()), 0o644
+                src.seek(0)
+                reader = _Hashing(src)
+                tar.addfile(info, reader)
+                if reader.hash.hexdigest() != digest or src.read(1):
+                    raise ExportError(f"the index file {name!r} changed while it was exported; nothing was "
+                                      "written (run 'codesearch export' again)")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+class _Hashing:
+    """A reader that hashes what is read through it (all `tarfile.TarFile.addfile` calls)."""
+
+    def __init__(self, src: io.BufferedReader):
+        self._src, self.hash = src, hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        block = self._src.read(n)
+        self.hash.update(block)
+        return block
 
 
 def _version() -> str:

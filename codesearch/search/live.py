@@ -10,7 +10,8 @@ a generation is replaced:
 - pinned (``pinned=True``, the server): a generation is opened, pinned (a read
   transaction: every record a search returns comes from that generation, while runs
   commit newer ones), given its encoders and warmed up by `swap`, which the server calls
-  after each stage of its index runs; searches never wait for a run.
+  after each stage of its index runs, and when the store file was replaced (`replaced`);
+  searches never wait for a run.
 
 Either way a search leases the generation it started on, and a replaced generation is
 closed when its last lease ends, so a swap never closes an index under a running search.
@@ -140,6 +141,15 @@ class LiveSearcher:
         """The store generation the current searcher opened; None when none is open."""
         with self._lock:
             return None if self._current is None else self._current.searcher.generation
+
+    @property
+    def replaced(self) -> bool:
+        """True when the current generation's store file is no longer the one at the index's
+        path (a ``codesearch import --force``): a pinned owner then swaps (`swap`); a
+        following one moves by itself."""
+        with self._lock:
+            gen = self._current
+        return gen is not None and gen.searcher.is_replaced()
 
     # -- replacing generations ----------------------------------------------------------------
 

@@ -102,6 +102,9 @@ class Searcher:
         if not store_path.is_file():
             raise NotIndexedError(f"no index in {str(self.index_dir)!r} (run 'codesearch index' first)")
         self._lock = threading.RLock()
+        # Which file this searcher reads, taken before opening it: a store replaced in
+        # between is then seen as replaced once more (one extra reopen), never missed.
+        self._store_id = _file_id(store_path)
         self._store = Store(store_path, readonly=True)
         if self._store.generation == 0 and IndexLock.writer_active(self.index_dir):
             self._store.close()
@@ -266,12 +269,26 @@ class Searcher:
 
     def is_current(self) -> bool:
         """Whether the store is still at the generation this searcher opened (one meta read;
-        always true for a pinned searcher, whose read transaction keeps its snapshot)."""
+        always true for a pinned searcher, whose read transaction keeps its snapshot) and
+        still the file at the index's path (see `is_replaced`)."""
+        if self.is_replaced():
+            return False
         with self._lock:
             try:
                 return self._store.generation == self._generation
             except CodeSearchError:
                 return True  # a store being rewritten: keep answering from this one
+
+    def is_replaced(self) -> bool:
+        """Whether another store file now sits at this searcher's path (one ``stat``).
+
+        Why: ``codesearch import --force`` (or any rename of a new ``.codesearch`` into
+        place) leaves this searcher reading the old, unlinked file, whose generation says
+        nothing about the new one (both may be 1). A path with no store at all (mid-rename,
+        or deleted) is not a replacement: the open one goes on answering.
+        """
+        now = _file_id(self.index_dir / STORE_FILE)
+        return now is not None and now != self._store_id
 
     def pin(self) -> bool:
         """Hold a read transaction open on the store until `close`; False when too late.
@@ -424,29 +441,29 @@ class Searcher:
 
     def _regex_mask(self, pattern: str, mask: np.ndarray | None) -> np.ndarray:
         """``mask`` narrowed to the rows whose chunk text matches ``pattern`` (checked when the
-        request was made). Texts are read from the store in batches, only for rows the other
-        filters keep; the store is locked per batch, not for the whole scan."""
+        request was made).
+
+        Why in batches: the texts are most of an index's bytes. They are read from the store
+        `_TEXT_BATCH` chunks at a time, only for rows the other filters keep, and each batch
+        is matched and dropped before the next is read; the store's lock is held per read,
+        so the other searches of this searcher go on between batches. A pinned searcher
+        reads every batch from its one generation.
+        """
         c = self._ranker.corpus
         regex = compile_regex(pattern)
         n = len(c.ids)
-        rows = np.arange(n) if mask is None else np.flatnonzero(mask)
         keep = np.zeros(n, dtype=bool)
-        if not len(rows):
-            return keep
-        row_of = {int(i): r for r, i in enumerate(c.ids.tolist())}
-        if mask is None:
+        rows = np.arange(n) if mask is None else np.flatnonzero(mask)
+        rows = rows[np.argsort(c.ids[rows], kind="stable")]  # by id: each batch is one stretch of the table
+        ids = c.ids[rows]
+        for start in range(0, len(rows), _TEXT_BATCH):
+            part = ids[start : start + _TEXT_BATCH]
             with self._lock:
-                batches = [self._store.chunk_texts()]
-        else:
-            batches = []
-            for start in range(0, len(rows), _TEXT_BATCH):
-                with self._lock:
-                    batches.append(self._store.chunk_texts(c.ids[rows[start : start + _TEXT_BATCH]].tolist()))
-        for batch in batches:
-            found = [row_of.get(int(i), -1) for i, _ in batch]
+                batch = self._store.chunk_texts(part.tolist())  # by id, a subset of part
+            found = np.fromiter((i for i, _ in batch), dtype=ids.dtype, count=len(batch))
             hits = np.fromiter(regex.matches(text for _, text in batch), dtype=bool, count=len(batch))
-            where = np.asarray(found, dtype=np.int64)
-            keep[where[hits & (where >= 0)]] = True
+            keep[rows[start + np.searchsorted(part, found[hits])]] = True
+            del batch
         return keep
 
     def _hits(self, picked: list[tuple[int, float]], sources: dict[str, np.ndarray]) -> list[SearchHit]:
@@ -488,3 +505,12 @@ def _in_lexical_order(rows: list[tuple], lex_ids: np.ndarray) -> list[tuple]:
 def _lexical_inputs(store: Store) -> tuple[np.ndarray, list[str]]:
     recs = list(store.iter_chunk_records())
     return np.array([r.id for r in recs], dtype=np.int64), [r.chunk.encoder_text for r in recs]
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of ``path``; None when it does not exist."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino

@@ -276,6 +276,7 @@ class ServedRepo:
         request = query if isinstance(query, SearchRequest) else SearchRequest.of(
             query, k, mode=mode, language=language, glob=glob, files_only=files_only
         )
+        self._follow_replaced()
         with self._live.lease(lexical=request.mode is Mode.lexical) as (searcher, notices):
             result = searcher.search(request, path_rules=path_rules)
         return with_notices(result, notices)
@@ -334,8 +335,9 @@ class ServedRepo:
 
     def catch_up(self) -> bool:
         """Move searches to a generation another process committed (a ``codesearch index
-        --no-daemon``, a script): the pinned searcher would not see it. Only between runs of
-        this root; True when it swapped."""
+        --no-daemon``, a script) or to a store that replaced the served one (``codesearch
+        import --force``, whose generation may equal the old one's): the pinned searcher
+        would not see either. Only between runs of this root; True when it swapped."""
         if self.run_state.state != "idle" or not self.indexed:
             return False
         pinned = self._live.generation
@@ -344,10 +346,25 @@ class ServedRepo:
                 committed = store.generation
         except CodeSearchError:
             return False
-        if pinned is not None and committed == pinned:
+        if pinned is not None and committed == pinned and not self._live.replaced:
             return False
         self._swap_reader()
         return True
+
+    def _follow_replaced(self) -> None:
+        """Swap to the store that replaced the served one (``codesearch import --force``
+        renames a new index folder into place; one ``stat`` per search tells). Between runs
+        only: a run of this root swaps when it ends. Should the new store not open (yet),
+        the old one goes on answering and the next search tries again."""
+        if self.run_state.state != "idle" or not self._live.replaced:
+            return
+        try:
+            with self._swap_lock:
+                if self._live.replaced:  # not swapped by a search that asked first
+                    self._live.swap()
+                    self.run_state.generation += 1
+        except CodeSearchError as exc:
+            log.warning("could not open the replaced index of %s yet: %s", self.root, exc)
 
     def wait_idle(self, timeout: float) -> bool:
         """Block until no run is running or queued (tests and benchmarks)."""

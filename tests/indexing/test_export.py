@@ -355,3 +355,63 @@ def test_a_full_disk_during_an_import_is_one_line_and_keeps_nothing(exported, tm
         assert not (other / ".codesearch").exists()
         assert not list(other.glob(".*import*"))
         filler.unlink()
+
+
+def test_a_file_replaced_during_the_export_never_gives_a_refused_archive(tmp_path):
+    """A searcher replaces its centrality cache (rename, no index lock) while an export
+    reads the folder: each export must carry one version of it, with that version's
+    checksum (the old code hashed every member, then reopened each to write it)."""
+    import os
+    import threading
+
+    from codesearch.indexing.export import unpack_export, write_export
+    from codesearch.store import atomic_write
+
+    repo = make_repo(tmp_path / "repo")
+    with CodeSearch(repo, model=None, multi_model=None) as cs:
+        cs.index()
+    index_dir = repo / ".codesearch"
+    stop = threading.Event()
+
+    def rewrite() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            with atomic_write(index_dir / "centrality.npz") as fh:
+                fh.write(os.urandom(1000 + 997 * (n % 50)))
+
+    writer = threading.Thread(target=rewrite, daemon=True)
+    writer.start()
+    try:
+        for i in range(6):
+            manifest = write_export(index_dir, repo, tmp_path / f"e{i}.tar")
+            assert "centrality.npz" in manifest.members
+            unpack_export(tmp_path / f"e{i}.tar", tmp_path / f"unpacked{i}")  # checks every member
+            got = (tmp_path / f"unpacked{i}" / "centrality.npz").read_bytes()
+            assert (len(got), hashlib.sha256(got).hexdigest()) == manifest.members["centrality.npz"]
+    finally:
+        stop.set()
+        writer.join(10)
+
+
+def test_a_member_changed_in_place_after_its_hash_is_one_line_and_no_file(tmp_path, monkeypatch):
+    """Only an index run writes into a file in place, and the export holds its lock; should
+    one do it anyway, the export fails in one line and leaves no file (never an archive
+    whose checksums lie)."""
+    from codesearch.indexing import export as export_mod
+
+    repo = make_repo(tmp_path / "repo")
+    with CodeSearch(repo, model=None, multi_model=None) as cs:
+        cs.index()
+    real = export_mod._manifest
+
+    def then_append(members, *args):
+        manifest = real(members, *args)
+        with open(repo / ".codesearch" / "lexical.npz", "r+b") as fh:
+            fh.write(b"written after the hash")  # same size, other bytes
+        return manifest
+
+    monkeypatch.setattr(export_mod, "_manifest", then_append)
+    with pytest.raises(ExportError, match=r"'lexical.npz' changed while it was exported.*export' again"):
+        export_mod.write_export(repo / ".codesearch", repo, tmp_path / "e.tar")
+    assert not (tmp_path / "e.tar").exists() and not list(tmp_path.glob(".e.tar*"))

@@ -1,0 +1,74 @@
+"""How much one request may ask of the path filters, and the clock a server's search
+stops at: the parts of a filter's cost that the request chooses."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+_FIX = "fix the pattern, e.g. --glob '*.{rs,md}' or --glob '!tests/**'"
+
+
+@dataclass(frozen=True, slots=True)
+class GlobLimits:
+    """How much one search may ask of the glob filter.
+
+    Matching is linear in the path and the pattern whatever the limits; they bound the
+    work of one request (every indexed path is matched against every rule) and the size of
+    what a request makes the server compile. A regex filter would take the same shape:
+    a length, a count of operators, a count of alternatives.
+
+    Attributes
+    ----------
+    globs:
+        Patterns per search.
+    chars:
+        Characters per pattern, as typed.
+    rules:
+        Rules after ``{a,b}`` expansion, over all patterns (counted before expanding).
+    wildcards:
+        ``*``, ``?`` and ``[...]`` per rule.
+    """
+
+    globs: int = 32
+    chars: int = 256
+    rules: int = 64
+    wildcards: int = 32
+
+
+GLOB_LIMITS = GlobLimits()
+
+#: Rules that brace expansion may make where no `GlobLimits` applies (the library's own
+#: rules, `expand_braces` called alone): counted before expanding, like the limits.
+MAX_EXPANDED_RULES = 1024
+#: ``{`` inside ``{`` inside ...: the expansion recurses on this depth.
+MAX_BRACE_DEPTH = 32
+
+
+
+_DEADLINE: ContextVar[float | None] = ContextVar("codesearch_glob_deadline", default=None)
+
+
+@contextlib.contextmanager
+def glob_deadline(deadline: float | None) -> Iterator[None]:
+    """Within this block (this thread), `GlobFilter.matches` gives up at ``deadline``
+    (``time.monotonic()`` seconds).
+
+    Why: a search in a server thread cannot be killed when its request times out; the glob
+    filter is the one part of it whose cost the request chooses (up to `GLOB_LIMITS`: a few
+    seconds per 100,000 paths), so it is the part that looks at the clock.
+    """
+    token = _DEADLINE.set(deadline)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def search_deadline() -> float | None:
+    """The deadline `glob_deadline` set for this thread, or None: the other filters whose cost
+    a request chooses (`codesearch.textregex`) stop at it too."""
+    return _DEADLINE.get()
+
