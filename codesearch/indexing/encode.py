@@ -180,7 +180,9 @@ def _encode_streams(
     commits.on_commit = committed
     for enc, items in streams:
         model = cache_model(enc) if reuse.enabled else enc.identity
-        batches = list(_batches([(kind, h, t) for _, kind, h, t in items], _batch_size(enc)))
+        # (nothing left to encode: the encoder is not asked how it batches, which loads a
+        # deferred one)
+        batches = list(_batches([(kind, h, t) for _, kind, h, t in items], _batch_size(enc))) if items else []
         texts_of = ([t for _, _, t in b] for b in batches)
 
         def idle() -> None:  # while a pool of workers (codesearch[ray]) computes

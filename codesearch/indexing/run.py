@@ -49,7 +49,7 @@ from codesearch.indexes.registry import DERIVED, sync_derived
 from codesearch.indexing.chunking import CHUNKER_VERSION
 from codesearch.indexing.commit import WALK_EXCLUDE_KEY, WALK_INCLUDE_KEY, commit_changes
 from codesearch.indexing.encode import encode_missing
-from codesearch.indexing.encoders import check_models, chunk_budget
+from codesearch.indexing.encoders import check_models, chunk_budget, forget_other_tokenizers
 from codesearch.indexing.options import Progress, Run, RunOptions, Work
 from codesearch.pathnames import text_name
 from codesearch.store import IndexLock, Store
@@ -296,6 +296,7 @@ def _build(run: Run) -> IndexSummary:
         # The way out of a damaged vectors segment (its reads ask for --rebuild): the arrays
         # whose bytes fail their check go, and this run encodes those texts again.
         run.store.drop_damaged_vectors()
+        forget_other_tokenizers(run.store, run.encoders)
     run.prev_gen = run.store.generation
     run.recorded = {} if run.opts.rebuild else run.store.models()
     stages: dict[str, float] = {}

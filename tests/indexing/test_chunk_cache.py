@@ -186,3 +186,97 @@ def test_chunk_records_are_evicted_least_recently_used_first(tmp_path):
         assert len(cache.get_chunks([f"old{i}" for i in range(1000)])) < 1000
         cache.prune(everything=True)
         assert cache.status().chunked_files == 0
+
+
+# -- no model load when every text is cached (codesearch.indexing.deferred) ---------------------------
+
+
+def _index_with_pool(root, single_vector_dir, colbert_dir):
+    from codesearch.api import EncoderPool
+
+    pool = EncoderPool()
+    with CodeSearch(root, model=str(single_vector_dir), multi_model=str(colbert_dir), device="cpu",
+                    encoder_pool=pool) as cs:
+        summary = cs.index()
+    return summary, pool
+
+
+def test_a_copy_whose_texts_are_all_cached_loads_no_model(repo, tmp_path, single_vector_dir, colbert_dir):
+    first, pool = _index_with_pool(repo, single_vector_dir, colbert_dir)
+    assert first.chunks_encoded > 0 and len(pool.loaded()) == 2
+
+    copy = _copy(repo, tmp_path / "copy")
+    summary, pool = _index_with_pool(copy, single_vector_dir, colbert_dir)
+    assert summary.chunks_encoded == 0 and summary.texts_reused == first.chunks_encoded
+    assert pool.loaded() == []  # neither model was loaded
+    with Store(pipeline.default_index_dir(copy) / STORE_FILE) as s, \
+            Store(pipeline.default_index_dir(repo) / STORE_FILE) as r:
+        assert s.models() == r.models()
+        assert s.get_meta("embedded") == r.get_meta("embedded")
+    assert _index_content(copy) == _index_content(repo)
+    check_consistent(pipeline.default_index_dir(copy))
+    assert _hits(copy, single_vector_dir, colbert_dir) == _hits(repo, single_vector_dir, colbert_dir)
+
+
+def test_a_copy_with_new_text_loads_the_model_and_encodes_it(repo, tmp_path, single_vector_dir, colbert_dir):
+    _index_with_pool(repo, single_vector_dir, colbert_dir)
+    moved = _copy(repo, tmp_path / "moved")
+    (moved / "pkg" / "new.py").write_text(module_source("brand_new", 2, lines=12))
+    summary, pool = _index_with_pool(moved, single_vector_dir, colbert_dir)
+    assert summary.chunks_encoded > 0 and len(pool.loaded()) == 2
+    check_consistent(pipeline.default_index_dir(moved))
+
+
+def test_a_checkpoint_changed_on_disk_is_loaded_again(repo, tmp_path, single_vector_dir, colbert_dir):
+    import os
+
+    dense_dir = shutil.copytree(single_vector_dir, tmp_path / "dense")
+    _index_with_pool(repo, dense_dir, colbert_dir)
+    config = dense_dir / "config.json"
+    os.utime(config, ns=(config.stat().st_atime_ns, config.stat().st_mtime_ns + 10**9))
+    _, pool = _index_with_pool(_copy(repo, tmp_path / "copy"), dense_dir, colbert_dir)
+    assert [e.name for e in pool.loaded()] == [str(dense_dir)]  # its card no longer matches; ColBERT's does
+
+
+# -- the tokenizer beside the model identity, in the index -------------------------------------------
+
+
+def _lowercase_tokenizer(model_dir):
+    from tokenizers import Tokenizer, normalizers
+
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.save(str(model_dir / "tokenizer.json"))
+
+
+def test_an_index_refuses_a_changed_tokenizer_beside_the_same_weights(repo, tmp_path, single_vector_dir):
+    from codesearch.encoder import load
+    from codesearch.errors import ModelMismatchError
+
+    model_dir = shutil.copytree(single_vector_dir, tmp_path / "model")
+    build_index(repo, encoders=Encoders(dense=load(str(model_dir))))
+    _lowercase_tokenizer(model_dir)
+    with pytest.raises(ModelMismatchError, match=r"another tokenizer.*--rebuild"):
+        build_index(repo, encoders=Encoders(dense=load(str(model_dir))))
+    summary = build_index(repo, encoders=Encoders(dense=load(str(model_dir))), rebuild=True)
+    assert summary.chunks_encoded > 0 and summary.texts_reused == 0  # nothing stale, in the index or the cache
+
+
+def test_an_index_without_a_recorded_tokenizer_keeps_its_vectors(repo, single_vector_dir):
+    # An index written before the tokenizer was recorded (the key deleted here) is found
+    # compatible: nothing is re-embedded, and the next run records the tokenizer.
+    from codesearch.encoder import load
+
+    enc = CountingEncoder(load(str(single_vector_dir)))
+    build_index(repo, encoders=Encoders(dense=enc))
+    with Store(pipeline.default_index_dir(repo) / STORE_FILE) as s:
+        recorded = s.get_meta("tokenizer.dense")
+        assert recorded
+        with s.transaction():
+            s.delete_meta("tokenizer.dense")
+    enc.texts.clear()
+    (repo / "pkg" / "mod0.py").touch()
+    build_index(repo, encoders=Encoders(dense=enc))
+    assert enc.texts == []
+    with Store(pipeline.default_index_dir(repo) / STORE_FILE) as s:
+        assert s.get_meta("tokenizer.dense") == recorded
