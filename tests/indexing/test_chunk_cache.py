@@ -280,3 +280,23 @@ def test_an_index_without_a_recorded_tokenizer_keeps_its_vectors(repo, single_ve
     assert enc.texts == []
     with Store(pipeline.default_index_dir(repo) / STORE_FILE) as s:
         assert s.get_meta("tokenizer.dense") == recorded
+
+
+def test_a_fully_cached_index_run_imports_no_torch(repo, tmp_path, single_vector_dir, colbert_dir):
+    import os
+    import subprocess
+    import sys
+
+    _index_with_pool(repo, single_vector_dir, colbert_dir)  # fills the cache, writes the models' cards
+    copy = _copy(repo, tmp_path / "copy")
+    script = (
+        "import sys\n"
+        "from codesearch.api import CodeSearch\n"
+        f"with CodeSearch({str(copy)!r}, model={str(single_vector_dir)!r}, multi_model={str(colbert_dir)!r},"
+        " device='cpu') as cs:\n"
+        "    s = cs.index()\n"
+        "print(s.chunks_encoded, s.texts_reused, 'torch' in sys.modules, 'transformers' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=os.environ, check=True)
+    encoded, reused, torch_imported, transformers_imported = out.stdout.split()
+    assert (encoded, torch_imported, transformers_imported) == ("0", "False", "False") and int(reused) > 0
