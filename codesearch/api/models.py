@@ -133,6 +133,26 @@ class Models:
                 self._resolved[models] = cached
             return cached
 
+    def for_index(self, models: ModelArgs) -> tuple[Encoders, list[str]]:
+        """The encoders an index run uses: those already loaded, else encoders that load
+        their model only when the run has something to encode (`codesearch.indexing.deferred`:
+        a copy whose every text is in the user's cache loads none). Memoised as `encoders`
+        are when every model was loaded; deferred ones are not (a search resolves its own,
+        through the same pool: a model still loads once)."""
+        from codesearch.indexing.deferred import DeferredEncoder, deferring
+
+        with self._lock:
+            cached = self._resolved.get(models)
+        if cached is not None or models == (None, None):
+            return self.encoders(models)
+        resolved = resolve_encoders(
+            models[0], models[1], device=self.device, index_dir=self.index_dir, load=deferring(self.pool.load),
+        )
+        if not any(isinstance(e, DeferredEncoder) for e in resolved[0].present()):
+            with self._lock:
+                resolved = self._resolved.setdefault(models, resolved)
+        return resolved
+
     def for_search_encoders(self) -> tuple[Encoders, list[str]]:
         """`encoders` of `for_search`: what a searcher attaches."""
         return self.encoders(self.for_search())

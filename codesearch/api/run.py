@@ -61,7 +61,8 @@ def run_index(
     notices: list[str] = []
 
     def load() -> Encoders:
-        encoders, said = models.encoders(args)
+        # Without Ray, a model whose texts are all in the user's cache is never loaded.
+        encoders, said = models.encoders(args) if ray is not None else models.for_index(args)
         notices.extend(said)
         if ray is not None:
             encoders = ray.wrap(encoders)

@@ -41,7 +41,7 @@ def _open():
 def cache_status(
     json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
-    """Where the cache is, its size and cap, and the vectors it holds per model."""
+    """Where the cache is, its size and cap, the vectors it holds per model, and the files whose chunks it holds."""
     from codesearch.cli import render
 
     with _open() as cache:
@@ -56,6 +56,8 @@ def cache_status(
     ]
     for model, kinds in sorted(info.entries.items()):
         rows.append((model, ", ".join(f"{kind}: {n:,}" for kind, n in sorted(kinds.items()))))
+    if info.chunked_files:
+        rows.append(("chunked files", f"{info.chunked_files:,}"))
     if info.oldest_use is not None:
         rows.append(("last used", f"{_day(info.oldest_use)} .. {_day(info.newest_use)}"))
     render._key_values(rows)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 
 from codesearch.indexes.registry import Delta
 from codesearch.indexing.chunking import CHUNKER_VERSION
-from codesearch.indexing.encoders import DISABLED_KEY, EMBEDDED_KEY
+from codesearch.indexing.encoders import DISABLED_KEY, EMBEDDED_KEY, TOKENIZER_KEY, tokenizer_of
 from codesearch.indexing.options import Run
 from codesearch.store import Store
 
@@ -77,6 +77,11 @@ def commit_changes(run: Run) -> Delta:
         for role, enc in roles.items():
             if role not in run.recorded:
                 store.set_model(role, enc.name, enc.identity, int(enc.dim))
+            # (`check_models` let this run in: the index's vectors are of this tokenizer, or
+            # an older index recorded none)
+            tokenizer = tokenizer_of(enc)
+            if tokenizer is not None and store.get_meta(TOKENIZER_KEY.format(role=role)) != tokenizer:
+                store.set_meta(TOKENIZER_KEY.format(role=role), tokenizer)
         if not run.opts.defer_vectors:  # a run that skipped the models says nothing about them
             store.set_meta(DISABLED_KEY, json.dumps(sorted(run.encoders.disabled)))
         store.set_meta("root", str(run.opts.root))

@@ -18,7 +18,7 @@ from codesearch.indexing.commit import Commits
 from codesearch.indexing.encoders import EMBEDDED_KEY, VECTORS_PENDING_KEY
 from codesearch.indexing.options import Run
 from codesearch.indexing.publish import Publisher
-from codesearch.indexing.reuse import Reuse
+from codesearch.indexing.reuse import Reuse, cache_model
 from codesearch.pathnames import text_name
 from codesearch.store import VECTOR_KINDS
 from codesearch.store.files import decode_source, hash_bytes, read_inside
@@ -145,11 +145,12 @@ def _take_cached(
     if not reuse.enabled or not items:
         return items
     taken: set[int] = set()
+    model = cache_model(enc)
     for kind in dict.fromkeys(it[1] for it in items):
         where = [i for i, it in enumerate(items) if it[1] == kind]
         for start in range(0, len(where), _REUSE_BATCH):  # a part in memory at a time
             part = where[start : start + _REUSE_BATCH]
-            found = reuse.take(enc.identity, kind, [items[i][3] for i in part])
+            found = reuse.take(model, kind, [items[i][3] for i in part])
             if not found:
                 continue
             rows = [(items[part[j]][2], *v) for j, v in sorted(found.items())]
@@ -178,7 +179,10 @@ def _encode_streams(
 
     commits.on_commit = committed
     for enc, items in streams:
-        batches = list(_batches([(kind, h, t) for _, kind, h, t in items], _batch_size(enc)))
+        model = cache_model(enc) if reuse.enabled else enc.identity
+        # (nothing left to encode: the encoder is not asked how it batches, which loads a
+        # deferred one)
+        batches = list(_batches([(kind, h, t) for _, kind, h, t in items], _batch_size(enc))) if items else []
         texts_of = ([t for _, _, t in b] for b in batches)
 
         def idle() -> None:  # while a pool of workers (codesearch[ray]) computes
@@ -196,7 +200,7 @@ def _encode_streams(
                 # Keyed by the text each vector was made from, and kept before the store commits
                 # it: a run killed in between finds it there when it resumes.
                 for kind in by_kind:
-                    reuse.keep(enc.identity, kind, ((t, v) for (k, _, t), v in zip(batch, vectors) if k == kind))
+                    reuse.keep(model, kind, ((t, v) for (k, _, t), v in zip(batch, vectors) if k == kind))
             with commits.batch():  # the batch is cached whole or not at all
                 for kind, pairs in by_kind.items():
                     store.put_vectors(enc.identity, kind, pairs)

@@ -182,6 +182,29 @@ def _not_cached(name: str, flag: str) -> str:
     )
 
 
+#: Meta key per model role: the identity of the tokenizer the role's vectors were made with
+#: (`codesearch.indexing.reuse.tokenizer_identity`). The model identity hashes no tokenizer
+#: file, and it stays as it was (indexes record it, and an old index must match without
+#: re-embedding): an index without this key takes the tokenizer of its next run.
+TOKENIZER_KEY = "tokenizer.{role}"
+
+
+def tokenizer_of(enc: Encoder) -> str | None:
+    """``enc``'s tokenizer identity (its files' hash), None when it names no files."""
+    from codesearch.indexing.reuse import tokenizer_identity
+
+    return tokenizer_identity(enc.token_counter())
+
+
+def forget_other_tokenizers(store: Store, encoders: Encoders) -> None:
+    """Before a rebuild: drop the store's vectors of a model whose recorded tokenizer is not
+    ``encoders``' (the same identity, other ids: a rebuild would take them again)."""
+    for role, enc in encoders.by_role().items():
+        was = store.get_meta(TOKENIZER_KEY.format(role=role))
+        if was is not None and tokenizer_of(enc) not in (None, was):
+            store.drop_model_vectors(enc.identity)
+
+
 def check_models(store: Store, encoders: Encoders, index_dir: Path) -> None:
     recorded = store.models()
     for role, enc in encoders.by_role().items():
@@ -192,6 +215,14 @@ def check_models(store: Store, encoders: Encoders, index_dir: Path) -> None:
                 f"Index at {index_dir} was built with {role} model {rec.name} ({rec.identity}); this run "
                 f"asks for {enc.name} ({enc.identity}); run 'codesearch index --rebuild' to re-index with "
                 f"the new model, or pass {flag} {rec.name}"
+            )
+        was = store.get_meta(TOKENIZER_KEY.format(role=role)) if rec is not None else None
+        now = tokenizer_of(enc) if was is not None else None
+        if was is not None and now is not None and now != was:
+            raise ModelMismatchError(
+                f"Index at {index_dir} was built with {role} model {rec.name} and another tokenizer "
+                f"(tokenizer.json or its config changed: {was} -> {now}); run 'codesearch index --rebuild' to "
+                "re-embed with the new tokenizer, or restore the model's tokenizer files"
             )
 
 

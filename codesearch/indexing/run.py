@@ -49,7 +49,7 @@ from codesearch.indexes.registry import DERIVED, sync_derived
 from codesearch.indexing.chunking import CHUNKER_VERSION
 from codesearch.indexing.commit import WALK_EXCLUDE_KEY, WALK_INCLUDE_KEY, commit_changes
 from codesearch.indexing.encode import encode_missing
-from codesearch.indexing.encoders import check_models, chunk_budget
+from codesearch.indexing.encoders import check_models, chunk_budget, forget_other_tokenizers
 from codesearch.indexing.options import Progress, Run, RunOptions, Work
 from codesearch.pathnames import text_name
 from codesearch.store import IndexLock, Store
@@ -296,6 +296,7 @@ def _build(run: Run) -> IndexSummary:
         # The way out of a damaged vectors segment (its reads ask for --rebuild): the arrays
         # whose bytes fail their check go, and this run encodes those texts again.
         run.store.drop_damaged_vectors()
+        forget_other_tokenizers(run.store, run.encoders)
     run.prev_gen = run.store.generation
     run.recorded = {} if run.opts.rebuild else run.store.models()
     stages: dict[str, float] = {}
@@ -432,18 +433,44 @@ def _renamed(run: Run) -> int:
 
 
 def _chunk(run: Run) -> None:
-    """Chunk the new and changed files (per file, sharing nothing: a process pool for many)."""
+    """Chunk the new and changed files (per file, sharing nothing: a process pool for many),
+    taking from the user's cache the chunks of every file another index chunked the same way
+    (a worktree, a branch, a clone: tree-sitter and the tokenizer skipped)."""
     from codesearch.indexing.chunking import chunk_many
+    from codesearch.indexing.reuse import Reuse, chunk_key, chunking_key, pack_chunks, unpack_chunks
 
-    n = len(run.changes.work)
+    work = run.changes.work
+    n = len(work)
     # A name that is not UTF-8 goes into each chunk's header (text the store and the
     # encoder take) as valid Unicode; the file row keeps the name itself.
-    pieces = chunk_many(((text_name(w.path), w.text, w.language) for w in run.changes.work), max_tokens=run.plan.budget,
-                        count_tokens=run.plan.counter)
-    for i, (w, chunks) in enumerate(zip(run.changes.work, pieces)):
-        w.chunks = list(chunks)
+    names = [text_name(w.path) for w in work]
+    chunking = chunking_key(run.plan.budget, run.plan.counter) if work else None
+    reuse = Reuse.open() if chunking is not None else Reuse(None)
+    try:
+        keys = [chunk_key(chunking, name, w.language, w.hash) for name, w in zip(names, work)] if chunking else []
+        found = reuse.take_chunks(keys)
+        missing: list[int] = []
+        for i, w in enumerate(work):
+            cached = found.get(keys[i]) if keys else None
+            chunks = unpack_chunks(cached, names[i], w.text, w.language) if cached is not None else None
+            if chunks is None:
+                missing.append(i)
+            else:
+                w.chunks = chunks
+        run.files_chunks_reused = n - len(missing)
+        pieces = chunk_many(((names[i], work[i].text, work[i].language) for i in missing),
+                            max_tokens=run.plan.budget, count_tokens=run.plan.counter)
+        made: list[tuple[str, bytes]] = []
+        for done, (i, chunks) in enumerate(zip(missing, pieces), start=n - len(missing) + 1):
+            work[i].chunks = list(chunks)
+            if keys:
+                made.append((keys[i], pack_chunks(names[i], work[i].chunks)))
+            if done % 50 == 0:
+                run.report("chunk", done, n, files=done)
+        reuse.keep_chunks(made)
+    finally:
+        reuse.close()
+    for w in work:
         w.hashes = [hash_text(c.text) for c in w.chunks]
         run.chunks_made += len(w.chunks)
-        if (i + 1) % 50 == 0:
-            run.report("chunk", i + 1, n, files=i + 1, chunks=run.chunks_made)
     run.report("chunk", n, n, files=n, chunks=run.chunks_made)

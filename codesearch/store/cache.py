@@ -6,10 +6,13 @@ task, a branch beside main, a fresh clone), and each copy embedded every chunk a
 cache sits under the user's cache folder and is keyed by (model identity, kind, hash of the
 exact text the encoder reads): an index run looks here before it encodes and adds what it
 encodes. Whatever changes a vector changes the key: the model's weights, config and head
-(its identity: pooling, prefixes, window), the kind (a chunk or a whole file), and the text
-itself, which holds the chunk's boundaries and header, so a different chunker or budget
-never reuses a vector made for other text. (The compute dtype does not: a GPU's bf16 vector
-of a text serves a CPU's run, as it does inside one index.)
+(its identity: pooling, prefixes, window), the tokenizer that turns the text into ids, the
+kind (a chunk or a whole file), and the text itself, which holds the chunk's boundaries and
+header, so a different chunker or budget never reuses a vector made for other text. (The
+compute dtype does not: a GPU's bf16 vector of a text serves a CPU's run, as it does inside
+one index.) It also keeps each file's chunks (line ranges and labels, not the text), keyed by
+the file's content, name, language and every chunking parameter, so a new copy skips
+tree-sitter and the tokenizer for the files another copy chunked (`codesearch.indexing.reuse`).
 
 It is the index store's format, reused: a SQLite ``vectors`` table (WAL) whose multi-vector
 arrays go to append-only segment files (`codesearch.store.segments`), flushed before the
@@ -40,6 +43,7 @@ import os
 import shutil
 import sqlite3
 import time
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -93,6 +97,17 @@ _MIGRATIONS = [
     );
     CREATE INDEX vectors_used ON vectors(used);
     CREATE INDEX vectors_seg ON vectors(seg, off) WHERE seg IS NOT NULL;
+    """,
+    # 2: the chunks of a file (issue 27): a new worktree skips tree-sitter and the tokenizer
+    # for every file another copy chunked with the same parameters.
+    """
+    CREATE TABLE chunks (
+        key TEXT PRIMARY KEY,           -- xxh3_128 hex of the chunking parameters, name and content
+        data BLOB NOT NULL,             -- the file's chunk records (codesearch.indexing.reuse)
+        crc INTEGER NOT NULL,           -- CRC-32 of data: a damaged entry is a miss
+        used INTEGER NOT NULL           -- unix time of the last use, to the hour (LRU)
+    );
+    CREATE INDEX chunks_used ON chunks(used);
     """,
 ]
 
@@ -155,6 +170,7 @@ class CacheStatus:
     live_bytes: int = 0  # bytes of the arrays rows refer to
     disk_bytes: int = 0  # the folder on disk (segments, database, its WAL)
     entries: dict[str, dict[str, int]] = field(default_factory=dict)  # model -> kind -> rows
+    chunked_files: int = 0  # files whose chunks are cached
     oldest_use: int | None = None  # unix time
     newest_use: int | None = None
 
@@ -328,13 +344,53 @@ class UserCache(SegmentArrays):
             self.prune()
         return len(values)
 
+    # -- chunks --------------------------------------------------------------------------
+
+    def get_chunks(self, keys: Sequence[str]) -> dict[str, bytes]:
+        """Key -> the chunk records stored under it, for the keys that are cached (their use
+        is recorded). An entry whose bytes fail their CRC reads as a miss, and goes."""
+        out: dict[str, bytes] = {}
+        stale: list[str] = []
+        damaged: list[str] = []
+        now = _now()
+        for part in chunked(list(dict.fromkeys(keys))):
+            marks = ",".join("?" * len(part))
+            for key, data, crc, used in self._exec(
+                f"SELECT key, data, crc, used FROM chunks WHERE key IN ({marks})", part
+            ).fetchall():
+                if not isinstance(data, bytes) or zlib.crc32(data) != crc:
+                    damaged.append(key)
+                    continue
+                out[key] = data
+                if used < now - TOUCH_S:
+                    stale.append(key)
+        self._rows_update("UPDATE chunks SET used = ? WHERE key IN ({})", stale, (now,))
+        self._rows_update("DELETE FROM chunks WHERE key IN ({})", damaged)
+        return out
+
+    def put_chunks(self, items: Iterable[tuple[str, bytes]]) -> int:
+        """Add or replace chunk records (the same key is the same content chunked the same
+        way: a caller writes a key it could not read, and replaces records that did not fit).
+        Returns how many rows were written."""
+        now = _now()
+        rows = [(key, data, zlib.crc32(data), now) for key, data in dict(items).items()]
+        if not rows:
+            return 0
+        with self._locked(exclusive=False), self.transaction():
+            before = self.conn.total_changes
+            self._writemany("INSERT OR REPLACE INTO chunks(key, data, crc, used) VALUES (?, ?, ?, ?)", rows)
+            added = self.conn.total_changes - before
+        if added and self.disk_bytes() > self.limit:
+            self.prune()
+        return added
+
     def count(self, model: str | None = None) -> int:
         """Rows cached (of ``model``, when given)."""
         if model is None:
             return self._exec("SELECT count(*) FROM vectors").fetchone()[0]
         return self._exec("SELECT count(*) FROM vectors WHERE model = ?", (model,)).fetchone()[0]
 
-    def _rows_update(self, sql: str, ids: list[int], lead: tuple = ()) -> None:
+    def _rows_update(self, sql: str, ids: list, lead: tuple = ()) -> None:
         """Best effort (a use's record): a cache busy for longer than SQLite waits skips it."""
         if not ids:
             return
@@ -353,8 +409,12 @@ class UserCache(SegmentArrays):
         return total
 
     def live_bytes(self) -> int:
-        """Bytes of the arrays rows refer to."""
-        return self._exec(f"SELECT coalesce(sum({self.ARRAY_BYTES}), 0) FROM vectors").fetchone()[0]
+        """Bytes of the arrays rows refer to, and of the chunk records."""
+        arrays = self._exec(f"SELECT coalesce(sum({self.ARRAY_BYTES}), 0) FROM vectors").fetchone()[0]
+        return arrays + self._chunk_bytes()
+
+    def _chunk_bytes(self) -> int:
+        return self._exec("SELECT coalesce(sum(length(data)), 0) FROM chunks").fetchone()[0]
 
     def prune(self, limit: int | None = None, *, everything: bool = False) -> tuple[int, int]:
         """Evict the least recently used rows until the cache holds under ``limit`` bytes
@@ -366,7 +426,7 @@ class UserCache(SegmentArrays):
             self._checkpoint()
             with self.transaction():
                 if everything:
-                    evicted = self._exec("DELETE FROM vectors").rowcount
+                    evicted = self._exec("DELETE FROM vectors").rowcount + self._exec("DELETE FROM chunks").rowcount
                 elif self.disk_bytes() > limit:
                     # Segments end at most 1 / _EVICT_TO of their live bytes (compaction below),
                     # beside the database itself: the live bytes that fit the cap with both. The
@@ -380,7 +440,9 @@ class UserCache(SegmentArrays):
                     evicted = 0
             self.compact_segments(dead_share=0.0 if everything else 1 - _EVICT_TO)
             self._checkpoint()
-            if everything or self._free_bytes() * 4 > self._database_bytes():
+            if everything or self._free_bytes() * 4 > self._database_bytes() or (
+                self._free_bytes() and self.disk_bytes() > limit
+            ):
                 # Deleted rows free pages, not the file: give them back, so that the file
                 # shrinks below the cap and the next write does not prune again.
                 with contextlib.suppress(sqlite3.Error):
@@ -389,8 +451,10 @@ class UserCache(SegmentArrays):
             return evicted, max(0, before - self.disk_bytes())
 
     def _inline_bytes(self) -> int:
-        """Bytes of the arrays kept inside the database (the kinds without segment files)."""
-        return self._exec("SELECT coalesce(sum(length(data)), 0) FROM vectors WHERE seg IS NULL").fetchone()[0]
+        """Bytes of the arrays kept inside the database (the kinds without segment files, and
+        the chunk records)."""
+        inline = self._exec("SELECT coalesce(sum(length(data)), 0) FROM vectors WHERE seg IS NULL").fetchone()[0]
+        return inline + self._chunk_bytes()
 
     def _free_bytes(self) -> int:
         """Bytes of the database's free pages (deleted rows' space, not yet given back)."""
@@ -408,17 +472,22 @@ class UserCache(SegmentArrays):
             self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def _evict_to(self, target: int) -> int:
-        """Delete rows oldest use first until the live bytes are at most ``target``."""
+        """Delete rows (vectors and chunk records alike) oldest use first until the live
+        bytes are at most ``target``."""
         live = self.live_bytes()
-        doomed: list[int] = []
-        for vid, size in self._exec(f"SELECT id, {self.ARRAY_BYTES} FROM vectors ORDER BY used, id"):
+        doomed: dict[str, list] = {"vectors": [], "chunks": []}
+        for table, rid, size, _ in self._exec(
+            f"SELECT 'vectors', id, {self.ARRAY_BYTES}, used FROM vectors"
+            " UNION ALL SELECT 'chunks', key, length(data), used FROM chunks ORDER BY 4, 1, 2"
+        ).fetchall():
             if live <= target:
                 break
-            doomed.append(vid)
+            doomed[table].append(rid)
             live -= size
-        for part in chunked(doomed):
-            self._exec(f"DELETE FROM vectors WHERE id IN ({','.join('?' * len(part))})", part)
-        return len(doomed)
+        for table, column in (("vectors", "id"), ("chunks", "key")):
+            for part in chunked(doomed[table]):
+                self._exec(f"DELETE FROM {table} WHERE {column} IN ({','.join('?' * len(part))})", part)
+        return sum(len(rows) for rows in doomed.values())
 
     def repair(self) -> int:
         """Drop rows whose arrays are damaged and reclaim dead segment space; returns how many
@@ -432,10 +501,13 @@ class UserCache(SegmentArrays):
         entries: dict[str, dict[str, int]] = {}
         for model, kind, n in self._exec("SELECT model, kind, count(*) FROM vectors GROUP BY model, kind"):
             entries.setdefault(model, {})[kind] = n
-        oldest, newest = self._exec("SELECT min(used), max(used) FROM vectors").fetchone()
+        oldest, newest = self._exec(
+            "SELECT min(u), max(u) FROM (SELECT used AS u FROM vectors UNION ALL SELECT used FROM chunks)"
+        ).fetchone()
         return CacheStatus(
             path=str(self.folder), enabled=True, limit_bytes=self.limit, live_bytes=self.live_bytes(),
             disk_bytes=self.disk_bytes(), entries=entries, oldest_use=oldest, newest_use=newest,
+            chunked_files=self._exec("SELECT count(*) FROM chunks").fetchone()[0],
         )
 
 

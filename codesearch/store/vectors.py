@@ -220,6 +220,13 @@ class VectorCache(SegmentArrays):
         rec = self.models().get(KIND_ROLE[kind])
         return rec.identity if rec else None
 
+    def drop_model_vectors(self, model: str) -> int:
+        """Delete every cached vector of ``model`` (an identity whose vectors are stale: its
+        tokenizer changed beside the same weights); returns how many. Their segment bytes
+        are reclaimed as dead space."""
+        with self.transaction():
+            return self._exec("DELETE FROM vectors WHERE model = ?", (model,)).rowcount
+
     def cached_hashes(self, model: str, kind: str) -> set[str]:
         """Text hashes that have a cached vector for this model identity and kind."""
         rows = self._exec("SELECT text_hash FROM vectors WHERE model = ? AND kind = ?", (model, kind))

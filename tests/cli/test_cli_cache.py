@@ -58,3 +58,12 @@ def test_a_bad_cap_in_the_environment_is_one_line(monkeypatch):
     result = CliRunner().invoke(app, ["cache", "status"])
     assert result.exit_code == 1
     assert result.stderr.strip().startswith("Error: CODESEARCH_CACHE_SIZE='lots'")
+
+
+def test_status_counts_the_files_whose_chunks_are_cached():
+    with UserCache.open() as cache:
+        cache.put_chunks([("a", b"[]"), ("b", b"[]")])
+    result = CliRunner().invoke(app, ["cache", "status", "--json"])
+    assert json.loads(result.stdout)["chunked_files"] == 2
+    result = CliRunner().invoke(app, ["cache", "status"])
+    assert "chunked files: 2" in result.stdout.splitlines()
