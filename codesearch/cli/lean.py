@@ -18,7 +18,6 @@ options with ``--name value`` or ``--name=value``, short ones with ``-k 5`` or `
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import sys
@@ -161,7 +160,7 @@ def _query(argv: list[str]) -> int | None:
             "refresh": not opts.get("no_refresh"), "request": request}
     try:
         status, doc = daemon_client.call(info, "POST", "/daemon/search", body, timeout=SEARCH_TIMEOUT_S)
-    except (OSError, http.client.HTTPException, ValueError):
+    except (OSError, ValueError):  # no daemon after all, or a broken exchange
         return None
     if status != 200 or doc.get("schema_version") != 1 or not isinstance(doc.get("results"), list):
         # The Typer path gives the error its own words and exit status (a bad glob, ...).
@@ -379,7 +378,7 @@ def _index_in_daemon(path: Path, opts: dict[str, object], size: int, device: str
             import time
 
             time.sleep(INDEX_POLL_S)
-    except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError):
         return None
     if status != 200:
         return None
