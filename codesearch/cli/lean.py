@@ -437,8 +437,6 @@ def _serve(argv: list[str]) -> int | None:
 
 def session_options(opts: dict[str, object]) -> dict[str, object] | None:
     """The options a session names explicitly (none: the daemon uses what each index records)."""
-    from codesearch.types import DEFAULT
-
     out: dict[str, object] = {}
     for name in ("model", "multi_model"):
         if opts.get(name) is not None:
@@ -452,6 +450,8 @@ def session_options(opts: dict[str, object]) -> dict[str, object] | None:
         out["index_dir"] = str(Path(str(opts["index_dir"])).expanduser().resolve())
     if not out:
         return None
+    from codesearch.types import DEFAULT  # (only here: the relay of a session stays small)
+
     return {k: v for k, v in out.items() if v != DEFAULT}
 
 

@@ -19,6 +19,11 @@ class WireError(ConnectionError):
     """The peer did not answer HTTP/1.x as the daemon does (a broken exchange, as a reset is)."""
 
 
+class NotConnected(ConnectionError):
+    """No connection was made: the request was certainly not delivered (safe to send again,
+    whatever it asks; a failure after this point may have been acted on)."""
+
+
 def exchange(host: str, port: int, method: str, path: str, *, body: bytes | None = None,
              headers: dict[str, str] | None = None, timeout: float = 60.0) -> tuple[int, bytes]:
     """Send one request and read the whole answer; returns (status, body).
@@ -26,8 +31,8 @@ def exchange(host: str, port: int, method: str, path: str, *, body: bytes | None
     Raises
     ------
     OSError
-        No connection, a timeout (`TimeoutError`), a reset, or an answer that is not
-        HTTP/1.x (`WireError`).
+        No connection (`NotConnected`: nothing was delivered), a timeout (`TimeoutError`),
+        a reset, or an answer that is not HTTP/1.x (`WireError`).
     ValueError
         A header value with a line break (it would forge another header).
     """
@@ -41,7 +46,11 @@ def exchange(host: str, port: int, method: str, path: str, *, body: bytes | None
     if body is not None or method in ("POST", "PUT", "PATCH"):
         lines.append(f"Content-Length: {len(body or b'')}")
     request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
-    with socket.create_connection((host, port), timeout=timeout) as sock:
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as exc:
+        raise NotConnected(f"no connection to {where}:{port} ({exc})") from exc
+    with sock:
         sock.sendall(request)
         with sock.makefile("rb") as reader:
             return _response(reader, method)
