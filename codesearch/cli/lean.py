@@ -5,7 +5,9 @@ milliseconds. So `run` looks at the arguments first and answers, with the standa
 what it fully understands:
 
 - ``query`` (every option): sent to the per-user daemon (started when the query needs a
-  model and none runs), printed as the Typer path prints it (rich only on a terminal);
+  model and none runs), printed as the Typer path prints it (rich only on a terminal); a
+  lexical query with no daemon running is searched here (no model: `CodeSearch` without
+  typer, rich or torch);
 - ``index`` when nothing changed: a stat-only check against the store (no model, no torch);
   with work to do and a daemon running, the daemon's run (it is the root's one writer);
 - ``serve ... --mcp stdio``: the thin client of the daemon (`codesearch.server.mcp_proxy`).
@@ -152,7 +154,7 @@ def _query(argv: list[str]) -> int | None:
     if info is None and lexical:
         return _query_here(root, index_dir, request, opts)
     if info is None:
-        if policy != daemon_client.START or request["mode"] == "lexical" or not _records_models(index_dir):
+        if policy != daemon_client.START or not _records_models(index_dir):
             return None  # needs no model: this process answers without torch
         try:
             info = daemon_client.ensure(start=True, say=_notice)
@@ -177,8 +179,8 @@ def _query(argv: list[str]) -> int | None:
 
 def _query_here(root: Path, index_dir: Path, request: dict[str, object], opts: dict[str, object]) -> int | None:
     """A lexical query with no daemon running: searched in this process, as the Typer path
-    searches it (refresh included; no model, no torch), without importing typer or rich
-    (0.9 s of a 1 s query). An error (a bad glob, ...): None, and the Typer path says it."""
+    searches it (refresh included; no model, no torch), without importing typer or rich.
+    An error (a bad glob, ...): None, and the Typer path says it in its words."""
     from codesearch.api import CodeSearch
     from codesearch.errors import CodeSearchError
     from codesearch.types import SearchRequest, result_document
