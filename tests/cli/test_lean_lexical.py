@@ -55,8 +55,11 @@ def test_the_lean_lexical_query_imports_no_typer_rich_or_torch(repo):
 
 def test_an_import_error_of_a_codesearch_module_is_not_hidden(repo, monkeypatch):
     """Only a platform without fcntl falls back to the Typer path; a broken import is a bug."""
+    import codesearch.server
     from codesearch.cli import lean
 
+    # (Both: `from codesearch.server import daemon_client` takes the package's attribute first.)
+    monkeypatch.delattr(codesearch.server, "daemon_client", raising=False)
     monkeypatch.setitem(sys.modules, "codesearch.server.daemon_client", None)
     with pytest.raises(ModuleNotFoundError):
         lean.run(["query", "parse", "-p", str(repo)])
@@ -68,6 +71,8 @@ def test_a_platform_without_fcntl_leaves_the_query_to_the_typer_path(repo, monke
     from codesearch.server import daemon_client
 
     monkeypatch.setattr(codesearch.server, "daemon_client", daemon_client)  # put back after
+    monkeypatch.delattr(codesearch.server, "daemon_client")
     monkeypatch.delitem(sys.modules, "codesearch.server.daemon_client")
     monkeypatch.setitem(sys.modules, "fcntl", None)
     assert lean.run(["query", "parse", "-p", str(repo)]) is None
+    assert "codesearch.server.daemon_client" not in sys.modules  # its import was tried, and failed on fcntl
