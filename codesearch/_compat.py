@@ -9,12 +9,15 @@ name gets the module under its new name, the same module object, not a copy, so 
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.util
 import sys
-import warnings
-from collections.abc import Callable, Sequence
-from types import ModuleType
+
+# Only for annotations: ``import codesearch`` runs this module before a warm query's first
+# byte is sent, and importlib.abc/util, warnings and typing cost ~15 ms there.
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    import importlib.machinery
+    from collections.abc import Callable, Sequence
+    from types import ModuleType
 
 #: Old dotted prefix -> new dotted prefix. The longest matching prefix wins.
 MOVED: dict[str, str] = {
@@ -38,17 +41,23 @@ MOVED: dict[str, str] = {
 
 def new_name(old: str) -> str | None:
     """The module's name today, or None when ``old`` is not an old name."""
+    if not old.startswith("codesearch."):
+        return None  # (asked of every import in the process)
     for prefix in sorted(MOVED, key=len, reverse=True):
         if old == prefix or old.startswith(prefix + "."):
             return MOVED[prefix] + old[len(prefix):]
     return None
 
 
-class _Alias(importlib.abc.Loader):
+class _Alias:
+    """The loader of an old name: the module under its new name (an `importlib.abc.Loader`)."""
+
     def __init__(self, target: str) -> None:
         self.target = target
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        import warnings
+
         warnings.warn(
             f"{spec.name} is deprecated and will be removed in the next release; import {self.target}",
             DeprecationWarning,
@@ -60,13 +69,17 @@ class _Alias(importlib.abc.Loader):
         pass  # the module under its new name is already executed
 
 
-class _Finder(importlib.abc.MetaPathFinder):
+class _Finder:
+    """Old names to new modules, first on `sys.meta_path` (an `importlib.abc.MetaPathFinder`)."""
+
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
         moved = new_name(fullname)
         if moved is None:
             return None
+        import importlib.util
+
         module = importlib.import_module(moved)  # ModuleNotFoundError names the new module
         return importlib.util.spec_from_loader(fullname, _Alias(moved), is_package=hasattr(module, "__path__"))
 
@@ -87,6 +100,8 @@ def moved_names(module: str, names: dict[str, str]) -> Callable[[str], object]:
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
         where, _, new = home.partition(":")
         new = new or name
+        import warnings
+
         warnings.warn(
             f"{module}.{name} is deprecated and will be removed in the next release; use {where}.{new}",
             DeprecationWarning,

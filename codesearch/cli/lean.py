@@ -5,7 +5,9 @@ milliseconds. So `run` looks at the arguments first and answers, with the standa
 what it fully understands:
 
 - ``query`` (every option): sent to the per-user daemon (started when the query needs a
-  model and none runs), printed as the Typer path prints it (rich only on a terminal);
+  model and none runs), printed as the Typer path prints it (rich only on a terminal); a
+  lexical query with no daemon running is searched here (no model: `CodeSearch` without
+  typer, rich or torch);
 - ``index`` when nothing changed: a stat-only check against the store (no model, no torch);
   with work to do and a daemon running, the daemon's run (it is the root's one writer);
 - ``serve ... --mcp stdio``: the thin client of the daemon (`codesearch.server.mcp_proxy`).
@@ -18,7 +20,6 @@ options with ``--name value`` or ``--name=value``, short ones with ``-k 5`` or `
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import sys
@@ -40,7 +41,9 @@ def run(argv: list[str]) -> int | None:
         from codesearch.cli import interrupts
 
         return interrupts.say_and_exit()  # the one line, 130 (143 for SIGTERM)
-    except ImportError:
+    except ModuleNotFoundError as exc:
+        if exc.name != "fcntl":
+            raise  # a real bug, not a platform: said, not hidden behind the slow path
         return None  # a platform without fcntl (the daemon's locks): the app does it all here
     except BrokenPipeError:
         # `codesearch query ... | head -1`: the reader is gone; say nothing more.
@@ -136,7 +139,8 @@ def _query(argv: list[str]) -> int | None:
     from codesearch.server import daemon_client
 
     policy = daemon_client.policy(bool(opts.get("no_daemon")))
-    if policy == daemon_client.OFF:
+    lexical = request["mode"] == "lexical"
+    if policy == daemon_client.OFF and not lexical:
         return None
     found = _locate(opts.get("path"), opts.get("index_dir"))
     if found is None:
@@ -146,9 +150,11 @@ def _query(argv: list[str]) -> int | None:
 
     if read_discovery(index_dir) is not None:
         return None  # a `codesearch serve` of this index answers (the Typer path asks it)
-    info = daemon_client.find()
+    info = None if policy == daemon_client.OFF else daemon_client.find()
+    if info is None and lexical:
+        return _query_here(root, index_dir, request, opts)
     if info is None:
-        if policy != daemon_client.START or request["mode"] == "lexical" or not _records_models(index_dir):
+        if policy != daemon_client.START or not _records_models(index_dir):
             return None  # needs no model: this process answers without torch
         try:
             info = daemon_client.ensure(start=True, say=_notice)
@@ -161,13 +167,39 @@ def _query(argv: list[str]) -> int | None:
             "refresh": not opts.get("no_refresh"), "request": request}
     try:
         status, doc = daemon_client.call(info, "POST", "/daemon/search", body, timeout=SEARCH_TIMEOUT_S)
-    except (OSError, http.client.HTTPException, ValueError):
+    except (OSError, ValueError):  # no daemon after all, or a broken exchange
         return None
     if status != 200 or doc.get("schema_version") != 1 or not isinstance(doc.get("results"), list):
         # The Typer path gives the error its own words and exit status (a bad glob, ...).
         return None
     _print_result(doc, root, as_json=bool(opts.get("json")), as_jsonl=bool(opts.get("jsonl")),
                   files_only=bool(opts.get("files_only")))
+    return 0
+
+
+def _query_here(root: Path, index_dir: Path, request: dict[str, object], opts: dict[str, object]) -> int | None:
+    """A lexical query with no daemon running: searched in this process, as the Typer path
+    searches it (refresh included; no model, no torch), without importing typer or rich.
+    An error (a bad glob, ...): None, and the Typer path says it in its words."""
+    from codesearch.api import CodeSearch
+    from codesearch.errors import CodeSearchError
+    from codesearch.types import SearchRequest, result_document
+
+    try:
+        req = SearchRequest(
+            str(request["query"]), int(request["k"]), "lexical", tuple(request["lang"] or ()),  # type: ignore[arg-type]
+            tuple(request["glob"] or ()), bool(request["files_only"]), context=int(request["context"]),  # type: ignore[arg-type]
+            max_lines=request["max_lines"], no_snippet=bool(request["no_snippet"]),  # type: ignore[arg-type]
+            min_score=request["min_score"], budget=request["budget"],  # type: ignore[arg-type]
+        )
+        with CodeSearch(root, index_dir=index_dir if opts.get("index_dir") else None) as cs:
+            result = cs.query(req, refresh=not opts.get("no_refresh"))
+    except CodeSearchError:
+        return None
+    for line in result.notices:
+        _notice(line)
+    _print_result(result_document(result), root, as_json=bool(opts.get("json")), as_jsonl=bool(opts.get("jsonl")),
+                  files_only=bool(opts.get("files_only")), result=result)
     return 0
 
 
@@ -244,11 +276,13 @@ def _rich_terminal() -> bool:
     return sys.stdout.isatty() or any(os.environ.get(v) for v in ("FORCE_COLOR", "TTY_COMPATIBLE"))
 
 
-def _print_result(doc: dict, root: Path, *, as_json: bool, as_jsonl: bool, files_only: bool) -> None:
-    """The daemon's document as ``codesearch query`` prints a result (notices on stderr)."""
+def _print_result(doc: dict, root: Path, *, as_json: bool, as_jsonl: bool, files_only: bool,
+                  result: object = None) -> None:
+    """The daemon's document as ``codesearch query`` prints a result (notices on stderr);
+    ``result``: the `SearchResult` itself, searched here (its notices said already)."""
     from codesearch.pathnames import escape_controls, quote_name
 
-    for line in doc.get("notices", []):
+    for line in doc.get("notices", []) if result is None else ():
         sys.stderr.write(f"Notice: {escape_controls(line)}\n")
     hits = doc["results"]
     if as_json:
@@ -267,9 +301,12 @@ def _print_result(doc: dict, root: Path, *, as_json: bool, as_jsonl: bool, files
         return
     if _rich_terminal():
         from codesearch.cli import render
-        from codesearch.server.client import result_from_document
 
-        render.search_result(result_from_document(doc), root=root, as_json=False, as_jsonl=False, files_only=False)
+        if result is None:
+            from codesearch.server.client import result_from_document
+
+            result = result_from_document(doc)
+        render.search_result(result, root=root, as_json=False, as_jsonl=False, files_only=False)
         return
     out = sys.stdout
     for hit in hits:
@@ -379,7 +416,7 @@ def _index_in_daemon(path: Path, opts: dict[str, object], size: int, device: str
             import time
 
             time.sleep(INDEX_POLL_S)
-    except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError):
         return None
     if status != 200:
         return None
@@ -438,8 +475,6 @@ def _serve(argv: list[str]) -> int | None:
 
 def session_options(opts: dict[str, object]) -> dict[str, object] | None:
     """The options a session names explicitly (none: the daemon uses what each index records)."""
-    from codesearch.types import DEFAULT
-
     out: dict[str, object] = {}
     for name in ("model", "multi_model"):
         if opts.get(name) is not None:
@@ -453,6 +488,8 @@ def session_options(opts: dict[str, object]) -> dict[str, object] | None:
         out["index_dir"] = str(Path(str(opts["index_dir"])).expanduser().resolve())
     if not out:
         return None
+    from codesearch.types import DEFAULT  # (only here: the relay of a session stays small)
+
     return {k: v for k, v in out.items() if v != DEFAULT}
 
 

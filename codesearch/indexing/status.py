@@ -77,8 +77,9 @@ def staleness(
 ) -> Staleness:
     """Which files were added, changed or removed since the last index run.
 
-    Cheap: a walk and a ``stat`` per file; a file is read and hashed only when its size
-    or mtime differ from the store. ``max_file_bytes`` defaults to the last run's.
+    Cheap: a walk and a ``stat`` per file; a file is read (sniffed, then hashed) only when
+    it is new or its size or mtime differ from the store. ``max_file_bytes`` defaults to the
+    last run's.
     """
     from codesearch.indexing.walk import quiet_skips, walk
 
@@ -95,6 +96,7 @@ def staleness(
         result = walk(
             root_path, include=include, exclude=exclude,
             max_file_bytes=max_file_bytes if max_file_bytes is not None else 1_000_000, index_dir=idir,
+            known=old,
         )
     added, changed, touched = [], [], []
     seen = set()

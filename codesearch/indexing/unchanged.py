@@ -97,7 +97,8 @@ def unchanged_run(
     except (CodeSearchError, OSError, sqlite3.Error, ValueError):
         return None
     t_walk = time.perf_counter()
-    result = walk(root_path, include=include, exclude=exclude, max_file_bytes=max_file_bytes, index_dir=idir)
+    result = walk(root_path, include=include, exclude=exclude, max_file_bytes=max_file_bytes, index_dir=idir,
+                  known=old)
     if len(result.files) != len(old):
         return None
     for sf in result.files:

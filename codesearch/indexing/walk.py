@@ -27,9 +27,10 @@ import re
 import shutil
 import stat
 import subprocess
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from codesearch.errors import PathError
 from codesearch.globs import GitIgnore
@@ -147,6 +148,14 @@ _TEXT_CONTROLS = frozenset(b"\t\n\r\f\v\b\x1b")
 
 
 _CONTROL_BYTES = bytes(b for b in range(32) if b not in _TEXT_CONTROLS) + b"\x7f"
+
+
+class Known(Protocol):
+    """What `walk` needs of a file an index run kept (the store's `FileRecord` has it)."""
+
+    size: int
+    mtime_ns: int
+    language: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,8 +355,10 @@ def _git_listing(root: Path) -> list[str] | None:
 
 
 class _Walker:
-    def __init__(self, root: Path, include, exclude, max_file_bytes: int, skip_dirs: set[str]):
+    def __init__(self, root: Path, include, exclude, max_file_bytes: int, skip_dirs: set[str],
+                 known: Mapping[str, Known] | None = None):
         self.root = root
+        self.known = known
         self.include = _glob_spec(include)
         self.exclude = _glob_spec(exclude)
         self.max_file_bytes = max_file_bytes
@@ -426,6 +437,13 @@ class _Walker:
             return
         if os.path.splitext(lower)[1] in _BINARY_SUFFIXES or name == ".DS_Store":
             self.skipped["binary"].add(rel)
+            return
+        seen = self.known.get(rel) if self.known is not None else None
+        if seen is not None and seen.size == st.st_size and seen.mtime_ns == st.st_mtime_ns \
+                and st.st_size <= self.max_file_bytes:
+            # Kept by the run that recorded it, and not changed since: the same verdict
+            # without reading it again (a check before each query reads no file).
+            self.files.append(SourceFile(rel, abs_path, st.st_size, st.st_mtime_ns, seen.language))
             return
         try:
             # Opened as the pipeline opens it (inside the root, no symlink swapped in, a
@@ -559,6 +577,7 @@ def walk(
     exclude: Iterable[str] | str = (),
     max_file_bytes: int = 1_000_000,
     index_dir: str | os.PathLike | None = None,
+    known: Mapping[str, Known] | None = None,
 ) -> WalkResult:
     """List the files under `root` to index, in sorted order, and what was skipped and why.
 
@@ -581,6 +600,11 @@ def walk(
         Files larger than this are skipped as ``"too_large"``.
     index_dir : path, optional
         The index folder (default ``<root>/.codesearch``), never walked.
+    known : mapping of str to a record with ``size``, ``mtime_ns`` and ``language``, optional
+        The files an index run kept (the store's `FileRecord` by path). One whose size and
+        mtime are unchanged is kept unread, with its recorded language: a staleness check
+        then costs a ``stat`` per file, not an open and a read (and, in a watching server,
+        no inotify event per file). Not for an index run, which must look at what it keeps.
 
     Returns
     -------
@@ -603,7 +627,7 @@ def walk(
         idx = (idx if idx.is_absolute() else real_root / idx).resolve()
         if idx.is_relative_to(real_root) and idx != real_root:
             skip_dirs.add(idx.relative_to(real_root).as_posix())
-    walker = _Walker(real_root, include, exclude, max_file_bytes, skip_dirs)
+    walker = _Walker(real_root, include, exclude, max_file_bytes, skip_dirs, known)
     git = walker.walk_dir(real_root, "")
     files = sorted(walker.files, key=lambda f: f.path)
     skipped = {reason: sorted(paths) for reason, paths in walker.skipped.items()}

@@ -9,25 +9,50 @@ to stdout, one line each, as MCP's stdio transport frames them. Many sessions th
 one model load, one watcher and one index writer per repository.
 
 A daemon that goes away (killed, or replaced by another version) is found again or started
-again, the session registered again and the message sent again: the agent sees an answer.
-Standard library only, so each session costs a small Python process.
+again, the session registered again and the message sent again, when sending it again is
+safe: a message never delivered (no connection), or a read (`idempotent`). A call that may
+have been acted on (``repair_index`` queues a run) and then lost its answer (a timeout, a
+daemon killed mid-call) is not sent twice: the agent gets an error that says so.
+
+Standard library only, and not even `http.client` (`codesearch.server.wire`): each session
+is a small Python process (~14 MiB resident, most of it the interpreter's own).
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import sys
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 from codesearch.server import daemon_client
 from codesearch.server.runtime_dir import DaemonInfo
+from codesearch.server.wire import NotConnected, exchange
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Callable
 
 MAX_IN_FLIGHT = 16  # requests relayed at once; an agent rarely has more than one or two
 REQUEST_TIMEOUT_S = 600.0  # the daemon bounds searches (10 s); index tools may take longer
+#: MCP methods that change nothing on the daemon: sent again after a lost answer.
+IDEMPOTENT_METHODS = frozenset({"initialize", "ping", "tools/list", "resources/list", "resources/templates/list",
+                                "resources/read", "prompts/list", "prompts/get", "completion/complete"})
+#: Tools that only read (`codesearch.server.mcp_tools`); ``repair_index`` queues a run.
+READ_ONLY_TOOLS = frozenset({"search_code", "index_status"})
+
+
+def idempotent(message: object) -> bool:
+    """Whether ``message`` (a JSON-RPC request) may be sent again after its answer was lost:
+    a read. Notifications and anything unknown: no."""
+    if not isinstance(message, dict) or message.get("id") is None:
+        return False
+    method = message.get("method")
+    if method == "tools/call":
+        params = message.get("params")
+        return isinstance(params, dict) and params.get("name") in READ_ONLY_TOOLS
+    return method in IDEMPOTENT_METHODS
 
 
 class _Link:
@@ -71,17 +96,11 @@ def _say(line: str) -> None:
 
 
 def _post(info: DaemonInfo, path: str, body: bytes, protocol_version: str | None) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection(info.host, info.port, timeout=REQUEST_TIMEOUT_S)
-    try:
-        headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
-                   "Authorization": f"Bearer {info.token}"}
-        if protocol_version:
-            headers["MCP-Protocol-Version"] = protocol_version
-        conn.request("POST", path, body=body, headers=headers)
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    finally:
-        conn.close()
+    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+               "Authorization": f"Bearer {info.token}"}
+    if protocol_version:
+        headers["MCP-Protocol-Version"] = protocol_version
+    return exchange(info.host, info.port, "POST", path, body=body, headers=headers, timeout=REQUEST_TIMEOUT_S)
 
 
 def _error(msg_id: object, code: int, message: str) -> dict:
@@ -111,7 +130,7 @@ class Relay:
             self.write(_error(None, -32700, "parse error: a line on stdin is not JSON"))
             return
         msg_id = message.get("id") if isinstance(message, dict) else None
-        answer = self._exchange(raw, msg_id)
+        answer = self._exchange(raw, msg_id, resend=idempotent(message))
         if answer is None:
             return
         if isinstance(message, dict) and message.get("method") == "initialize":
@@ -120,7 +139,9 @@ class Relay:
                 self.link.protocol_version = result["protocolVersion"]
         self.write(answer)
 
-    def _exchange(self, raw: bytes, msg_id: object) -> dict | None:
+    def _exchange(self, raw: bytes, msg_id: object, *, resend: bool = False) -> dict | None:
+        """The daemon's answer to ``raw``; sent a second time (to the daemon found or started
+        again) only when the first was not delivered, or ``resend`` (a read)."""
         seen: DaemonInfo | None = None
         for attempt in range(2):
             try:
@@ -130,8 +151,15 @@ class Relay:
             seen = info
             try:
                 status, body = _post(info, path, raw, self.link.protocol_version)
-            except (OSError, http.client.HTTPException):
+            except NotConnected:
                 continue  # the daemon went away: find or start it, register again, resend
+            except OSError as exc:
+                if resend:
+                    continue  # a read: asking again is harmless
+                # Delivered, perhaps acted on (a queued run), answer lost: not sent twice.
+                return None if msg_id is None else _error(
+                    msg_id, -32603, f"the codesearch daemon did not answer ({exc or type(exc).__name__}); the call may "
+                    "have run: check with index_status before calling it again")
             if status == 404 and attempt == 0:
                 continue  # a daemon that restarted does not know this session
             if status == 202 or not body:
@@ -203,6 +231,6 @@ def proxy_stdio(roots: list[Path], options: dict | None, *, start: bool, index_o
         for seen, sid in sessions:
             try:
                 daemon_client.call(seen, "DELETE", f"/daemon/sessions/{sid}", timeout=2.0)
-            except (OSError, http.client.HTTPException, ValueError):
+            except (OSError, ValueError):
                 pass
     return True

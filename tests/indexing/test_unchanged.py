@@ -97,3 +97,29 @@ def test_default_model_notices_are_said_once_per_index(offline_hub, tmp_path):
     assert not any(n.startswith(("No dense model by default", "Default model")) for n in second), second
     # And nothing left to say: the stat-only check answers without a run.
     assert unchanged_run(root, device="cpu") is not None
+
+
+def test_checks_for_changes_read_no_unchanged_file(lexical_repo, monkeypatch):
+    """A staleness check (before each query, in the daemon too) and the no-op index cost a
+    ``stat`` per file: a file whose size and mtime the store records is not opened again."""
+    import codesearch.indexing.walk as walk_module
+    from codesearch.indexing.status import staleness
+
+    opened: list[str] = []
+    real = walk_module.read_inside
+
+    def counting(root, rel, *args, **kwargs):
+        opened.append(rel)
+        return real(root, rel, *args, **kwargs)
+
+    monkeypatch.setattr(walk_module, "read_inside", counting)
+    assert not staleness(lexical_repo).stale
+    assert unchanged_run(lexical_repo) is not None
+    assert opened == []
+
+    edited = lexical_repo / "server/main.go"
+    edited.write_text(edited.read_text() + "\n// more\n")
+    (lexical_repo / "new.py").write_text("def fresh():\n    return 1\n")
+    found = staleness(lexical_repo)
+    assert (found.changed, found.added) == (["server/main.go"], ["new.py"])
+    assert sorted(opened) == ["new.py", "server/main.go"]  # sniffed: new, or changed
