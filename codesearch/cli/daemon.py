@@ -46,7 +46,10 @@ def status(json_out: Annotated[bool, typer.Option("--json", help="One JSON docum
         raise ServerError(f"the daemon (pid {info.pid}) is codesearch {info.version}, protocol {info.protocol}; "
                           "this is another version (run 'codesearch daemon stop'; the next command starts a new one)")
     try:
+        daemon_client.probe(info)
         code, doc = daemon_client.call(info, "GET", "/daemon/info", timeout=10.0)
+    except daemon_client.DaemonError:
+        raise
     except (OSError, ValueError, http.client.HTTPException) as exc:
         raise ServerError(f"the daemon (pid {info.pid}) did not answer: {exc} "
                           "(see 'codesearch daemon logs'; 'codesearch daemon stop' ends it)") from None

@@ -147,6 +147,9 @@ def _query(argv: list[str]) -> int | None:
     if read_discovery(index_dir) is not None:
         return None  # a `codesearch serve` of this index answers (the Typer path asks it)
     info = daemon_client.find()
+    if info is not None and not daemon_client.responsive(info):
+        _notice(daemon_client.STUCK.format(pid=info.pid, s=daemon_client.PROBE_S) + "; searching in this process")
+        return None
     if info is None:
         if policy != daemon_client.START or request["mode"] == "lexical" or not _records_models(index_dir):
             return None  # needs no model: this process answers without torch
@@ -383,13 +386,11 @@ def _index_in_daemon(path: Path, opts: dict[str, object], size: int, device: str
     model, multi_model = _model(opts.get("model")), _model(opts.get("multi_model"))
     if not _needs_models(index_dir or root / ".codesearch", model, multi_model):
         return None  # no model to keep warm: this process indexes without torch
-    info = daemon_client.find()
-    if info is None and policy == daemon_client.START:
-        try:
-            info = daemon_client.ensure(start=True, say=_notice)
-        except Exception as exc:  # noqa: BLE001 - any failure to start: index here, and say why
-            _notice(f"{exc}; indexing in this process")
-            return None
+    try:
+        info = daemon_client.ensure(start=policy == daemon_client.START, say=_notice)
+    except Exception as exc:  # noqa: BLE001 - any failure to start or a stuck daemon: index here, say why
+        _notice(f"{exc}; indexing in this process")
+        return None
     if info is None:
         return None
     options: dict[str, object] = {"device": device, "include": list(opts.get("include") or ()),  # type: ignore[call-overload]

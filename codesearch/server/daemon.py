@@ -77,7 +77,8 @@ def run(folder: Path, idle_timeout_s: float, *, watch: bool = True) -> int:
     from codesearch.server.daemon_app import Registry, build_app
     from codesearch.server.network import bind_socket
 
-    folder = ensure_runtime_dir(folder)
+    folder = ensure_runtime_dir(folder.absolute())
+    os.chdir(folder)  # started by hand: not the starter's folder either (see daemon_client._spawn)
     lock = _hold_lock(folder)
     if lock is None:
         return EXIT_LOCKED

@@ -46,6 +46,13 @@ IDLE_ENV = "CODESEARCH_DAEMON_IDLE"
 DEFAULT_IDLE_S = 20 * 60.0
 START_TIMEOUT_S = 90.0  # importing the server on 2 busy cores takes seconds, not minutes
 STOP_TIMEOUT_S = 15.0
+#: How long a found daemon gets to send the first byte of ``GET /health``. Its event loop
+#: answers that in milliseconds even while an index run embeds (the run is in threads); a
+#: stopped (``SIGSTOP``) or wedged daemon accepts connections (the kernel does) and never
+#: answers, which would cost a client its whole request timeout (120 s) in silence.
+PROBE_S = 3.0
+STUCK = ("the codesearch daemon (pid {pid}) accepts connections but did not answer within {s:g}s "
+         "('codesearch daemon stop' ends it)")
 STARTED = "started the codesearch daemon (pid {pid}) to keep models loaded; `codesearch daemon stop` stops it"
 
 OFF, USE, START = "off", "use", "start"
@@ -152,6 +159,35 @@ def call(
         conn.close()
 
 
+def responsive(info: DaemonInfo, timeout: float = PROBE_S) -> bool:
+    """Whether the daemon answers at all: the first byte of a ``GET /health`` within
+    ``timeout`` (connect included). Any answer counts; a refused connection does not."""
+    import socket
+
+    deadline = time.monotonic() + timeout
+    try:
+        with socket.create_connection((info.host, info.port), timeout=timeout) as sock:
+            sock.sendall(f"GET /health HTTP/1.1\r\nHost: {info.host}:{info.port}\r\n"
+                         "Connection: close\r\n\r\n".encode("ascii"))
+            sock.settimeout(max(0.01, deadline - time.monotonic()))
+            return bool(sock.recv(1))
+    except OSError:
+        return False
+
+
+def probe(info: DaemonInfo, timeout: float = PROBE_S) -> DaemonInfo:
+    """``info`` when the daemon answers (`responsive`).
+
+    Raises
+    ------
+    DaemonError
+        It is alive but does not answer (stopped, wedged): the message says how to end it.
+    """
+    if not responsive(info, timeout):
+        raise DaemonError(STUCK.format(pid=info.pid, s=timeout))
+    return info
+
+
 # -- starting, replacing, stopping --------------------------------------------------------
 
 
@@ -196,6 +232,7 @@ def retire(info: DaemonInfo, folder: Path, *, timeout: float = STOP_TIMEOUT_S) -
     if listener_belongs_to(info.port, info.pid) is not False and pid_alive(info.pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(info.pid, signal.SIGTERM)
+            os.kill(info.pid, signal.SIGCONT)  # a stopped daemon handles SIGTERM only once it runs
         if not _wait_gone(info.pid, timeout):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(info.pid, signal.SIGKILL)
@@ -203,9 +240,33 @@ def retire(info: DaemonInfo, folder: Path, *, timeout: float = STOP_TIMEOUT_S) -
     remove_info(folder, info.pid)
 
 
+#: What the daemon keeps of its starter's environment: what finds Python and the package,
+#: the models (hub cache, offline switches, tokens, proxies), the threads and devices, the
+#: locale, and codesearch's own settings. Not the rest: the daemon outlives the shell that
+#: started it and serves every later client, so one shell's CI, editor or credentials
+#: must not become every command's.
+KEPT_ENV = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV",
+    "LD_LIBRARY_PATH", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "no_proxy", "all_proxy",
+    "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM", "SENTENCE_TRANSFORMERS_HOME", "CUDA_VISIBLE_DEVICES",
+})
+KEPT_PREFIXES = ("CODESEARCH_", "LC_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH_", "PYTORCH_", "MKL_",
+                 "OPENBLAS_", "KMP_", "CUDA_", "XDG_")
+DROPPED_ENV = frozenset({"CODESEARCH_TOKEN", "CODESEARCH_NO_DAEMON", "CODESEARCH_DAEMON"})
+
+
+def daemon_environ(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a started daemon gets (see `KEPT_ENV`)."""
+    env = os.environ if environ is None else environ
+    return {k: v for k, v in env.items()
+            if (k in KEPT_ENV or k.startswith(KEPT_PREFIXES)) and k not in DROPPED_ENV}
+
+
 def _spawn(folder: Path, idle_s: float) -> int:
     import subprocess
 
+    folder = folder.absolute()
     log = open_private(folder / LOG_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:
         proc = subprocess.Popen(
@@ -213,6 +274,9 @@ def _spawn(folder: Path, idle_s: float) -> int:
              "--idle-timeout", repr(idle_s)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, close_fds=True,
             start_new_session=True,  # not in the terminal's process group: Ctrl-C of a query leaves it
+            # Not the starter's folder (it would keep it busy, e.g. an unmount, and a relative
+            # path would mean it): requests carry absolute paths (`daemon_app._absolute`).
+            cwd=folder, env=daemon_environ(),
         )
     finally:
         os.close(log)
@@ -242,13 +306,16 @@ def ensure(*, start: bool, say: Callable[[str], None] | None = None, folder: Pat
     Raises
     ------
     DaemonError
-        A daemon could not be started (the last line of its log says why).
+        A daemon could not be started (the last line of its log says why), or the one
+        running does not answer (`probe`).
     RuntimeDirError
         The runtime folder is not this user's alone.
     """
     info = find(folder)
-    if info is not None or not start:
-        return info
+    if info is not None:
+        return probe(info)
+    if not start:
+        return None
     folder = ensure_runtime_dir(folder)
     with _start_lock(folder, START_TIMEOUT_S):
         current = read_info(folder)
@@ -299,7 +366,7 @@ def stop(folder: Path | None = None, *, timeout: float = STOP_TIMEOUT_S) -> Daem
             remove_info(folder, stale.pid)
         return None
     asked = False
-    if compatible(info):
+    if compatible(info) and responsive(info):
         with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
             status, _ = call(info, "POST", "/daemon/stop", {}, timeout=5.0)
             asked = status == 200

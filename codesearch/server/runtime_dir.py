@@ -43,7 +43,7 @@ def runtime_dir(environ: dict[str, str] | None = None) -> Path:
     """The runtime folder to use (not created): see the module docstring for the order."""
     env = os.environ if environ is None else environ
     if env.get(RUNTIME_ENV):
-        return Path(env[RUNTIME_ENV]).expanduser()
+        return Path(env[RUNTIME_ENV]).expanduser().absolute()
     if env.get("XDG_RUNTIME_DIR"):
         return Path(env["XDG_RUNTIME_DIR"]) / "codesearch"
     return Path.home() / ".cache" / "codesearch" / "run"
