@@ -33,8 +33,10 @@ from codesearch.server.runtime_dir import (
     PROTOCOL,
     START_LOCK,
     DaemonInfo,
+    daemon_dir,
     ensure_runtime_dir,
     open_private,
+    private,
     read_info,
     remove_info,
     runtime_dir,
@@ -121,18 +123,51 @@ def compatible(info: DaemonInfo) -> bool:
     return info.version == __version__ and info.protocol == PROTOCOL
 
 
+def _here(folder: Path | None) -> Path:
+    """This version's daemon folder in the runtime folder ``folder`` (None: the user's)."""
+    return daemon_dir(runtime_dir() if folder is None else folder)
+
+
+def _read(folder: Path | None) -> DaemonInfo | None:
+    """This version's ``daemon.json``, believed only when the runtime folder above it is the
+    user's alone too (`read_info` checks the sub-folder and the file)."""
+    base = runtime_dir() if folder is None else folder
+    return read_info(daemon_dir(base)) if private(base, folder=True) else None
+
+
 def find(folder: Path | None = None) -> DaemonInfo | None:
-    """The live daemon of this version, or None (none, gone, or another version)."""
-    info = read_info(runtime_dir() if folder is None else folder)
+    """The live daemon of this version, or None (none, gone, or another version).
+
+    ``folder`` (here and below) is the runtime folder; each version's daemon lives in a
+    sub-folder of it (`daemon_dir`)."""
+    info = _read(folder)
     if info is None or not compatible(info) or not _serving(info):
         return None
     return info
 
 
 def find_any(folder: Path | None = None) -> DaemonInfo | None:
-    """The live daemon of any version (``daemon stop`` stops that one too)."""
-    info = read_info(runtime_dir() if folder is None else folder)
+    """The live daemon of this version's folder, whatever its file says its version is."""
+    info = _read(folder)
     return info if info is not None and _serving(info) else None
+
+
+def others(folder: Path | None = None) -> list[tuple[Path, DaemonInfo]]:
+    """The live daemons of other codesearch versions in the runtime folder (each in its own
+    sub-folder, or, from before versions had one, in the folder itself): ``daemon status``
+    and ``stop`` name them and leave them alone."""
+    base = runtime_dir() if folder is None else folder
+    here = daemon_dir(base)
+    try:
+        candidates = [base, *sorted(p for p in base.iterdir() if p.is_dir() and p != here)]
+    except OSError:
+        return []
+    found = []
+    for candidate in candidates:
+        info = read_info(candidate)
+        if info is not None and _serving(info):
+            found.append((candidate, info))
+    return found
 
 
 # -- calling it ----------------------------------------------------------------------------
@@ -263,14 +298,15 @@ def daemon_environ(environ: dict[str, str] | None = None) -> dict[str, str]:
             if (k in KEPT_ENV or k.startswith(KEPT_PREFIXES)) and k not in DROPPED_ENV}
 
 
-def _spawn(folder: Path, idle_s: float) -> int:
+def _spawn(base: Path, folder: Path, idle_s: float) -> int:
+    """Start the daemon of runtime folder ``base``; ``folder``: its version's (the log's)."""
     import subprocess
 
     folder = folder.absolute()
     log = open_private(folder / LOG_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "codesearch.server.daemon", "--runtime-dir", str(folder),
+            [sys.executable, "-m", "codesearch.server.daemon", "--runtime-dir", str(base.absolute()),
              "--idle-timeout", repr(idle_s)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, close_fds=True,
             start_new_session=True,  # not in the terminal's process group: Ctrl-C of a query leaves it
@@ -316,7 +352,8 @@ def ensure(*, start: bool, say: Callable[[str], None] | None = None, folder: Pat
         return probe(info)
     if not start:
         return None
-    folder = ensure_runtime_dir(folder)
+    base = ensure_runtime_dir(runtime_dir() if folder is None else folder)
+    folder = ensure_runtime_dir(daemon_dir(base))
     with _start_lock(folder, START_TIMEOUT_S):
         current = read_info(folder)
         if current is not None and _serving(current):
@@ -325,7 +362,7 @@ def ensure(*, start: bool, say: Callable[[str], None] | None = None, folder: Pat
             retire(current, folder)
         elif current is not None:
             remove_info(folder, current.pid)  # killed with -9: its file stayed
-        pid = _spawn(folder, idle_timeout() if idle_s is None else idle_s)
+        pid = _spawn(base, folder, idle_timeout() if idle_s is None else idle_s)
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             info = read_info(folder)
@@ -333,7 +370,7 @@ def ensure(*, start: bool, say: Callable[[str], None] | None = None, folder: Pat
                 break
             exited = not pid_alive(pid) or _reaped(pid)
             if exited or time.monotonic() > deadline:
-                other = find(folder)
+                other = find(base)
                 if other is not None:  # one started by hand in between (it holds the daemon lock)
                     return other
                 why = _last_log_line(folder) or ("it exited" if exited else f"no answer in {START_TIMEOUT_S:.0f}s")
@@ -353,13 +390,14 @@ def _reaped(pid: int) -> bool:
 
 
 def stop(folder: Path | None = None, *, timeout: float = STOP_TIMEOUT_S) -> DaemonInfo | None:
-    """Stop the running daemon (any version); returns what it was, None when none ran.
+    """Stop this version's daemon; returns what it was, None when none ran.
 
-    Ours is asked (``POST /daemon/stop``: it finishes what it writes); another version's
-    gets SIGTERM. Either way the call returns once the process is gone.
+    It is asked (``POST /daemon/stop``: it finishes what it writes); one that does not answer,
+    or whose file names another version, gets SIGTERM. Either way the call returns once the
+    process is gone. Other versions' daemons (`others`) are left alone.
     """
-    folder = runtime_dir() if folder is None else folder
     info = find_any(folder)
+    folder = _here(folder)
     if info is None:
         stale = read_info(folder)
         if stale is not None:

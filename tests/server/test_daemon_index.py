@@ -21,7 +21,7 @@ from fixtures.sample_repo import write_sample_repo
 
 from codesearch.server import daemon_client
 from codesearch.server.repos import CANCELLED
-from codesearch.server.runtime_dir import read_info
+from codesearch.server.runtime_dir import daemon_dir, read_info
 
 STARTED = "started the codesearch daemon (pid "
 
@@ -75,7 +75,7 @@ def test_a_first_index_with_a_model_starts_the_daemon_which_runs_it(tmp_path, si
 def test_a_lexical_only_first_index_stays_in_this_process(tmp_path, runtime):
     root = write_sample_repo(tmp_path / "repo")
     done = run_cli(["index", str(root), "--model", "none", "--multi-model", "none"], daemon_env(runtime))
-    assert STARTED not in done.stderr and read_info(runtime) is None
+    assert STARTED not in done.stderr and read_info(daemon_dir(runtime)) is None
     assert (root / ".codesearch" / "store.sqlite").is_file()
 
 
@@ -84,7 +84,7 @@ def test_no_daemon_and_ci_index_in_this_process(tmp_path, single_vector_dir, run
     for extra, args in (({"CI": "1"}, []), ({}, ["--no-daemon"])):
         run_cli(["index", str(root), "--model", str(single_vector_dir), "--multi-model", "none", "--rebuild", *args],
                 daemon_env(runtime, **extra))
-        assert read_info(runtime) is None
+        assert read_info(daemon_dir(runtime)) is None
 
 
 def _many_files(root: Path, n: int) -> Path:
