@@ -408,6 +408,28 @@ class _Named:
         return getattr(self._repo, attr)
 
 
+def not_ready_document(served: ServedRepo, request: SearchBody) -> JSONDict:
+    """The answer to a search of a root with nothing searchable yet (its first index run is
+    walking or chunking, or could not run): no hits and a notice of where the run is, at
+    once. Not an error: the client would then search in its own process, loading the model
+    and waiting for the index lock that the daemon's run holds (seconds, for nothing)."""
+    from codesearch.types import SCHEMA_VERSION
+
+    state = served.run_state
+    progress = state.progress or {}
+    if state.state != "idle":
+        where = (f"{progress.get('stage')} {progress.get('done', 0)}/{progress.get('total', 0)}" if progress
+                 else state.state)
+        notice = (f"the first index of {served.root} is running ({where}); nothing is searchable yet, its files "
+                  "are within seconds of the lexical commit ('codesearch daemon status' shows it)")
+    else:
+        why = f": {state.last_error}" if state.last_error else ""
+        notice = f"{served.root} has no searchable index yet{why} (run 'codesearch index {served.root}')"
+    mode = getattr(request.mode, "value", request.mode)
+    return {"schema_version": SCHEMA_VERSION, "query": request.query, "mode": str(mode), "indexes_used": [],
+            "notices": [notice], "results": []}
+
+
 def rss_bytes() -> int | None:
     """This process's resident memory, from ``/proc`` (None elsewhere)."""
     try:
@@ -496,6 +518,8 @@ def daemon_routes(registry: Registry, *, idle_timeout_s: float, on_stop: Callabl
     @app.post("/daemon/search")
     async def search(body: DaemonSearch) -> JSONResponse:
         served = await anyio.to_thread.run_sync(lambda: registry.repo(body.root, index_dir=body.index_dir))
+        if not served._live.ready:
+            return JSONResponse(not_ready_document(served, body.request))
         notices = await anyio.to_thread.run_sync(registry.refresh, served) if body.refresh else []
         view = registry.service((served.root,))
         req = body.request

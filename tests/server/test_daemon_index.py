@@ -151,3 +151,34 @@ def test_a_run_refused_by_the_index_lock_is_one_line_naming_the_writer(tmp_path,
     (line,) = [x for x in done.stderr.splitlines() if x.startswith("Error:")]
     assert f"being written by another codesearch process (pid {os.getpid()})" in line
     assert "Traceback" not in done.stderr
+
+
+def test_a_search_before_the_first_index_commits_answers_at_once_with_where_the_run_is(tmp_path):
+    # In this process: the daemon's app and registry, with the daemon's one run slot held (as
+    # another root's run holds it), so the first index of this root is running and has
+    # committed nothing yet, for as long as the test needs.
+    from starlette.testclient import TestClient
+
+    from codesearch.server.daemon_app import Registry, build_app
+    from codesearch.server.repos import RepoOptions
+
+    root = write_sample_repo(tmp_path / "repo")
+    registry = Registry(watch=False)
+    app = build_app(registry, token="t0k", idle_timeout_s=0, on_stop=lambda: None)
+    ask = {"root": str(root), "request": {"query": "retry with backoff", "k": 3}}
+    auth = {"Authorization": "Bearer t0k"}
+    try:
+        with TestClient(app, base_url="http://127.0.0.1") as client:
+            with registry.run_lock:
+                registry.repo(root, RepoOptions(model=None, multi_model=None))
+                response = client.post("/daemon/search", headers=auth, json=ask)
+                assert response.status_code == 200, response.text
+                doc = response.json()
+                assert doc["schema_version"] == 1 and doc["results"] == []
+                (notice,) = doc["notices"]
+                assert notice.startswith(f"the first index of {root.resolve()} is running"), notice
+            assert registry.repo(root).wait_idle(60)
+            response = client.post("/daemon/search", headers=auth, json=ask)
+            assert response.status_code == 200 and response.json()["results"], response.json()
+    finally:
+        registry.close(10.0)
