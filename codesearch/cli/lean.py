@@ -138,7 +138,7 @@ def _query(argv: list[str]) -> int | None:
     policy = daemon_client.policy(bool(opts.get("no_daemon")))
     if policy == daemon_client.OFF:
         return None
-    found = _locate(opts.get("path"), opts.get("index_dir"))
+    found = _locate(opts.get("path"), opts.get("index_dir")) or _indexing(opts.get("path"), opts.get("index_dir"))
     if found is None:
         return None  # no index yet: the Typer path indexes it first, lexically, here
     root, index_dir = found
@@ -209,6 +209,27 @@ def _locate(path: object, index_dir: object) -> tuple[Path, Path] | None:
     root = root.resolve()
     idir = Path(str(index_dir)).expanduser().resolve() if index_dir is not None else root / ".codesearch"
     return (root, idir) if (idir / "store.sqlite").is_file() else None
+
+
+def _indexing(path: object, index_dir: object) -> tuple[Path, Path] | None:
+    """(root, index folder) of a ``--path`` folder with no index yet whose first index the
+    running daemon is making: the query goes to the daemon, which answers at once with
+    where the run is (indexing it here too would race that run for the index lock)."""
+    if path is None or index_dir is not None or not Path(str(path)).is_dir():
+        return None
+    from codesearch.server import daemon_client
+
+    root = Path(str(path)).expanduser().resolve()
+    info = daemon_client.find()
+    if info is None:
+        return None
+    try:
+        status, doc = daemon_client.call(info, "GET", f"/daemon/run?root={_quote(str(root))}",
+                                         timeout=daemon_client.PROBE_S)
+    except (OSError, http.client.HTTPException, ValueError):
+        return None
+    running = status == 200 and (doc.get("indexing") or {}).get("state") != "idle"
+    return (root, root / ".codesearch") if running else None
 
 
 def _records_models(index_dir: Path) -> bool:

@@ -182,3 +182,49 @@ def test_a_search_before_the_first_index_commits_answers_at_once_with_where_the_
             assert response.status_code == 200 and response.json()["results"], response.json()
     finally:
         registry.close(10.0)
+
+
+def test_a_query_of_a_folder_whose_first_index_the_daemon_makes_asks_the_daemon(tmp_path):
+    # The daemon here is this process (its app on a real loopback socket, its discovery file
+    # in a runtime folder of the test's), so that its one run slot can be held: the first
+    # index of the root is running and has not even created the store yet.
+    import secrets
+    import threading
+    import time as clock
+
+    import uvicorn
+
+    from codesearch import __version__
+    from codesearch.server.daemon_app import Registry, build_app
+    from codesearch.server.network import bind_socket
+    from codesearch.server.repos import RepoOptions
+    from codesearch.server.runtime_dir import PROTOCOL, DaemonInfo, daemon_dir, ensure_runtime_dir, write_info
+
+    root = write_sample_repo(tmp_path / "repo")
+    runtime = tmp_path / "run"
+    registry = Registry(watch=False)
+    token = secrets.token_urlsafe(16)
+    app = build_app(registry, token=token, idle_timeout_s=0, on_stop=lambda: None)
+    sock = bind_socket("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            clock.sleep(0.02)
+        folder = ensure_runtime_dir(daemon_dir(ensure_runtime_dir(runtime)))
+        write_info(folder, DaemonInfo(host="127.0.0.1", port=sock.getsockname()[1], pid=os.getpid(), token=token,
+                                      version=__version__, protocol=PROTOCOL, started_at=clock.time(),
+                                      idle_timeout_s=0))
+        with registry.run_lock:
+            registry.repo(root, RepoOptions(model=None, multi_model=None))
+            assert not (root / ".codesearch" / "store.sqlite").exists()
+            done = run_cli(["query", "retry with backoff", "-p", str(root), "--json"], daemon_env(runtime))
+        doc = json.loads(done.stdout)
+        assert doc["results"] == [] and doc["notices"][0].startswith(f"the first index of {root.resolve()} is"), doc
+        assert "no index yet" not in done.stderr  # it did not index the folder itself
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+        registry.close(10.0)
