@@ -32,21 +32,26 @@ def _mib(n: int | None) -> str:
 def status(json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False) -> None:
     """Which repositories the daemon serves, its models, memory and the run state of each root."""
     from codesearch.server import daemon_client
-    from codesearch.server.runtime_dir import runtime_dir
+    from codesearch.server.runtime_dir import daemon_dir
 
-    folder = runtime_dir()
-    info = daemon_client.find_any(folder)
+    folder = daemon_dir()
+    others = [{"version": o.version, "pid": o.pid, "folder": str(path)} for path, o in daemon_client.others()]
+    info = daemon_client.find_any()
     if info is None:
         if json_out:
-            typer.echo(json.dumps({"running": False, "runtime_dir": str(folder)}))
+            typer.echo(json.dumps({"running": False, "runtime_dir": str(folder), "others": others}))
         else:
-            typer.echo(f"no codesearch daemon runs (runtime folder {folder})")
+            typer.echo(f"no codesearch daemon runs for this version (folder {folder})")
+            _say_others(others)
         return
     if not daemon_client.compatible(info):
         raise ServerError(f"the daemon (pid {info.pid}) is codesearch {info.version}, protocol {info.protocol}; "
                           "this is another version (run 'codesearch daemon stop'; the next command starts a new one)")
     try:
+        daemon_client.probe(info)
         code, doc = daemon_client.call(info, "GET", "/daemon/info", timeout=10.0)
+    except daemon_client.DaemonError:
+        raise
     except (OSError, ValueError, http.client.HTTPException) as exc:
         raise ServerError(f"the daemon (pid {info.pid}) did not answer: {exc} "
                           "(see 'codesearch daemon logs'; 'codesearch daemon stop' ends it)") from None
@@ -54,7 +59,7 @@ def status(json_out: Annotated[bool, typer.Option("--json", help="One JSON docum
         raise ServerError(f"the daemon (pid {info.pid}) answered {code}: {doc.get('detail', '')} "
                           "(see 'codesearch daemon logs')")
     if json_out:
-        typer.echo(json.dumps({"running": True, "runtime_dir": str(folder), **doc}, indent=2))
+        typer.echo(json.dumps({"running": True, "runtime_dir": str(folder), "others": others, **doc}, indent=2))
         return
     from codesearch.pathnames import escape_controls
 
@@ -72,6 +77,14 @@ def status(json_out: Annotated[bool, typer.Option("--json", help="One JSON docum
     sessions = doc.get("sessions") or []
     if sessions:
         typer.echo(f"agent sessions: {len(sessions)}")
+    _say_others(others)
+
+
+def _say_others(others: list[dict], *, err: bool = False) -> None:
+    """A line per daemon of another codesearch version (this one's commands leave it alone)."""
+    for other in others:
+        typer.echo(f"also running: the daemon of codesearch {other['version']} (pid {other['pid']}, "
+                   f"{other['folder']}); that version's 'codesearch daemon stop' stops it", err=err)
 
 
 @daemon_app.command("stop", epilog="Example: codesearch daemon stop")
@@ -81,9 +94,11 @@ def stop() -> None:
 
     info = daemon_client.stop()
     if info is None:
-        typer.echo("no codesearch daemon was running", err=True)
+        typer.echo("no codesearch daemon was running (of this version)", err=True)
     else:
         typer.echo(f"stopped the codesearch daemon (pid {info.pid})", err=True)
+    _say_others([{"version": o.version, "pid": o.pid, "folder": str(path)} for path, o in daemon_client.others()],
+                err=True)
 
 
 @daemon_app.command("start", epilog="Example: codesearch daemon start --idle-timeout 1h")
@@ -115,9 +130,9 @@ def logs(
     lines: Annotated[int, typer.Option("--lines", "-n", min=1, help="How many of the last lines.")] = 50,
 ) -> None:
     """The last lines of the daemon's log (model loads, roots added, runs, errors)."""
-    from codesearch.server.runtime_dir import LOG_NAME, runtime_dir
+    from codesearch.server.runtime_dir import LOG_NAME, daemon_dir
 
-    path = runtime_dir() / LOG_NAME
+    path = daemon_dir() / LOG_NAME
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
             tail = deque(fh, maxlen=lines)

@@ -69,7 +69,7 @@ def message(signum: int | None = None) -> str:
     return f"{what} (the index is intact; run the command again to resume)"
 
 
-def _say(*, raw: bool) -> None:
+def _say(*, raw: bool, text: str | None = None) -> None:
     """Write the one line, once, whichever thread gets here first: ``raw`` (the watchdog)
     straight to fd 2, as the main thread may hold ``sys.stderr``'s lock; else to
     ``sys.stderr`` (which a test runner may have replaced)."""
@@ -78,7 +78,7 @@ def _say(*, raw: bool) -> None:
             return
         _state["said"] = True
     # On a terminal the line starts after the echoed ^C; in a log it is one line.
-    line = ("\n" if _isatty(2) else "") + message() + "\n"
+    line = ("\n" if _isatty(2) else "") + (text or message()) + "\n"
     try:
         if raw:
             os.write(2, line.encode())
@@ -107,12 +107,13 @@ def finished() -> None:
             signal.signal(signum, signal.SIG_IGN)
 
 
-def say_and_exit() -> int:
-    """For the command's ``except KeyboardInterrupt``: the line (once), then the exit status."""
+def say_and_exit(line: str | None = None) -> int:
+    """For the command's ``except KeyboardInterrupt``: the line (once; ``line`` instead of the
+    usual one, when the command knows better what was left), then the exit status."""
     with _lock:
         if _state["signum"] is None:
             _state["signum"] = signal.SIGINT  # a KeyboardInterrupt raised without the guard
-    _say(raw=False)
+    _say(raw=False, text=line)
     return exit_status()
 
 

@@ -143,6 +143,8 @@ def _query(argv: list[str]) -> int | None:
     if policy == daemon_client.OFF and not lexical:
         return None
     found = _locate(opts.get("path"), opts.get("index_dir"))
+    if found is None and policy != daemon_client.OFF:
+        found = _indexing(opts.get("path"), opts.get("index_dir"))
     if found is None:
         return None  # no index yet: the Typer path indexes it first, lexically, here
     root, index_dir = found
@@ -151,6 +153,11 @@ def _query(argv: list[str]) -> int | None:
     if read_discovery(index_dir) is not None:
         return None  # a `codesearch serve` of this index answers (the Typer path asks it)
     info = None if policy == daemon_client.OFF else daemon_client.find()
+    if info is not None and not daemon_client.responsive(info):
+        _notice(daemon_client.STUCK.format(pid=info.pid, s=daemon_client.PROBE_S) + "; searching in this process")
+        if not lexical:
+            return None
+        info = None
     if info is None and lexical:
         return _query_here(root, index_dir, request, opts)
     if info is None:
@@ -238,6 +245,27 @@ def _locate(path: object, index_dir: object) -> tuple[Path, Path] | None:
     root = root.resolve()
     idir = Path(str(index_dir)).expanduser().resolve() if index_dir is not None else root / ".codesearch"
     return (root, idir) if (idir / "store.sqlite").is_file() else None
+
+
+def _indexing(path: object, index_dir: object) -> tuple[Path, Path] | None:
+    """(root, index folder) of a ``--path`` folder with no index yet whose first index the
+    running daemon is making: the query goes to the daemon, which answers at once with
+    where the run is (indexing it here too would race that run for the index lock)."""
+    if path is None or index_dir is not None or not Path(str(path)).is_dir():
+        return None
+    from codesearch.server import daemon_client
+
+    root = Path(str(path)).expanduser().resolve()
+    info = daemon_client.find()
+    if info is None:
+        return None
+    try:
+        status, doc = daemon_client.call(info, "GET", f"/daemon/run?root={_quote(str(root))}",
+                                         timeout=daemon_client.PROBE_S)
+    except (OSError, ValueError):
+        return None
+    running = status == 200 and (doc.get("indexing") or {}).get("state") != "idle"
+    return (root, root / ".codesearch") if running else None
 
 
 def _records_models(index_dir: Path) -> bool:
@@ -361,79 +389,161 @@ def _index(argv: list[str]) -> int | None:
     opts, positional = parsed
     size = _size(str(opts.get("max_file_size", "1MB")))
     device = str(opts.get("device", "auto"))
-    if len(positional) > 1 or size is None or device not in _DEVICES or opts.get("rebuild") or opts.get("ray") \
-            or opts.get("ray_address"):
+    # --ray stays here: the run is a Ray driver, which joins the cluster that this shell's
+    # RAY_ADDRESS (or a local `ray start`) names and lives as long as the run; the daemon
+    # outlives the command and gets only the environment it needs.
+    if len(positional) > 1 or size is None or device not in _DEVICES or opts.get("ray") or opts.get("ray_address"):
         return None
-    from codesearch.indexing.unchanged import unchanged_run
+    path = Path(positional[0] if positional else ".")
+    if not opts.get("rebuild"):
+        from codesearch.indexing.unchanged import unchanged_run
 
-    summary = unchanged_run(
-        Path(positional[0] if positional else "."), index_dir=opts.get("index_dir"), model=_model(opts.get("model")),
-        multi_model=_model(opts.get("multi_model")), device=device, include=tuple(opts.get("include") or ()),
-        exclude=tuple(opts.get("exclude") or ()), max_file_bytes=size,
-    )
-    if summary is None:
-        return _index_in_daemon(Path(positional[0] if positional else "."), opts, size, device)
-    if not opts.get("quiet"):
-        from codesearch.cli import render
+        summary = unchanged_run(
+            path, index_dir=opts.get("index_dir"), model=_model(opts.get("model")),
+            multi_model=_model(opts.get("multi_model")), device=device, include=tuple(opts.get("include") or ()),
+            exclude=tuple(opts.get("exclude") or ()), max_file_bytes=size,
+        )
+        if summary is not None:
+            if not opts.get("quiet"):
+                from codesearch.cli import render
 
-        render.index_summary(summary)
-    return 0
+                render.index_summary(summary)
+            return 0
+    return _index_in_daemon(path, opts, size, device)
 
 
 INDEX_POLL_S = 0.1
+INDEX_CALL_S = 120.0  # adding a root opens its index and loads its query models
+CANCEL_S = 0.5  # Ctrl-C: the interrupt guard ends this process 0.8 s after the signal
+
+
+def _needs_models(index_dir: Path, model: str | None, multi_model: str | None) -> bool:
+    """Whether an index run with these model choices loads a model: a named one, or the
+    index's own (an index without one, or a first index with both set to 'none', does not)."""
+    from codesearch.types import DEFAULT
+
+    if any(m not in (None, DEFAULT) for m in (model, multi_model)):
+        return True
+    if model is None and multi_model is None:
+        return False
+    if (index_dir / "store.sqlite").is_file():
+        return _records_models(index_dir)
+    return True  # a first index with a default model (LateOn-Code-edge, and a dense one on a GPU)
 
 
 def _index_in_daemon(path: Path, opts: dict[str, object], size: int, device: str) -> int | None:
-    """An index run with work to do, made by the daemon when one runs (with its models
-    loaded, and as the one writer of the root: a run here would contend with its watcher for
-    the index lock). None: no daemon runs, or a first index (it shows its progress here)."""
+    """An index run that loads a model, made by the daemon (started when none runs): the
+    models stay loaded for the next command, and the daemon is the root's one writer (a run
+    here would contend with its watcher for the index lock). Its progress shows here; Ctrl-C
+    here cancels it. None: this process runs it (no daemon by policy or failure, a
+    lexical-only index)."""
     from codesearch.server import daemon_client
+    from codesearch.types import DEFAULT
 
-    if daemon_client.policy(bool(opts.get("no_daemon"))) == daemon_client.OFF or not path.is_dir():
+    policy = daemon_client.policy(bool(opts.get("no_daemon")))
+    if policy == daemon_client.OFF or not path.is_dir():
         return None
-    if opts.get("model") is not None or opts.get("multi_model") is not None:
-        return None  # a one-off model choice: the daemon keeps serving the root with its own
     root = path.resolve()
     index_dir = Path(str(opts["index_dir"])).expanduser().resolve() if opts.get("index_dir") else None
-    if not ((index_dir or root / ".codesearch") / "store.sqlite").is_file():
+    model, multi_model = _model(opts.get("model")), _model(opts.get("multi_model"))
+    if not _needs_models(index_dir or root / ".codesearch", model, multi_model):
+        return None  # no model to keep warm: this process indexes without torch
+    try:
+        info = daemon_client.ensure(start=policy == daemon_client.START, say=_notice)
+    except Exception as exc:  # noqa: BLE001 - any failure to start or a stuck daemon: index here, say why
+        _notice(f"{exc}; indexing in this process")
         return None
-    info = daemon_client.find()
     if info is None:
         return None
     options: dict[str, object] = {"device": device, "include": list(opts.get("include") or ()),  # type: ignore[call-overload]
                                   "exclude": list(opts.get("exclude") or ()),  # type: ignore[call-overload]
                                   "index_dir": str(index_dir) if index_dir else None, "max_file_bytes": size}
+    for name, value in (("model", model), ("multi_model", multi_model)):
+        if value != DEFAULT:
+            options[name] = value
+    body = {"root": str(root), "options": options, "rebuild": bool(opts.get("rebuild"))}
     try:
-        status, doc = daemon_client.call(info, "POST", "/daemon/index", {"root": str(root), "options": options})
-        if status != 200:
-            return None  # the Typer path runs it here and words any error itself
-        target = int(doc["target_runs"])
-        while True:
-            status, doc = daemon_client.call(info, "GET", f"/daemon/run?root={_quote(str(root))}")
-            state = doc.get("indexing") or {}
-            if status != 200 or state.get("runs", 0) >= target:
-                break
-            import time
-
-            time.sleep(INDEX_POLL_S)
-    except (OSError, ValueError, KeyError, TypeError):
+        status, doc = daemon_client.call(info, "POST", "/daemon/index", body, timeout=INDEX_CALL_S)
+    except (OSError, ValueError) as exc:
+        _notice(f"the codesearch daemon (pid {info.pid}) did not take the run ({exc}); indexing in this process")
         return None
     if status != 200:
+        if 400 <= status < 500 and doc.get("detail"):
+            return _error(str(doc["detail"]))
+        _notice(f"the codesearch daemon (pid {info.pid}) answered {status}; indexing in this process "
+                "(see 'codesearch daemon logs')")
+        return None
+    return _follow_run(info, root, int(doc["target_runs"]), quiet=bool(opts.get("quiet")))
+
+
+def _follow_run(info: object, root: Path, target: int, *, quiet: bool) -> int | None:
+    """Poll the daemon's run of ``root`` until run number ``target`` has finished, showing its
+    progress as a run in this process does; the summary or the error as one line."""
+    import time
+
+    from codesearch.cli import render
+    from codesearch.server import daemon_client
+    from codesearch.types import IndexSummary, ProgressEvent
+
+    state: dict = {}
+    last = None
+    try:
+        with render.IndexProgress(enabled=not quiet) as progress:
+            while True:
+                status, doc = daemon_client.call(info, "GET", f"/daemon/run?root={_quote(str(root))}",  # type: ignore[arg-type]
+                                                 timeout=30.0)
+                state = doc.get("indexing") or {}
+                if status != 200:
+                    return _error(str(doc.get("detail") or f"the codesearch daemon answered {status}"))
+                if state.get("runs", 0) >= target:
+                    break
+                event = state.get("progress")
+                if state.get("state") == "running" and event and event != last:
+                    last = event
+                    progress(ProgressEvent(**event))
+                time.sleep(INDEX_POLL_S)
+    except KeyboardInterrupt:
+        return _cancel(info, root)
+    except (OSError, ValueError, TypeError) as exc:
+        _notice(f"the codesearch daemon (pid {info.pid}) stopped answering during the run ({exc}); "  # type: ignore[attr-defined]
+                "indexing in this process (what it committed is kept)")
         return None
     if state.get("last_error"):
-        from codesearch.pathnames import escape_controls
-
-        sys.stderr.write(f"Error: {escape_controls(state['last_error'])}\n")
-        return 1
-    from codesearch.cli import render
-    from codesearch.types import IndexSummary
-
+        return _error(str(state["last_error"]))
     summary = IndexSummary(**state["last_summary"])
-    if opts.get("quiet"):
+    if quiet:
         render.notices(summary.notices)
     else:
         render.index_summary(summary)
     return 0
+
+
+def _cancel(info: object, root: Path) -> int:
+    """Ctrl-C while the daemon runs our index: ask it to stop the run (what a user expects of
+    Ctrl-C), then the one line and 130."""
+    from codesearch.cli import interrupts
+    from codesearch.server import daemon_client
+
+    try:
+        status, _ = daemon_client.call(info, "POST", "/daemon/cancel", {"root": str(root)},  # type: ignore[arg-type]
+                                       timeout=CANCEL_S)
+        stopped = status == 200
+    except (OSError, ValueError):
+        stopped = False
+    what = "Terminated" if interrupts.exit_status() == 143 else "Interrupted"
+    if stopped:
+        line = f"{what}: the daemon stopped the index run (the index is intact; run the command again to resume)"
+    else:
+        line = (f"{what}; the daemon's index run goes on (it did not answer the cancel; "
+                "'codesearch daemon status' shows it, 'codesearch daemon stop' ends it)")
+    return interrupts.say_and_exit(line)
+
+
+def _error(detail: str) -> int:
+    from codesearch.pathnames import escape_controls
+
+    sys.stderr.write(f"Error: {escape_controls(detail)}\n")
+    return 1
 
 
 def _quote(text: str) -> str:

@@ -1,8 +1,10 @@
 """The per-user daemon process: ``python -m codesearch.server.daemon --runtime-dir DIR``.
 
 Started by the CLI (`daemon_client.ensure`) when a command needs a model and none runs, or by
-``codesearch daemon start``. One per user: it holds ``daemon.lock`` in the runtime folder for
-its whole life, so a second one started by hand exits at once (status 3). It listens on a
+``codesearch daemon start``. One per user and codesearch version: it holds ``daemon.lock`` in
+its version's sub-folder of the runtime folder (`runtime_dir.daemon_dir`) for its whole
+life, so a second one started by hand exits at once (status 3), while another version's
+runs beside it. It works in that folder, not its starter's. It listens on a
 free loopback port, writes ``daemon.json`` (0600) with the port and a fresh token, and
 exits on ``POST /daemon/stop``, SIGTERM, or after ``--idle-timeout`` seconds in which no
 request came, no index run went and no agent session was attached. Its log (stdout and
@@ -27,6 +29,7 @@ from codesearch.server.runtime_dir import (
     DAEMON_LOCK,
     PROTOCOL,
     DaemonInfo,
+    daemon_dir,
     ensure_runtime_dir,
     open_private,
     remove_info,
@@ -71,13 +74,15 @@ def _watch_idle(server, registry, idle_timeout_s: float) -> None:
 
 
 def run(folder: Path, idle_timeout_s: float, *, watch: bool = True) -> int:
-    """Serve until stopped; returns the exit status."""
+    """Serve until stopped; returns the exit status. ``folder``: the runtime folder (the
+    daemon's files go to its version's sub-folder, `daemon_dir`)."""
     import uvicorn
 
     from codesearch.server.daemon_app import Registry, build_app
     from codesearch.server.network import bind_socket
 
-    folder = ensure_runtime_dir(folder)
+    folder = ensure_runtime_dir(daemon_dir(ensure_runtime_dir(folder.absolute())))
+    os.chdir(folder)  # started by hand: not the starter's folder either (see daemon_client._spawn)
     lock = _hold_lock(folder)
     if lock is None:
         return EXIT_LOCKED

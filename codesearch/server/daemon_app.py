@@ -180,10 +180,10 @@ class Registry:
         PathError
             ``root`` does not exist or is not a folder.
         """
-        path = Path(root).expanduser().resolve()
+        path = _absolute(root)
         if not path.is_dir():
             raise PathError(f"path {str(root)!r} is not a folder (pass the folder of a repository)")
-        wanted_dir = Path(index_dir).expanduser().resolve() if index_dir else None
+        wanted_dir = _absolute(index_dir) if index_dir else None
         while True:
             with self._lock:
                 if self._closed:
@@ -201,7 +201,7 @@ class Registry:
                 options = self._recorded_options(path, wanted_dir)
             if served is not None:
                 log.info("options of %s changed: %s", path, options)
-                self._remove(served)
+                self._remove(served, wait=True)  # its writer must be gone before the new one runs
             added = ServedRepo(path, options, encoder_pool=self.pool, run_lock=self.run_lock,
                                query_batching=self.query_batching, name=path.name)
             try:
@@ -238,7 +238,9 @@ class Registry:
         return RepoOptions(include=recorded.include, exclude=recorded.exclude, index_dir=index_dir,
                            max_file_bytes=recorded.max_file_bytes)
 
-    def _remove(self, served: ServedRepo) -> None:
+    def _remove(self, served: ServedRepo, *, wait: bool = False) -> None:
+        """Stop serving ``served``; ``wait``: return once its run (cancelled) and writer are
+        closed, else close it in the background."""
         with self._lock:
             if served in self.repos:
                 self.repos.remove(served)
@@ -246,7 +248,10 @@ class Registry:
             for key in stale:
                 del self._views[key]
                 self._mcp.pop(key, None)  # (its task ends with the loop; a new one is made)
-        threading.Thread(target=served.close, args=(30.0,), daemon=True).start()
+        closer = threading.Thread(target=served.close, args=(30.0,), daemon=True)
+        closer.start()
+        if wait:
+            closer.join(30.0)
 
     def _relabel(self) -> None:
         """Each root's name, as the global view's hits and ``repo`` use it (unique)."""
@@ -376,6 +381,22 @@ class Registry:
             served.close(timeout)
 
 
+def _absolute(path: str | os.PathLike[str]) -> Path:
+    """``path`` resolved; it must be absolute: the daemon runs in a folder of its own, so a
+    relative path would name a folder there, not the client's (clients resolve them).
+
+    Raises
+    ------
+    PathError
+        A relative path.
+    """
+    given = Path(path).expanduser()
+    if not given.is_absolute():
+        raise PathError(f"path {str(path)!r} is relative; the daemon needs an absolute path "
+                        "(resolve it in the client, or pass --no-daemon)")
+    return given.resolve()
+
+
 class _Named:
     """A served root under another name in one view (two roots named ``app`` in a session)."""
 
@@ -385,6 +406,28 @@ class _Named:
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self._repo, attr)
+
+
+def not_ready_document(served: ServedRepo, request: SearchBody) -> JSONDict:
+    """The answer to a search of a root with nothing searchable yet (its first index run is
+    walking or chunking, or could not run): no hits and a notice of where the run is, at
+    once. Not an error: the client would then search in its own process, loading the model
+    and waiting for the index lock that the daemon's run holds (seconds, for nothing)."""
+    from codesearch.types import SCHEMA_VERSION
+
+    state = served.run_state
+    progress = state.progress or {}
+    if state.state != "idle":
+        where = (f"{progress.get('stage')} {progress.get('done', 0)}/{progress.get('total', 0)}" if progress
+                 else state.state)
+        notice = (f"the first index of {served.root} is running ({where}); nothing is searchable yet, its files "
+                  "are within seconds of the lexical commit ('codesearch daemon status' shows it)")
+    else:
+        why = f": {state.last_error}" if state.last_error else ""
+        notice = f"{served.root} has no searchable index yet{why} (run 'codesearch index {served.root}')"
+    mode = getattr(request.mode, "value", request.mode)
+    return {"schema_version": SCHEMA_VERSION, "query": request.query, "mode": str(mode), "indexes_used": [],
+            "notices": [notice], "results": []}
 
 
 def rss_bytes() -> int | None:
@@ -430,8 +473,8 @@ class Options(BaseModel):
     def repo_options(self) -> RepoOptions:
         return RepoOptions(
             model=self.model, multi_model=self.multi_model, device=self.device, include=tuple(self.include),
-            exclude=tuple(self.exclude), index_dir=Path(self.index_dir).expanduser().resolve() if self.index_dir
-            else None, max_file_bytes=self.max_file_bytes,
+            exclude=tuple(self.exclude), index_dir=_absolute(self.index_dir) if self.index_dir else None,
+            max_file_bytes=self.max_file_bytes,
         )
 
 
@@ -441,6 +484,12 @@ class DaemonIndex(BaseModel):
     root: str
     options: Options = Options()
     rebuild: bool = False
+
+
+class DaemonRoot(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    root: str
 
 
 class DaemonSession(BaseModel):
@@ -469,6 +518,8 @@ def daemon_routes(registry: Registry, *, idle_timeout_s: float, on_stop: Callabl
     @app.post("/daemon/search")
     async def search(body: DaemonSearch) -> JSONResponse:
         served = await anyio.to_thread.run_sync(lambda: registry.repo(body.root, index_dir=body.index_dir))
+        if not served._live.ready:
+            return JSONResponse(not_ready_document(served, body.request))
         notices = await anyio.to_thread.run_sync(registry.refresh, served) if body.refresh else []
         view = registry.service((served.root,))
         req = body.request
@@ -486,12 +537,22 @@ def daemon_routes(registry: Registry, *, idle_timeout_s: float, on_stop: Callabl
         return {"root": str(served.root), "index_dir": str(served.index_dir), "target_runs": target,
                 "indexing": served.run_state.to_dict()}
 
-    @app.get("/daemon/run")
-    def run(root: str = Query(...)) -> dict[str, Any]:
-        served = registry._find(Path(root).expanduser().resolve())
+    def served_at(root: str) -> ServedRepo:
+        served = registry._find(_absolute(root))
         if served is None:
             raise PathError(f"{root!r} is not served by the daemon (run 'codesearch index {root}')")
+        return served
+
+    @app.get("/daemon/run")
+    def run(root: str = Query(...)) -> dict[str, Any]:
+        served = served_at(root)
         return {"root": str(served.root), "indexing": served.run_state.to_dict()}
+
+    @app.post("/daemon/cancel")
+    def cancel(body: DaemonRoot) -> dict[str, Any]:
+        """End the root's run going now (Ctrl-C of the ``codesearch index`` that asked for it)."""
+        served = served_at(body.root)
+        return {"root": str(served.root), "cancelled": served.cancel(), "indexing": served.run_state.to_dict()}
 
     @app.post("/daemon/sessions")
     async def add_session(body: DaemonSession) -> dict[str, Any]:

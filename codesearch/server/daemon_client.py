@@ -32,8 +32,10 @@ from codesearch.server.runtime_dir import (
     PROTOCOL,
     START_LOCK,
     DaemonInfo,
+    daemon_dir,
     ensure_runtime_dir,
     open_private,
+    private,
     read_info,
     remove_info,
     runtime_dir,
@@ -46,6 +48,13 @@ IDLE_ENV = "CODESEARCH_DAEMON_IDLE"
 DEFAULT_IDLE_S = 20 * 60.0
 START_TIMEOUT_S = 90.0  # importing the server on 2 busy cores takes seconds, not minutes
 STOP_TIMEOUT_S = 15.0
+#: How long a found daemon gets to send the first byte of ``GET /health``. Its event loop
+#: answers that in milliseconds even while an index run embeds (the run is in threads); a
+#: stopped (``SIGSTOP``) or wedged daemon accepts connections (the kernel does) and never
+#: answers, which would cost a client its whole request timeout (120 s) in silence.
+PROBE_S = 3.0
+STUCK = ("the codesearch daemon (pid {pid}) accepts connections but did not answer within {s:g}s "
+         "('codesearch daemon stop' ends it)")
 STARTED = "started the codesearch daemon (pid {pid}) to keep models loaded; `codesearch daemon stop` stops it"
 
 OFF, USE, START = "off", "use", "start"
@@ -114,18 +123,51 @@ def compatible(info: DaemonInfo) -> bool:
     return info.version == __version__ and info.protocol == PROTOCOL
 
 
+def _here(folder: Path | None) -> Path:
+    """This version's daemon folder in the runtime folder ``folder`` (None: the user's)."""
+    return daemon_dir(runtime_dir() if folder is None else folder)
+
+
+def _read(folder: Path | None) -> DaemonInfo | None:
+    """This version's ``daemon.json``, believed only when the runtime folder above it is the
+    user's alone too (`read_info` checks the sub-folder and the file)."""
+    base = runtime_dir() if folder is None else folder
+    return read_info(daemon_dir(base)) if private(base, folder=True) else None
+
+
 def find(folder: Path | None = None) -> DaemonInfo | None:
-    """The live daemon of this version, or None (none, gone, or another version)."""
-    info = read_info(runtime_dir() if folder is None else folder)
+    """The live daemon of this version, or None (none, gone, or another version).
+
+    ``folder`` (here and below) is the runtime folder; each version's daemon lives in a
+    sub-folder of it (`daemon_dir`)."""
+    info = _read(folder)
     if info is None or not compatible(info) or not _serving(info):
         return None
     return info
 
 
 def find_any(folder: Path | None = None) -> DaemonInfo | None:
-    """The live daemon of any version (``daemon stop`` stops that one too)."""
-    info = read_info(runtime_dir() if folder is None else folder)
+    """The live daemon of this version's folder, whatever its file says its version is."""
+    info = _read(folder)
     return info if info is not None and _serving(info) else None
+
+
+def others(folder: Path | None = None) -> list[tuple[Path, DaemonInfo]]:
+    """The live daemons of other codesearch versions in the runtime folder (each in its own
+    sub-folder, or, from before versions had one, in the folder itself): ``daemon status``
+    and ``stop`` name them and leave them alone."""
+    base = runtime_dir() if folder is None else folder
+    here = daemon_dir(base)
+    try:
+        candidates = [base, *sorted(p for p in base.iterdir() if p.is_dir() and p != here)]
+    except OSError:
+        return []
+    found = []
+    for candidate in candidates:
+        info = read_info(candidate)
+        if info is not None and _serving(info):
+            found.append((candidate, info))
+    return found
 
 
 # -- calling it ----------------------------------------------------------------------------
@@ -147,6 +189,35 @@ def call(
     status, payload = exchange(info.host, info.port, method, path, body=data, headers=headers, timeout=timeout)
     doc = json.loads(payload) if payload else {}
     return status, doc if isinstance(doc, dict) else {"value": doc}
+
+
+def responsive(info: DaemonInfo, timeout: float = PROBE_S) -> bool:
+    """Whether the daemon answers at all: the first byte of a ``GET /health`` within
+    ``timeout`` (connect included). Any answer counts; a refused connection does not."""
+    import socket
+
+    deadline = time.monotonic() + timeout
+    try:
+        with socket.create_connection((info.host, info.port), timeout=timeout) as sock:
+            sock.sendall(f"GET /health HTTP/1.1\r\nHost: {info.host}:{info.port}\r\n"
+                         "Connection: close\r\n\r\n".encode("ascii"))
+            sock.settimeout(max(0.01, deadline - time.monotonic()))
+            return bool(sock.recv(1))
+    except OSError:
+        return False
+
+
+def probe(info: DaemonInfo, timeout: float = PROBE_S) -> DaemonInfo:
+    """``info`` when the daemon answers (`responsive`).
+
+    Raises
+    ------
+    DaemonError
+        It is alive but does not answer (stopped, wedged): the message says how to end it.
+    """
+    if not responsive(info, timeout):
+        raise DaemonError(STUCK.format(pid=info.pid, s=timeout))
+    return info
 
 
 # -- starting, replacing, stopping --------------------------------------------------------
@@ -193,6 +264,7 @@ def retire(info: DaemonInfo, folder: Path, *, timeout: float = STOP_TIMEOUT_S) -
     if listener_belongs_to(info.port, info.pid) is not False and pid_alive(info.pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(info.pid, signal.SIGTERM)
+            os.kill(info.pid, signal.SIGCONT)  # a stopped daemon handles SIGTERM only once it runs
         if not _wait_gone(info.pid, timeout):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(info.pid, signal.SIGKILL)
@@ -200,16 +272,44 @@ def retire(info: DaemonInfo, folder: Path, *, timeout: float = STOP_TIMEOUT_S) -
     remove_info(folder, info.pid)
 
 
-def _spawn(folder: Path, idle_s: float) -> int:
+#: What the daemon keeps of its starter's environment: what finds Python and the package,
+#: the models (hub cache, offline switches, tokens, proxies), the threads and devices, the
+#: locale, and codesearch's own settings. Not the rest: the daemon outlives the shell that
+#: started it and serves every later client, so one shell's CI, editor or credentials
+#: must not become every command's.
+KEPT_ENV = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV",
+    "LD_LIBRARY_PATH", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "no_proxy", "all_proxy",
+    "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM", "SENTENCE_TRANSFORMERS_HOME", "CUDA_VISIBLE_DEVICES",
+})
+KEPT_PREFIXES = ("CODESEARCH_", "LC_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH_", "PYTORCH_", "MKL_",
+                 "OPENBLAS_", "KMP_", "CUDA_", "XDG_")
+DROPPED_ENV = frozenset({"CODESEARCH_TOKEN", "CODESEARCH_NO_DAEMON", "CODESEARCH_DAEMON"})
+
+
+def daemon_environ(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a started daemon gets (see `KEPT_ENV`)."""
+    env = os.environ if environ is None else environ
+    return {k: v for k, v in env.items()
+            if (k in KEPT_ENV or k.startswith(KEPT_PREFIXES)) and k not in DROPPED_ENV}
+
+
+def _spawn(base: Path, folder: Path, idle_s: float) -> int:
+    """Start the daemon of runtime folder ``base``; ``folder``: its version's (the log's)."""
     import subprocess
 
+    folder = folder.absolute()
     log = open_private(folder / LOG_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "codesearch.server.daemon", "--runtime-dir", str(folder),
+            [sys.executable, "-m", "codesearch.server.daemon", "--runtime-dir", str(base.absolute()),
              "--idle-timeout", repr(idle_s)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, close_fds=True,
             start_new_session=True,  # not in the terminal's process group: Ctrl-C of a query leaves it
+            # Not the starter's folder (it would keep it busy, e.g. an unmount, and a relative
+            # path would mean it): requests carry absolute paths (`daemon_app._absolute`).
+            cwd=folder, env=daemon_environ(),
         )
     finally:
         os.close(log)
@@ -239,14 +339,18 @@ def ensure(*, start: bool, say: Callable[[str], None] | None = None, folder: Pat
     Raises
     ------
     DaemonError
-        A daemon could not be started (the last line of its log says why).
+        A daemon could not be started (the last line of its log says why), or the one
+        running does not answer (`probe`).
     RuntimeDirError
         The runtime folder is not this user's alone.
     """
     info = find(folder)
-    if info is not None or not start:
-        return info
-    folder = ensure_runtime_dir(folder)
+    if info is not None:
+        return probe(info)
+    if not start:
+        return None
+    base = ensure_runtime_dir(runtime_dir() if folder is None else folder)
+    folder = ensure_runtime_dir(daemon_dir(base))
     with _start_lock(folder, START_TIMEOUT_S):
         current = read_info(folder)
         if current is not None and _serving(current):
@@ -255,7 +359,7 @@ def ensure(*, start: bool, say: Callable[[str], None] | None = None, folder: Pat
             retire(current, folder)
         elif current is not None:
             remove_info(folder, current.pid)  # killed with -9: its file stayed
-        pid = _spawn(folder, idle_timeout() if idle_s is None else idle_s)
+        pid = _spawn(base, folder, idle_timeout() if idle_s is None else idle_s)
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             info = read_info(folder)
@@ -263,7 +367,7 @@ def ensure(*, start: bool, say: Callable[[str], None] | None = None, folder: Pat
                 break
             exited = not pid_alive(pid) or _reaped(pid)
             if exited or time.monotonic() > deadline:
-                other = find(folder)
+                other = find(base)
                 if other is not None:  # one started by hand in between (it holds the daemon lock)
                     return other
                 why = _last_log_line(folder) or ("it exited" if exited else f"no answer in {START_TIMEOUT_S:.0f}s")
@@ -283,20 +387,21 @@ def _reaped(pid: int) -> bool:
 
 
 def stop(folder: Path | None = None, *, timeout: float = STOP_TIMEOUT_S) -> DaemonInfo | None:
-    """Stop the running daemon (any version); returns what it was, None when none ran.
+    """Stop this version's daemon; returns what it was, None when none ran.
 
-    Ours is asked (``POST /daemon/stop``: it finishes what it writes); another version's
-    gets SIGTERM. Either way the call returns once the process is gone.
+    It is asked (``POST /daemon/stop``: it finishes what it writes); one that does not answer,
+    or whose file names another version, gets SIGTERM. Either way the call returns once the
+    process is gone. Other versions' daemons (`others`) are left alone.
     """
-    folder = runtime_dir() if folder is None else folder
     info = find_any(folder)
+    folder = _here(folder)
     if info is None:
         stale = read_info(folder)
         if stale is not None:
             remove_info(folder, stale.pid)
         return None
     asked = False
-    if compatible(info):
+    if compatible(info) and responsive(info):
         with contextlib.suppress(OSError, ValueError):
             status, _ = call(info, "POST", "/daemon/stop", {}, timeout=5.0)
             asked = status == 200

@@ -46,6 +46,9 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("codesearch.server")
 
 LOCKED_RETRY_S = 1.0  # another process holds the index lock: try the run again after this
+#: ``run_state.last_error`` of a run ended by `ServedRepo.cancel` (Ctrl-C of a ``codesearch index``
+#: that the daemon ran).
+CANCELLED = "the index run was cancelled; the index keeps what it had committed (run 'codesearch index' to resume)"
 
 
 class UnknownPathError(PathError):
@@ -175,6 +178,7 @@ class ServedRepo:
         self._requested = False
         self._rebuild = False
         self._stopping = False
+        self._cancel_run = False  # `cancel`: end the run going now, keep serving
         self.run_state = IndexRunState()
         self.watcher: RepoWatcher | None = None  # set by start()
         self.watch_error: str | None = None
@@ -322,6 +326,20 @@ class ServedRepo:
             self.request_index(rebuild)
             return target
 
+    def cancel(self) -> bool:
+        """Stop the run going now (at its next progress report) and drop a queued one; the
+        root stays served. What the run committed stays (lexical first, then vector batches),
+        as after Ctrl-C of ``codesearch index``. True when a run was going or queued."""
+        with self._cond:
+            going = self.run_state.state != "idle"
+            self._requested = self._rebuild = False
+            if self.run_state.state == "running":
+                self._cancel_run = True
+            elif self.run_state.state == "queued":
+                self.run_state.state = "idle"
+                self._cond.notify_all()
+            return going
+
     def wait_runs(self, target: int, timeout: float) -> bool:
         """Block until ``run_state.runs >= target`` (see `schedule`); False after ``timeout``."""
         deadline = time.monotonic() + timeout
@@ -385,6 +403,7 @@ class ServedRepo:
                 if self._stopping:
                     return
                 rebuild, self._requested, self._rebuild = self._rebuild, False, False
+                self._cancel_run = False
                 self.run_state.state = "running"
                 self.run_state.started_at = time.time()
                 self.run_state.progress = None
@@ -398,7 +417,10 @@ class ServedRepo:
                 self.run_state.last_summary = summary.to_dict()
                 self.run_state.last_error = None
             except _Cancelled:
-                return
+                if self._stopping:
+                    return
+                self.run_state.last_error = CANCELLED
+                log.info("index run of %s cancelled", self.root)
             except IndexLockedError as exc:
                 # Another process (a `codesearch index` in a terminal) is writing: our
                 # turn comes after it, the run is only postponed.
@@ -421,7 +443,7 @@ class ServedRepo:
                 timer.start()
 
     def _on_progress(self, event: ProgressEvent) -> None:
-        if self._stopping:
+        if self._stopping or self._cancel_run:
             raise _Cancelled()
         self.run_state.progress = dataclasses.asdict(event)
         if event.stage in ("searchable", "published"):

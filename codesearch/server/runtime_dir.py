@@ -2,7 +2,8 @@
 (``daemon.json``, with its token), its log, and the locks that make it one per user.
 
 The folder is ``$CODESEARCH_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/codesearch``, else
-``~/.cache/codesearch/run``; it is made mode 0700 and every file in it 0600. Why the token
+``~/.cache/codesearch/run``; it is made mode 0700 and every file in it 0600. Each codesearch
+version's daemon has a sub-folder of its own there (`daemon_dir`), holding its files. Why the token
 may be written here when ``serve``'s per-repository ``server.json`` must not hold one: this
 folder is the user's own (checked: owned by this uid, no access for group or others),
 while an index folder is readable by whoever can read the repository. A folder or file
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import time
 from dataclasses import asdict, dataclass
@@ -35,6 +37,18 @@ START_LOCK = "start.lock"
 PROTOCOL = 1
 
 
+def daemon_dir(base: Path | None = None, *, version: str | None = None, protocol: int = PROTOCOL) -> Path:
+    """The folder of one codesearch version's daemon inside the runtime folder ``base``:
+    ``<version>-p<protocol>``. Why one per version: two installed versions (a project's venv
+    and a global one) would otherwise each find the other's daemon, stop it as of another
+    version and start their own, taking turns for ever; in folders of their own both run.
+    """
+    if version is None:
+        from codesearch import __version__ as version
+    base = runtime_dir() if base is None else base
+    return base / (re.sub(r"[^A-Za-z0-9.+_-]", "_", str(version)) + f"-p{protocol}")
+
+
 class RuntimeDirError(ServerError):
     """The runtime folder is not this user's alone (another owner, or open to others)."""
 
@@ -43,7 +57,7 @@ def runtime_dir(environ: dict[str, str] | None = None) -> Path:
     """The runtime folder to use (not created): see the module docstring for the order."""
     env = os.environ if environ is None else environ
     if env.get(RUNTIME_ENV):
-        return Path(env[RUNTIME_ENV]).expanduser()
+        return Path(env[RUNTIME_ENV]).expanduser().absolute()
     if env.get("XDG_RUNTIME_DIR"):
         return Path(env["XDG_RUNTIME_DIR"]) / "codesearch"
     return Path.home() / ".cache" / "codesearch" / "run"

@@ -25,7 +25,7 @@ from daemonkit import cli_argv, daemon_env, daemon_pids, run_cli, stop_all
 from fixtures.sample_repo import write_sample_repo
 
 from codesearch.server import daemon_client
-from codesearch.server.runtime_dir import DaemonInfo, read_info, write_info
+from codesearch.server.runtime_dir import DaemonInfo, daemon_dir, read_info, write_info
 
 STARTED = "started the codesearch daemon (pid "
 
@@ -77,15 +77,15 @@ def test_query_starts_one_daemon_says_so_once_and_reuses_it(repo, runtime):
     env = daemon_env(runtime)
     first = _query(repo, env)
     assert first.stderr.count(STARTED) == 1, first.stderr
-    info = read_info(runtime)
+    info = read_info(daemon_dir(runtime))
     assert info is not None and f"(pid {info.pid})" in first.stderr
     assert stat.S_IMODE(runtime.stat().st_mode) == 0o700
-    assert stat.S_IMODE((runtime / "daemon.json").stat().st_mode) == 0o600
-    assert stat.S_IMODE((runtime / "daemon.log").stat().st_mode) == 0o600
+    assert stat.S_IMODE((daemon_dir(runtime) / "daemon.json").stat().st_mode) == 0o600
+    assert stat.S_IMODE((daemon_dir(runtime) / "daemon.log").stat().st_mode) == 0o600
 
     second = _query(repo, env)
     assert STARTED not in second.stderr
-    assert read_info(runtime).pid == info.pid and daemon_pids(runtime) == [info.pid]
+    assert read_info(daemon_dir(runtime)).pid == info.pid and daemon_pids(runtime) == [info.pid]
     assert _hits(second) == _hits(first)
     # The same answer as this process gives without the daemon.
     assert _hits(_query(repo, env, "--no-daemon")) == _hits(first)
@@ -98,7 +98,7 @@ def test_query_starts_one_daemon_says_so_once_and_reuses_it(repo, runtime):
 
     stopped = run_cli(["daemon", "stop"], env)
     assert f"pid {info.pid}" in stopped.stderr
-    assert _wait_gone(info.pid) and not (runtime / "daemon.json").exists()
+    assert _wait_gone(info.pid) and not (daemon_dir(runtime) / "daemon.json").exists()
     assert "no codesearch daemon runs" in run_cli(["daemon", "status"], env).stdout
 
 
@@ -111,7 +111,7 @@ def test_racing_starts_end_with_exactly_one_daemon(runtime):
     said = [err for _, err in outs if STARTED in err]
     assert len(said) == 1, outs
     pids = daemon_pids(runtime)
-    assert len(pids) == 1 and read_info(runtime).pid == pids[0]
+    assert len(pids) == 1 and read_info(daemon_dir(runtime)).pid == pids[0]
     # One started by hand while one runs holds no lock: it says so and exits 3.
     extra = subprocess.run([sys.executable, "-m", "codesearch.server.daemon", "--runtime-dir", str(runtime)],
                            env=env, capture_output=True, text=True, timeout=120)
@@ -122,14 +122,14 @@ def test_racing_starts_end_with_exactly_one_daemon(runtime):
 def test_kill_9_leaves_a_stale_file_and_the_next_query_starts_a_fresh_daemon(repo, runtime):
     env = daemon_env(runtime)
     before = _hits(_query(repo, env))
-    old = read_info(runtime)
+    old = read_info(daemon_dir(runtime))
     os.kill(old.pid, signal.SIGKILL)
     assert _wait_gone(old.pid)
-    assert (runtime / "daemon.json").exists()  # nobody removed it: stale
+    assert (daemon_dir(runtime) / "daemon.json").exists()  # nobody removed it: stale
     assert daemon_client.find(runtime) is None
 
     again = _query(repo, env)
-    new = read_info(runtime)
+    new = read_info(daemon_dir(runtime))
     assert new.pid != old.pid and f"(pid {new.pid})" in again.stderr
     assert _hits(again) == before  # nothing lost
     assert daemon_pids(runtime) == [new.pid]
@@ -138,20 +138,20 @@ def test_kill_9_leaves_a_stale_file_and_the_next_query_starts_a_fresh_daemon(rep
 def test_a_daemon_of_another_version_is_restarted_not_spoken_to(repo, runtime):
     env = daemon_env(runtime)
     run_cli(["daemon", "start"], env)
-    old = read_info(runtime)
-    log_size = (runtime / "daemon.log").stat().st_size
+    old = read_info(daemon_dir(runtime))
+    log_size = (daemon_dir(runtime) / "daemon.log").stat().st_size
     # What an older codesearch's daemon would have written (the same process stands in for it).
     fields = {**old.to_dict(), "version": "0.0.1-older", "protocol": 0}
-    write_info(runtime, DaemonInfo(**fields))
+    write_info(daemon_dir(runtime), DaemonInfo(**fields))
     assert daemon_client.find(runtime) is None and daemon_client.find_any(runtime) is not None
 
     done = _query(repo, env)
-    new = read_info(runtime)
+    new = read_info(daemon_dir(runtime))
     assert new.pid != old.pid and new.version != "0.0.1-older"
     assert _wait_gone(old.pid)
     assert STARTED in done.stderr and _hits(done)
     # The old one got SIGTERM, not a request: it logged no model load or root.
-    old_log = (runtime / "daemon.log").read_text()[log_size:]
+    old_log = (daemon_dir(runtime) / "daemon.log").read_text()[log_size:]
     assert f"serving {repo.resolve()}" in old_log  # the new daemon's line...
     assert old_log.count("serving ") == 1  # ...and only the new one's
 
@@ -160,7 +160,7 @@ def test_no_daemon_and_ci_keep_the_query_in_this_process(repo, runtime):
     for extra in ({"CODESEARCH_NO_DAEMON": "1"}, {"CI": "true"}):
         done = _query(repo, daemon_env(runtime, **extra))
         assert STARTED not in done.stderr and _hits(done)
-        assert daemon_pids(runtime) == [] and not (runtime / "daemon.json").exists()
+        assert daemon_pids(runtime) == [] and not (daemon_dir(runtime) / "daemon.json").exists()
 
 
 @pytest.mark.parametrize(("env", "flag", "want"), [
@@ -179,7 +179,7 @@ def test_policy(env, flag, want):
 def test_the_token_is_required_and_lax_files_are_not_believed(runtime):
     env = daemon_env(runtime)
     run_cli(["daemon", "start"], env)
-    info = read_info(runtime)
+    info = read_info(daemon_dir(runtime))
     for token in (None, "wrong", info.token[:-1]):
         conn = http.client.HTTPConnection(info.host, info.port, timeout=10)
         conn.request("GET", "/daemon/info", headers={"Authorization": f"Bearer {token}"} if token else {})
@@ -187,13 +187,16 @@ def test_the_token_is_required_and_lax_files_are_not_believed(runtime):
         conn.close()
     assert daemon_client.call(info, "GET", "/daemon/info")[0] == 200
     # A discovery file others could read (or write) is not believed.
-    os.chmod(runtime / "daemon.json", 0o644)
-    assert read_info(runtime) is None
-    os.chmod(runtime / "daemon.json", 0o600)
-    os.chmod(runtime, 0o755)
-    assert read_info(runtime) is None
+    os.chmod(daemon_dir(runtime) / "daemon.json", 0o644)
+    assert read_info(daemon_dir(runtime)) is None
+    os.chmod(daemon_dir(runtime) / "daemon.json", 0o600)
+    os.chmod(daemon_dir(runtime), 0o755)
+    assert read_info(daemon_dir(runtime)) is None
+    os.chmod(daemon_dir(runtime), 0o700)
+    os.chmod(runtime, 0o755)  # the runtime folder above it, too
+    assert daemon_client.find(runtime) is None
     os.chmod(runtime, 0o700)
-    assert read_info(runtime).pid == info.pid
+    assert read_info(daemon_dir(runtime)).pid == info.pid == daemon_client.find(runtime).pid
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runuser") is None, reason="needs root and runuser")
@@ -204,8 +207,8 @@ def test_another_user_cannot_read_the_discovery_file_or_reach_the_daemon(tmp_pat
     runuser = shutil.which("runuser")
     try:
         run_cli(["daemon", "start"], env)
-        info = read_info(runtime)
-        read = subprocess.run([runuser, "-u", "nobody", "--", "cat", str(runtime / "daemon.json")],
+        info = read_info(daemon_dir(runtime))
+        read = subprocess.run([runuser, "-u", "nobody", "--", "cat", str(daemon_dir(runtime) / "daemon.json")],
                               capture_output=True, text=True, timeout=30)
         assert read.returncode != 0 and info.token not in read.stdout
         probe = ("import http.client,sys; c=http.client.HTTPConnection('127.0.0.1', int(sys.argv[1]), timeout=10); "
@@ -228,10 +231,10 @@ def test_another_user_cannot_read_the_discovery_file_or_reach_the_daemon(tmp_pat
 def test_an_idle_daemon_exits_by_itself_and_removes_its_file(runtime):
     env = daemon_env(runtime)
     run_cli(["daemon", "start", "--idle-timeout", "2s"], env)
-    info = read_info(runtime)
+    info = read_info(daemon_dir(runtime))
     assert _wait_gone(info.pid, timeout=60.0)
-    assert not (runtime / "daemon.json").exists()
-    assert "idle for" in (runtime / "daemon.log").read_text()
+    assert not (daemon_dir(runtime) / "daemon.json").exists()
+    assert "idle for" in (daemon_dir(runtime) / "daemon.log").read_text()
 
 
 def test_an_index_run_with_work_goes_to_the_running_daemon(tmp_path, single_vector_dir, runtime):
@@ -260,7 +263,7 @@ def test_piped_output_through_the_daemon_is_the_same_as_without_it(repo, runtime
     env = daemon_env(runtime)
     args = ["query", "greet the user", "-p", str(repo), "-k", "3", "--max-lines", "2"]
     through = run_cli(args, env)
-    assert read_info(runtime) is not None, through.stderr  # the daemon answered
+    assert read_info(daemon_dir(runtime)) is not None, through.stderr  # the daemon answered
     alone = run_cli([*args, "--no-daemon"], env)
     assert "more lines)" in alone.stdout
     assert through.stdout == alone.stdout

@@ -13,7 +13,7 @@ from daemonkit import cli_argv, daemon_env, daemon_pids, run_cli, stop_all
 from fixtures.sample_repo import write_sample_repo
 from mcp import Client, StdioServerParameters
 
-from codesearch.server.runtime_dir import read_info
+from codesearch.server.runtime_dir import daemon_dir, read_info
 from codesearch.types import result_document
 
 
@@ -69,7 +69,7 @@ def test_stdio_sessions_share_one_daemon_and_one_model_load(two_repos, tmp_path)
 
     try:
         anyio.run(main)
-        info = read_info(runtime)
+        info = read_info(daemon_dir(runtime))
         assert info is not None and daemon_pids(runtime) == [info.pid]
         status = json.loads(run_cli(["daemon", "status", "--json"], env).stdout)
         assert len(status["model_loads"]) == 1, status["model_loads"]
@@ -98,5 +98,5 @@ def test_no_daemon_serves_in_process(two_repos, tmp_path):
                 assert not result.is_error
 
     anyio.run(main)
-    assert daemon_pids(runtime) == [] and not (runtime / "daemon.json").exists()
+    assert daemon_pids(runtime) == [] and not (daemon_dir(runtime) / "daemon.json").exists()
     shutil.rmtree(runtime, ignore_errors=True)
