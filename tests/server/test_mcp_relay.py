@@ -26,7 +26,7 @@ from starlette.routing import Route
 
 from codesearch import __version__
 from codesearch.server import mcp_proxy
-from codesearch.server.runtime_dir import PROTOCOL, DaemonInfo, ensure_runtime_dir, write_info
+from codesearch.server.runtime_dir import PROTOCOL, DaemonInfo, daemon_dir, ensure_runtime_dir, write_info
 
 TOKEN = "t" * 32
 
@@ -67,9 +67,9 @@ def daemon(tmp_path, monkeypatch):
         assert time.monotonic() < deadline
         time.sleep(0.01)
     runtime = ensure_runtime_dir(tmp_path / "run")
-    write_info(runtime, DaemonInfo(host="127.0.0.1", port=sock.getsockname()[1], pid=os.getpid(), token=TOKEN,
-                                   version=__version__, protocol=PROTOCOL, started_at=time.time(),
-                                   idle_timeout_s=600.0))
+    info = DaemonInfo(host="127.0.0.1", port=sock.getsockname()[1], pid=os.getpid(), token=TOKEN,
+                      version=__version__, protocol=PROTOCOL, started_at=time.time(), idle_timeout_s=600.0)
+    write_info(ensure_runtime_dir(daemon_dir(runtime)), info)
     monkeypatch.setenv("CODESEARCH_RUNTIME_DIR", str(runtime))
     monkeypatch.setattr(mcp_proxy, "REQUEST_TIMEOUT_S", 0.5)
     yield fake

@@ -85,7 +85,7 @@ def test_the_daemon_follows_an_import_force(tmp_path, single_vector_dir):
     from daemonkit import daemon_env, daemon_pids, run_cli, stop_all
 
     from codesearch.api import CodeSearch, import_index
-    from codesearch.server.runtime_dir import read_info
+    from codesearch.server.runtime_dir import daemon_dir, read_info
 
     # Both indexes made the same way (an export of a checkout indexed once, imported), so
     # that their stores carry the same generation.
@@ -106,9 +106,9 @@ def test_the_daemon_follows_an_import_force(tmp_path, single_vector_dir):
                                "--no-watch"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
-        while read_info(runtime) is None and daemon.poll() is None and time.monotonic() < deadline:
+        while read_info(daemon_dir(runtime)) is None and daemon.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert read_info(runtime) is not None, "the daemon did not start"
+        assert read_info(daemon_dir(runtime)) is not None, "the daemon did not start"
         before = texts()
         assert "alpha_function" in before and "quokka_function" not in before
         pids = daemon_pids(runtime)
