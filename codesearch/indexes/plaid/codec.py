@@ -55,6 +55,20 @@ class ResidualCodec:
         return -(-self.dim // per_byte)
 
     @property
+    def fingerprint(self) -> str:
+        """A digest of the arrays: codes made elsewhere are used only under the codec that made them."""
+        fp = self.__dict__.get("_fingerprint")
+        if fp is None:
+            import hashlib
+
+            h = hashlib.blake2b(digest_size=16)
+            for a in (self.centroids, self.cutoffs, self.weights):
+                h.update(np.ascontiguousarray(a, dtype=np.float32).tobytes())
+            fp = f"{self.nbits}:{h.hexdigest()}"
+            object.__setattr__(self, "_fingerprint", fp)
+        return fp
+
+    @property
     def code_dtype(self) -> np.dtype:
         return np.dtype(np.uint16 if len(self.centroids) <= 2**16 else np.int32)
 
@@ -180,6 +194,13 @@ class ResidualCodec:
         return lut
 
 
+#: Fewest query rows per faiss search: below faiss's BLAS threshold (20) it sums the inner
+#: products in another order, so a token near a tie between two centroids could get another
+#: code in a small batch (a worker's) than in a large one (the driver's). Padded, every
+#: search takes the same path, and a token's code does not depend on its batch.
+_MIN_ROWS = 32
+
+
 def _assign(centroids: np.ndarray, vectors: np.ndarray) -> np.ndarray:
     import faiss
 
@@ -187,8 +208,12 @@ def _assign(centroids: np.ndarray, vectors: np.ndarray) -> np.ndarray:
     index.add(np.ascontiguousarray(centroids, dtype=np.float32))
     nearest = np.empty(len(vectors), np.int64)
     for i in range(0, len(vectors), _STEP):
-        _, best = index.search(np.ascontiguousarray(vectors[i : i + _STEP], dtype=np.float32), 1)
-        nearest[i : i + len(best)] = best[:, 0]
+        part = np.ascontiguousarray(vectors[i : i + _STEP], dtype=np.float32)
+        n = len(part)
+        if n < _MIN_ROWS:
+            part = np.concatenate([part, np.zeros((_MIN_ROWS - n, part.shape[1]), np.float32)])
+        _, best = index.search(part, 1)
+        nearest[i : i + n] = best[:n, 0]
     return nearest
 
 
