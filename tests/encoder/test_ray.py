@@ -415,3 +415,75 @@ def test_names_without_a_port_are_left_to_ray():
 
     for address in ("auto", "local", "ray://head:10001", "head"):
         assert _check_head(address) is None
+
+
+@pytest.fixture
+def small_plaid(monkeypatch):
+    """PLAID (and the run's codes on the workers) at the sample repository's size: PLAID from
+    200 tokens, 8 centroids, a sample of 10 tokens per centroid."""
+    from codesearch.indexes.plaid import PlaidIndex
+    from codesearch.indexing import codes
+
+    monkeypatch.setitem(PlaidIndex.__init__.__kwdefaults__, "exact_threshold", 200)
+    monkeypatch.setitem(PlaidIndex.__init__.__kwdefaults__, "max_centroids", 8)
+    monkeypatch.setattr(codes, "SAMPLE_PER_CENTROID", 10)
+    monkeypatch.setattr(encode, "ENCODE_BATCH", 2)  # many batches, so the kill lands mid-run
+    monkeypatch.setenv("CODESEARCH_CACHE_SIZE", "0")  # every text encoded by the workers
+
+
+def _driver_codes(index_dir):
+    """The stored PLAID index, and its codes computed here from the stored vectors."""
+    from codesearch.indexes.plaid import PlaidIndex
+
+    index = PlaidIndex.load(index_dir / "plaid")
+    with Store(index_dir / STORE_FILE) as s:
+        ids, arrays = s.vectors_for(index.ids().tolist(), "colbert")
+    assert ids.tolist() == index.ids().tolist()
+    codes, packed = index._codec.compress(np.concatenate(arrays))
+    return index, codes, packed
+
+
+@needs_ray
+def test_plaid_codes_come_from_the_workers_even_when_one_is_killed(
+    pool, small_plaid, tmp_path, monkeypatch, single_vector_dir, colbert_dir
+):
+    from codesearch.encoder.ray import RayEncoder
+
+    got = {"coded": 0, "plain": 0, "codecs": set()}
+    codes_for, set_codec = RayEncoder.codes_for, RayEncoder.set_codec
+
+    def counting(self, texts):
+        out = codes_for(self, texts)
+        got["coded" if out is not None else "plain"] += 1
+        return out
+
+    def recording(self, codec):
+        got["codecs"].add(codec.fingerprint)
+        set_codec(self, codec)
+
+    monkeypatch.setattr(RayEncoder, "codes_for", counting)
+    monkeypatch.setattr(RayEncoder, "set_codec", recording)
+    repo = write_sample_repo(tmp_path / "repo")
+    before = pool.worker_pids()
+    killed = []
+
+    def kill_once(event):  # once the workers have the codec
+        if event.stage == "encode" and got["coded"] and not killed:
+            killed.append(before[0])
+            os.kill(before[0], signal.SIGKILL)
+
+    _index(repo, tmp_path / "index", single_vector_dir, colbert_dir, ray=pool, progress=kill_once)
+    assert killed and before[0] not in pool.worker_pids()
+    index, codes, packed = _driver_codes(tmp_path / "index")
+    assert index.kind == "plaid" and got["codecs"] == {index._codec.fingerprint}  # the sampled codec
+    assert got["coded"] >= 3  # batches came back with codes, after the kill too
+    # Every stored code is the one the driver computes from the stored vectors.
+    np.testing.assert_array_equal(index._codes, codes)
+    np.testing.assert_array_equal(index._residuals, packed)
+    # An incremental run sends the stored codec to the workers.
+    (repo / "extra.py").write_text("def added_later(x):\n    return x * 2\n" * 3, encoding="utf-8")
+    got["codecs"].clear()
+    _index(repo, tmp_path / "index", single_vector_dir, colbert_dir, ray=pool)
+    again, codes, packed = _driver_codes(tmp_path / "index")
+    assert got["codecs"] == {index._codec.fingerprint} == {again._codec.fingerprint}
+    np.testing.assert_array_equal(again._codes, codes)

@@ -3,11 +3,12 @@ residual quantised to 2 or 4 bits per dimension."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ResidualCodec"]
+__all__ = ["DocCodes", "ResidualCodec", "compress_documents"]
 
 #: Tokens per step of the per-token passes (assign, compress, reconstruction error): their
 #: float32 temporaries stay ~200 MB at 48 dims, not several copies of every token. A 60k-text
@@ -153,6 +154,11 @@ class ResidualCodec:
             return codes, np.concatenate(parts)
         return self._compress(vectors, codes)
 
+    def compress_documents(self, arrays: Sequence[np.ndarray]) -> list[DocCodes]:
+        """Each document's `DocCodes` under this codec: what a worker that encodes documents
+        returns with their vectors (`codesearch.indexes.plaid.coded`)."""
+        return compress_documents(self, arrays)
+
     def error(self, vectors: np.ndarray, codes: np.ndarray, packed: np.ndarray) -> np.ndarray:
         """Each vector's distance to its reconstruction, in steps of :data:`_STEP` tokens."""
         out = np.empty(len(vectors), np.float32)
@@ -218,3 +224,30 @@ def _assign(centroids: np.ndarray, vectors: np.ndarray) -> np.ndarray:
 
 
 # -- the index -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class DocCodes:
+    """One document's codes: centroid ids, packed residuals, and the sum of its tokens'
+    reconstruction errors (what the index's drift check adds up)."""
+
+    codes: np.ndarray
+    packed: np.ndarray
+    error: float
+
+
+def compress_documents(codec: ResidualCodec, arrays: Sequence[np.ndarray]) -> list[DocCodes]:
+    """Each document's codes under ``codec``, from its vectors rounded to float16 (as stored)."""
+    lens = [len(a) for a in arrays]
+    if not sum(lens):
+        empty = np.empty((0, codec.packed_dim), np.uint8)
+        return [DocCodes(np.empty(0, codec.code_dtype), empty, 0.0) for _ in arrays]
+    flat = np.concatenate([np.asarray(a, np.float32).reshape(len(a), -1) for a in arrays if len(a)])
+    flat = flat.astype(np.float16).astype(np.float32)
+    codes, packed = codec.compress(flat)
+    err = codec.error(flat, codes, packed)
+    out, at = [], 0
+    for n in lens:
+        out.append(DocCodes(codes[at : at + n], packed[at : at + n], float(err[at : at + n].sum(dtype=np.float64))))
+        at += n
+    return out

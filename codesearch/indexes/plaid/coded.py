@@ -16,19 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from codesearch.indexes.plaid.codec import ResidualCodec
+from codesearch.indexes.plaid.codec import DocCodes, ResidualCodec, compress_documents
 
 __all__ = ["CodeBook", "Coded", "DocCodes", "compress_documents", "train_on_sample"]
-
-
-@dataclass(frozen=True, eq=False)
-class DocCodes:
-    """One document's codes: centroid ids, packed residuals, and the sum of its tokens'
-    reconstruction errors (what the index's drift check adds up)."""
-
-    codes: np.ndarray
-    packed: np.ndarray
-    error: float
 
 
 @dataclass(frozen=True, eq=False)
@@ -42,23 +32,6 @@ class Coded:
     codec: ResidualCodec
     error: float
     docs: Sequence[DocCodes | None]
-
-
-def compress_documents(codec: ResidualCodec, arrays: Sequence[np.ndarray]) -> list[DocCodes]:
-    """Each document's codes under ``codec``, from its vectors rounded to float16 (as stored)."""
-    lens = [len(a) for a in arrays]
-    if not sum(lens):
-        empty = np.empty((0, codec.packed_dim), np.uint8)
-        return [DocCodes(np.empty(0, codec.code_dtype), empty, 0.0) for _ in arrays]
-    flat = np.concatenate([np.asarray(a, np.float32).reshape(len(a), -1) for a in arrays if len(a)])
-    flat = flat.astype(np.float16).astype(np.float32)
-    codes, packed = codec.compress(flat)
-    err = codec.error(flat, codes, packed)
-    out, at = [], 0
-    for n in lens:
-        out.append(DocCodes(codes[at : at + n], packed[at : at + n], float(err[at : at + n].sum(dtype=np.float64))))
-        at += n
-    return out
 
 
 def train_on_sample(
@@ -96,9 +69,11 @@ class CodeBook:
         if codec is not None:
             self.ready.set()
 
-    def set_codec(self, codec: ResidualCodec, error: float) -> None:
+    def set_codec(self, codec: ResidualCodec, error: float, *, ready: bool = True) -> None:
+        """Take ``codec`` (and its held-out error); ``ready`` tells waiting publications."""
         self.codec, self.error = codec, float(error)
-        self.ready.set()
+        if ready:
+            self.ready.set()
 
     def __len__(self) -> int:
         return len(self._docs)
