@@ -235,6 +235,7 @@ class InstantEncoder(BatchEncoder):
         pool = rng.standard_normal((64, inner.max_length, inner.dim)).astype(np.float32)
         self.pool = pool / np.linalg.norm(pool, axis=-1, keepdims=True)
         self._codes = {}
+        self.idle_s = 0.0  # the stand-in workers' time waiting for the driver to take batches
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -258,7 +259,7 @@ class InstantEncoder(BatchEncoder):
         errs = [np.cumsum(codec.error(p.astype(np.float16).astype(np.float32), d.codes, d.packed), dtype=np.float64)
                 for p, d in zip(self.pool, docs)]
         self._pool_codes = (codec.fingerprint, docs, errs)
-        self.codec = codec
+        self.codec, self.codec_at = codec, time.monotonic()
         print(f"  codec of {len(codec.centroids):,} centroids at the workers; the pool's codes took "
               f"{time.perf_counter() - t0:.1f} s", flush=True)
 
@@ -284,6 +285,11 @@ class InstantEncoder(BatchEncoder):
         rate = rate or self.rate
         due = time.monotonic()
         for texts in batches:
+            # Workers run at most ~1 s ahead of a driver that stopped taking batches (a pool's
+            # window): after a longer stall they start again from now, not from their schedule.
+            if time.monotonic() - 1.0 > due:
+                self.idle_s += time.monotonic() - 1.0 - due
+                due = time.monotonic() - 1.0
             due += sum(self.count_tokens(texts)) / rate if rate else 0.0
             while (left := due - time.monotonic()) > 0:
                 if idle is not None:
@@ -301,10 +307,16 @@ def driver_ceiling(root: Path, model: Path, rate: float | None = None) -> None:
     print the encode stage's rate: the ceiling the driver puts on any number of workers.
     With ``rate`` (--rate TOK_S), the stand-in cluster makes vectors at that many tokens/s,
     and the encode stage is compared with the time the workers alone would take."""
+    import logging
+
     from codesearch.encoder import load
     from codesearch.encoder.base import Encoders
     from codesearch.indexing.run import build_index
 
+    logging.basicConfig(level=logging.WARNING)
+    # Every text encoded: the user's vector cache would hand a second run the first one's
+    # stand-in vectors (and keep them, under the stand-in checkpoint's identity).
+    os.environ.setdefault("CODESEARCH_CACHE_SIZE", "0")
     enc = InstantEncoder(load(str(model), device="cpu"), rate=rate)
     with tempfile.TemporaryDirectory() as d:
         events = {"published": 0}
@@ -321,6 +333,10 @@ def driver_ceiling(root: Path, model: Path, rate: float | None = None) -> None:
 
         summary = build_index(root, index_dir=Path(d) / "ix", encoders=Encoders(None, enc), progress=progress)
         after = time.monotonic() - enc.last_batch
+        if enc.codec is not None:
+            print(f"the codec reached the workers at {enc.codec_at - t0:.1f} s; the stand-in's last batch at "
+                  f"{enc.last_batch - t0:.1f} s")
+        print(f"the stand-in workers waited {enc.idle_s:.1f} s for the driver to take batches")
         st = summary.stage_seconds
         print(f"{summary.files_indexed:,} files, {summary.chunks_total:,} chunks, {summary.chunks_encoded:,} texts "
               f"encoded, {summary.tokens_encoded:,} tokens (estimated), {events['published']} publications")

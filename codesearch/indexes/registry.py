@@ -148,7 +148,7 @@ def _add_from_store(
         if all_vecs:
             found = np.concatenate(all_ids)
             if codes is not None and codes.codec is not None:
-                hashes = store.chunk_hashes(found.tolist())
+                hashes = store.hashes_of_chunks(found.tolist())
                 coded = codes.coded([hashes.get(int(i)) for i in found])
                 index.add(found, all_vecs, coded=coded)
             else:

@@ -6,9 +6,10 @@ vectors; publications hand them to the PLAID index, so the driver only writes.
 
 The codec: the stored index's, when it is PLAID already (an incremental run); otherwise one
 trained on a uniform sample of the texts to encode, which go first in the stream. Training
-runs in a thread as the batches keep coming; publications wait for it (a publication that
-trained its own codec would make the workers' codes useless). Batches encoded before the
-codec reached the workers are compressed by the index, as before. A sample that does not
+runs in a thread while the stream takes no new batch (`RunCodes.hold`), and publications
+wait for it (a publication that trained its own codec would make the workers' codes
+useless). The few batches the workers held then come back without codes, and the index
+compresses them, as before. A sample that does not
 stand for the collection shows in the index's drift check, which then retrains on everything
 (:meth:`PlaidIndex._build`).
 """
@@ -17,7 +18,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -56,10 +58,23 @@ class RunCodes:
         self._n_centroids = n_centroids
         self._thread: threading.Thread | None = None
         self.train_s = 0.0
+        self.held_s = 0.0  # the stream waited for the codec this long (hold)
 
     @property
     def ready(self) -> bool:
         return self.book.ready.is_set()
+
+    def hold(self, idle: Callable[[], None]) -> None:
+        """While the codec trains on the whole sample, take no more batches (calling ``idle``):
+        the workers then finish the batches they hold and wait, instead of making vectors
+        without codes that the driver would compress after all (minutes on a large index).
+        The hold costs the training's time, once."""
+        if self._thread is None or self.ready:
+            return
+        t0 = time.perf_counter()
+        while not self.book.ready.wait(0.2):
+            idle()
+        self.held_s += time.perf_counter() - t0
 
     def take(
         self, texts: list[str], hashes: Sequence[str], kinds: Sequence[str], vectors: Sequence[np.ndarray]
@@ -85,8 +100,6 @@ class RunCodes:
         self.book.ready.wait()
 
     def _train(self) -> None:
-        import time
-
         from codesearch.indexes.plaid import PlaidIndex
         from codesearch.indexes.plaid.coded import compress_documents, train_on_sample
 
@@ -134,8 +147,8 @@ def plan_codes(idir: Path, enc: Encoder, items: list) -> tuple[RunCodes | None, 
         return None, items  # stays exact (or the index trains on what little there is)
     n_centroids = index._centroid_count(total)
     target = SAMPLE_PER_CENTROID * n_centroids
-    if 2 * target > total:
-        return None, items  # the sample would be most of it: the index trains on everything
+    if 4 * target > total:
+        return None, items  # the sample would be much of it: the index trains on everything
     order = np.random.default_rng(0).permutation(len(multi))
     upto = int(np.searchsorted(np.cumsum(sizes[order]), target)) + 1
     first = set(np.asarray(multi)[order[:upto]].tolist())

@@ -375,7 +375,7 @@ class VectorCache(SegmentArrays):
         """Ids of the chunks whose text hash is one of ``hashes``."""
         return self._ids_with_hashes("chunks", "text_hash", hashes)
 
-    def chunk_hashes(self, ids: Iterable[int]) -> dict[int, str]:
+    def hashes_of_chunks(self, ids: Iterable[int]) -> dict[int, str]:
         """Chunk id -> its text hash, for the ids that exist."""
         out: dict[int, str] = {}
         for part in chunked([int(i) for i in ids]):

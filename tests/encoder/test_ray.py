@@ -419,7 +419,7 @@ def test_names_without_a_port_are_left_to_ray():
 
 @pytest.fixture
 def small_plaid(monkeypatch):
-    """PLAID (and the run's codes on the workers) at the sample repository's size: PLAID from
+    """PLAID (and the run's codes on the workers) at a test repository's size: PLAID from
     200 tokens, 8 centroids, a sample of 10 tokens per centroid."""
     from codesearch.indexes.plaid import PlaidIndex
     from codesearch.indexing import codes
@@ -429,6 +429,21 @@ def small_plaid(monkeypatch):
     monkeypatch.setattr(codes, "SAMPLE_PER_CENTROID", 10)
     monkeypatch.setattr(encode, "ENCODE_BATCH", 2)  # many batches, so the kill lands mid-run
     monkeypatch.setenv("CODESEARCH_CACHE_SIZE", "0")  # every text encoded by the workers
+
+
+def _many_files(root, n=30):
+    """A repository of ``n`` small Python files, a few functions each (~100 chunks)."""
+    words = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta"]
+    for i in range(n):
+        body = "".join(
+            f"def {words[(i + j) % 8]}_{i}_{j}(x, y):\n    total = x * {j} + y - {i}\n"
+            f"    for k in range({j + 2}):\n        total += k * {words[j % 8]!r}.count('a')\n    return total\n\n\n"
+            for j in range(4)
+        )
+        path = root / f"pkg{i % 3}" / f"mod_{i}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(body, encoding="utf-8")
+    return root
 
 
 def _driver_codes(index_dir):
@@ -463,7 +478,7 @@ def test_plaid_codes_come_from_the_workers_even_when_one_is_killed(
 
     monkeypatch.setattr(RayEncoder, "codes_for", counting)
     monkeypatch.setattr(RayEncoder, "set_codec", recording)
-    repo = write_sample_repo(tmp_path / "repo")
+    repo = _many_files(tmp_path / "repo")
     before = pool.worker_pids()
     killed = []
 
