@@ -369,12 +369,10 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         flat = np.concatenate([d for d in docs if len(d)], dtype=np.float32)
         if coded is not None and coded.codec.nbits == self.nbits and coded.codec.dim == flat.shape[1]:
             self._codec = coded.codec
-            codes, packed, err_sum = self._compress(flat, lens, coded)
-            # The baseline is the codec's error on the sample's tokens k-means did not see,
-            # and the build's tokens count as added ones: when the sample did not stand for
-            # the collection (too small, or unlike the rest), they fit worse than it says,
-            # and needs_rebuild asks for a codec trained on everything.
-            build_error, added = coded.error, (err_sum, len(flat))
+            codes, packed, _ = self._compress(flat, lens, coded)
+            # The codec's error on sampled documents k-means did not see (`train_on_sample`):
+            # what the index's drift check compares later additions with.
+            build_error = coded.error
         else:
             codec, codes, held_out = ResidualCodec.train(
                 flat,
@@ -386,11 +384,10 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
             codes, packed = codec.compress(flat, codes)
             self._codec = codec
             build_error = float(codec.error(flat, codes, packed)[held_out].mean())
-            added = (0.0, 0)
         self._vectors = None
         self._codes, self._residuals = codes, packed
         self._build_error = build_error
-        self._added_error_sum, self._added_tokens = added
+        self._added_error_sum, self._added_tokens = 0.0, 0
         self._ivf = None
         self._ids = ids.astype(np.int64)
         self._doclens = lens
