@@ -495,10 +495,3 @@ def test_plaid_codes_come_from_the_workers_even_when_one_is_killed(
     # Every stored code is the one the driver computes from the stored vectors.
     np.testing.assert_array_equal(index._codes, codes)
     np.testing.assert_array_equal(index._residuals, packed)
-    # An incremental run sends the stored codec to the workers.
-    (repo / "extra.py").write_text("def added_later(x):\n    return x * 2\n" * 3, encoding="utf-8")
-    got["codecs"].clear()
-    _index(repo, tmp_path / "index", single_vector_dir, colbert_dir, ray=pool)
-    again, codes, packed = _driver_codes(tmp_path / "index")
-    assert got["codecs"] == {index._codec.fingerprint} == {again._codec.fingerprint}
-    np.testing.assert_array_equal(again._codes, codes)
