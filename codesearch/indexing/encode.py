@@ -192,12 +192,11 @@ def _encode_streams(
             publisher.poll()
 
         outputs = encode_stream(enc, texts_of, kind="document", idle=idle)
-        hold_codes = False
+        codes = publisher.codes if publisher.codes is not None and publisher.codes.enc is enc else None
         for batch, out in zip(batches, outputs):
             vectors = list(out) if enc.multivector else [np.asarray(out)[i] for i in range(len(batch))]
-            if publisher.codes is not None and publisher.codes.enc is enc:  # before a publication reads them
-                publisher.codes.take([t for *_, t in batch], [h for _, h, _ in batch], [k for k, *_ in batch], vectors)
-                hold_codes = True
+            if codes is not None:  # before a publication reads them
+                codes.take([t for *_, t in batch], [h for _, h, _ in batch], [k for k, *_ in batch], vectors)
             by_kind: dict[str, list[tuple[str, np.ndarray]]] = defaultdict(list)
             for (kind, h, _), v in zip(batch, vectors):
                 by_kind[kind].append((h, v))
@@ -216,9 +215,8 @@ def _encode_streams(
             for kind, pairs in by_kind.items():
                 publisher.add(kind, (h for h, _ in pairs))
             publisher.poll()
-            if hold_codes:  # the sample is in: no more batches until its codec reaches the workers
-                publisher.codes.hold(idle)
-                hold_codes = False
+            if codes is not None:  # once the sample is in, no more batches until its codec reaches the workers
+                codes.hold(idle)
             if run.texts_encoded < total and publisher.due():
                 publisher.start()
         # How this model was embedded, for 'status': recorded as its stream ends, so that a
