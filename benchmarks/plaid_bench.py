@@ -7,6 +7,7 @@ against brute-force float32 MaxSim, and source@1 (the query's own document ranke
     python benchmarks/plaid_bench.py                     # 10,000 docs x ~100 tokens x 48 dims
     python benchmarks/plaid_bench.py --docs 2000 --queries 50
     python benchmarks/plaid_bench.py --memory            # peak memory of one 4M-token add
+    python benchmarks/plaid_bench.py --sample            # a codec trained on a sample vs on everything
 
 The data: ``--topics`` random directions; each document mixes 4 of them, each token is a
 topic plus Gaussian noise, L2-normalised; each query is 32 noisy tokens of one document.
@@ -128,8 +129,57 @@ def build_memory(n_docs: int = 16_000, n_tokens: int = 250, dim: int = 48) -> No
           f"peak RSS +{peak - base:.2f} GB above the inputs, {time.perf_counter() - t:.1f} s")
 
 
+def sampled_codec(n_docs: int = 5_000, tokens: int = 60, dim: int = 48, n_topics: int = 2000,
+                  n_centroids: int = 1024) -> None:
+    """A codec trained on a uniform sample of the documents (40 tokens per centroid, as an
+    index run samples for its workers: `codesearch.indexing.codes`) against one trained on
+    everything (the driver's build): held-out (build) error, the error over every token,
+    recall@10 against exact MaxSim, source@1, and whether the drift check asks for a rebuild.
+    Then the same with samples too small to stand for the collection."""
+    from codesearch.indexes.plaid.coded import Coded, compress_documents, train_on_sample
+
+    docs = make_corpus(n_docs, tokens, dim, n_topics, 0.6, 0)
+    docs = [d.astype(np.float16).astype(np.float32) for d in docs]  # as stored
+    ids = np.arange(len(docs), dtype=np.int64)
+    queries, sources = make_queries(docs, 100, 32, 0)
+    truth = maxsim_search(queries, ids, docs, 10)
+    flat = np.concatenate(docs)
+    print(f"{len(docs)} docs, {len(flat):,} tokens, {n_centroids} centroids")
+    print("| codec | trained on (tokens) | train s | build (held-out) error | error, every token "
+          "| recall@10 | source@1 | needs_rebuild |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
+
+    def row(name, index, n_train, took):
+        codes, packed = index._codec.compress(flat)
+        every = float(index._codec.error(flat, codes, packed).mean())
+        res = index.search(queries, 10)
+        print(f"| {name} | {n_train:,} | {took:.1f} | {index.build_error:.4f} | {every:.4f} | "
+              f"{recall_at_10(res, truth):.3f} | {source_at_1(res, sources):.2f} | {index.needs_rebuild} |")
+
+    t = time.perf_counter()
+    full = PlaidIndex(dim, mode="plaid", n_centroids=n_centroids)
+    full.add(ids, docs)
+    row("everything (the driver today)", full, min(32 * n_centroids, int(0.9 * len(flat))), time.perf_counter() - t)
+    rng = np.random.default_rng(1)
+    for per in (160, 96, 40, 10):
+        pick, got = [], 0
+        for i in rng.permutation(len(docs)):
+            if got >= per * n_centroids:
+                break
+            pick.append(i)
+            got += len(docs[i])
+        t = time.perf_counter()
+        codec, error = train_on_sample([docs[i] for i in pick], nbits=4, n_centroids=n_centroids)
+        took = time.perf_counter() - t
+        index = PlaidIndex(dim, mode="plaid")
+        index.add(ids, docs, coded=Coded(codec, error, compress_documents(codec, docs)))
+        row(f"uniform sample, {per} tokens per centroid ({len(pick)} docs)", index, got, took)
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["--memory"]:
         build_memory()
+    elif sys.argv[1:] == ["--sample"]:
+        sampled_codec()
     else:
         main()

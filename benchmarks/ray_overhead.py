@@ -234,12 +234,45 @@ class InstantEncoder(BatchEncoder):
         rng = np.random.default_rng(seed)
         pool = rng.standard_normal((64, inner.max_length, inner.dim)).astype(np.float32)
         self.pool = pool / np.linalg.norm(pool, axis=-1, keepdims=True)
+        self._codes = {}
+        self.idle_s = 0.0  # the stand-in workers' time waiting for the driver to take batches
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
     def count_tokens(self, texts):
         return [max(1, min(len(t) // 4, self.inner.max_length)) for t in texts]
+
+    # PLAID codes on the workers (issue 27 item 4), as RayEncoder makes them. The stand-in's
+    # vectors are prefixes of its 64 pool arrays, so the workers' codes are prefixes of the
+    # pool's codes, computed once per codec (that time is the workers', not the driver's).
+    # CODESEARCH_BENCH_NO_CODES=1: the stand-in makes no codes (the driver assigns, as before).
+    codec = None
+    _pool_codes = None
+    last_batch = 0.0  # time.monotonic() when the stand-in cluster handed over its last batch
+
+    def set_codec(self, codec):
+        if os.environ.get("CODESEARCH_BENCH_NO_CODES"):
+            return
+        t0 = time.perf_counter()
+        docs = codec.compress_documents(list(self.pool))
+        errs = [np.cumsum(codec.error(p.astype(np.float16).astype(np.float32), d.codes, d.packed), dtype=np.float64)
+                for p, d in zip(self.pool, docs)]
+        self._pool_codes = (codec.fingerprint, docs, errs)
+        self.codec, self.codec_at = codec, time.monotonic()
+        print(f"  codec of {len(codec.centroids):,} centroids at the workers; the pool's codes took "
+              f"{time.perf_counter() - t0:.1f} s", flush=True)
+
+    def codes_for(self, texts):
+        return self._codes.pop(tuple(texts), None)
+
+    def _make_codes(self, texts, out):
+        from codesearch.indexes.plaid.codec import DocCodes
+
+        fp, docs, errs = self._pool_codes
+        self._codes[tuple(texts)] = (fp, [
+            DocCodes(docs[i % 64].codes[: len(v)], docs[i % 64].packed[: len(v)], float(errs[i % 64][len(v) - 1]))
+            for i, v in enumerate(out)])
 
     def encode(self, texts, kind="document", batch_tokens=None):
         # ColBERT skips punctuation tokens; ~ 0.8 of the tokens keep a vector
@@ -252,12 +285,21 @@ class InstantEncoder(BatchEncoder):
         rate = rate or self.rate
         due = time.monotonic()
         for texts in batches:
+            # Workers run at most ~1 s ahead of a driver that stopped taking batches (a pool's
+            # window): after a longer stall they start again from now, not from their schedule.
+            if time.monotonic() - 1.0 > due:
+                self.idle_s += time.monotonic() - 1.0 - due
+                due = time.monotonic() - 1.0
             due += sum(self.count_tokens(texts)) / rate if rate else 0.0
             while (left := due - time.monotonic()) > 0:
                 if idle is not None:
                     idle()
                 time.sleep(min(left, 0.05))
-            yield self.encode(texts, kind=kind)
+            out = self.encode(texts, kind=kind)
+            if self._pool_codes is not None:
+                self._make_codes(texts, out)
+            self.last_batch = time.monotonic()
+            yield out
 
 
 def driver_ceiling(root: Path, model: Path, rate: float | None = None) -> None:
@@ -265,10 +307,16 @@ def driver_ceiling(root: Path, model: Path, rate: float | None = None) -> None:
     print the encode stage's rate: the ceiling the driver puts on any number of workers.
     With ``rate`` (--rate TOK_S), the stand-in cluster makes vectors at that many tokens/s,
     and the encode stage is compared with the time the workers alone would take."""
+    import logging
+
     from codesearch.encoder import load
     from codesearch.encoder.base import Encoders
     from codesearch.indexing.run import build_index
 
+    logging.basicConfig(level=logging.WARNING)
+    # Every text encoded: the user's vector cache would hand a second run the first one's
+    # stand-in vectors (and keep them, under the stand-in checkpoint's identity).
+    os.environ.setdefault("CODESEARCH_CACHE_SIZE", "0")
     enc = InstantEncoder(load(str(model), device="cpu"), rate=rate)
     with tempfile.TemporaryDirectory() as d:
         events = {"published": 0}
@@ -284,6 +332,11 @@ def driver_ceiling(root: Path, model: Path, rate: float | None = None) -> None:
                 print(f"  published at {time.monotonic() - t0:6.1f} s: {ev.message}", flush=True)
 
         summary = build_index(root, index_dir=Path(d) / "ix", encoders=Encoders(None, enc), progress=progress)
+        after = time.monotonic() - enc.last_batch
+        if enc.codec is not None:
+            print(f"the codec reached the workers at {enc.codec_at - t0:.1f} s; the stand-in's last batch at "
+                  f"{enc.last_batch - t0:.1f} s")
+        print(f"the stand-in workers waited {enc.idle_s:.1f} s for the driver to take batches")
         st = summary.stage_seconds
         print(f"{summary.files_indexed:,} files, {summary.chunks_total:,} chunks, {summary.chunks_encoded:,} texts "
               f"encoded, {summary.tokens_encoded:,} tokens (estimated), {events['published']} publications")
@@ -296,6 +349,9 @@ def driver_ceiling(root: Path, model: Path, rate: float | None = None) -> None:
             print(f"the workers alone: {alone:.1f} s at {rate:,.0f} tok/s; the vectors were all committed in "
                   f"{took:.1f} s ({took / alone:.2f}x that), at {stream[-1]:.1f} s from the start; the encode "
                   f"stage, with the publications, took {st['encode'] / alone:.2f}x that")
+            print(f"the driver's work after the last worker batch: {after:.1f} s = {after / alone:.1%} of the "
+                  f"workers' {alone:.1f} s (the run's end {time.monotonic() - t0 - after:.1f} s from the start "
+                  f"plus that; codes from the workers: {'yes' if enc.codec is not None else 'no'})")
 
 
 def _hours(seconds: float) -> str:

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -29,6 +30,9 @@ from codesearch.errors import (
 from codesearch.indexes.base import Index
 from codesearch.store import KIND_ROLE, VECTOR_KINDS, IndexLock, Store
 from codesearch.types import STORE_FILE
+
+if TYPE_CHECKING:  # pragma: no cover
+    from codesearch.indexes.plaid.coded import CodeBook
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +121,11 @@ def _expected_len(name: str, store: Store) -> int:
     return store.count("chunks") if kind is None else store.count_with_vectors(kind)
 
 
-def _add_from_store(name: str, index: Index, store: Store, ids: Sequence[int] | None) -> None:
-    """Add ``ids`` (or everything, when None) to ``index`` from the store, no encoding."""
+def _add_from_store(
+    name: str, index: Index, store: Store, ids: Sequence[int] | None, codes: CodeBook | None = None
+) -> None:
+    """Add ``ids`` (or everything, when None) to ``index`` from the store, no encoding; with
+    ``codes``, a PLAID index takes the codes the run's workers made for them."""
     spec = DERIVED[name]
     if spec.kind is None:
         if ids is None:
@@ -139,20 +146,26 @@ def _add_from_store(name: str, index: Index, store: Store, ids: Sequence[int] | 
             all_ids.append(found)
             all_vecs += arrays
         if all_vecs:
-            index.add(np.concatenate(all_ids), all_vecs)
+            found = np.concatenate(all_ids)
+            if codes is not None and codes.codec is not None:
+                hashes = store.hashes_of_chunks(found.tolist())
+                coded = codes.coded([hashes.get(int(i)) for i in found])
+                index.add(found, all_vecs, coded=coded)
+            else:
+                index.add(found, all_vecs)
         return
     for found, arrays in batches:
         if len(found):
             index.add(found, np.concatenate(arrays, axis=0))
 
 
-def _rebuild_index(name: str, store: Store) -> Index:
+def _rebuild_index(name: str, store: Store, codes: CodeBook | None = None) -> Index:
     index = _empty_index(name, store)
-    _add_from_store(name, index, store, None)
+    _add_from_store(name, index, store, None, codes)
     return index
 
 
-def _apply_delta(name: str, index: Index, store: Store, delta: Delta) -> None:
+def _apply_delta(name: str, index: Index, store: Store, delta: Delta, codes: CodeBook | None = None) -> None:
     spec = DERIVED[name]
     if spec.per_file:
         gone = delta.removed_files + delta.changed_files
@@ -171,7 +184,7 @@ def _apply_delta(name: str, index: Index, store: Store, delta: Delta) -> None:
         new_hashes = delta.newly_encoded.get(spec.kind, set())
         if new_hashes:
             add |= set(store.chunk_ids_with_hashes(new_hashes))
-    _add_from_store(name, index, store, sorted(add))
+    _add_from_store(name, index, store, sorted(add), codes)
 
 
 def _save_index(index: Index, path: Path) -> None:
@@ -191,7 +204,8 @@ def _touches(name: str, delta: Delta) -> bool:
 
 
 def sync_derived(
-    idir: Path, store: Store, prev_gen: int, delta: Delta, report: Callable[..., None], *, gen: int | None = None
+    idir: Path, store: Store, prev_gen: int, delta: Delta, report: Callable[..., None], *, gen: int | None = None,
+    codes: CodeBook | None = None,
 ) -> list[str]:
     """Bring every wanted index from generation ``prev_gen`` to ``gen`` (the store's when
     None), by ``delta`` where it was at ``prev_gen`` (rebuilt from the store's vectors
@@ -205,6 +219,10 @@ def sync_derived(
     for :func:`record_generation` to commit with ``gen`` in one transaction. A search in
     between loads files newer than their recorded generation, which for vectors is only
     more of them: committed ones.
+
+    ``codes``: the PLAID codes the run's workers made (see `codesearch.indexes.plaid.coded`),
+    which the PLAID index takes instead of computing them, except when it is rebuilt
+    because its codec went stale.
     """
     record = gen is None
     gen = store.generation if gen is None else gen
@@ -223,16 +241,19 @@ def sync_derived(
                 store.set_meta(f"gen.{name}", gen)
             report("sync", i + 1, len(names), message=f"{name}: unchanged")
             continue
+        stale = False
         if saved == str(prev_gen) and path.exists():
             try:
                 index = _load_index(name, path)
-                _apply_delta(name, index, store, delta)
-                if len(index) != _expected_len(name, store) or index.needs_rebuild:
+                _apply_delta(name, index, store, delta, codes)
+                stale = index.needs_rebuild
+                if len(index) != _expected_len(name, store) or stale:
                     index = None  # drifted (or PLAID's codec went stale): rebuild below
             except (CodeSearchError, ValueError, KeyError):
                 index = None
         if index is None:
-            index = _rebuild_index(name, store)
+            # A stale codec is retrained here, on everything: not taken from the run's codes.
+            index = _rebuild_index(name, store, None if stale else codes)
         _save_index(index, path)
         if record:
             store.set_meta(f"gen.{name}", gen)

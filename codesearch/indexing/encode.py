@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from codesearch.encoder.base import Encoder, encode_stream
+from codesearch.indexing.codes import plan_codes
 from codesearch.indexing.commit import Commits
 from codesearch.indexing.encoders import EMBEDDED_KEY, VECTORS_PENDING_KEY
 from codesearch.indexing.options import Run
@@ -118,8 +119,13 @@ def encode_missing(run: Run) -> None:
         # What the user's vector cache holds (another worktree, branch or clone made it) is
         # copied into this index, which stays whole without the cache; the rest is encoded.
         streams = [(enc, _take_cached(run, enc, items, reuse, commits, publisher)) for enc, items in streams]
-        total = sum(len(items) for _, items in streams)
-        _encode_streams(run, streams, roles, total, commits, publisher, reuse)
+        planned = []
+        for enc, items in streams:  # PLAID codes on the workers, for a large first index
+            codes, items = plan_codes(run.opts.idir, enc, items)
+            publisher.codes = publisher.codes or codes
+            planned.append((enc, items))
+        total = sum(len(items) for _, items in planned)
+        _encode_streams(run, planned, roles, total, commits, publisher, reuse)
     except BaseException:
         # The batches of an open group are whole: a failed run keeps them, and a publication
         # in flight ends (its files are written whole) before the run lets go of the index.
@@ -190,8 +196,11 @@ def _encode_streams(
             publisher.poll()
 
         outputs = encode_stream(enc, texts_of, kind="document", idle=idle)
+        codes = publisher.codes if publisher.codes is not None and publisher.codes.enc is enc else None
         for batch, out in zip(batches, outputs):
             vectors = list(out) if enc.multivector else [np.asarray(out)[i] for i in range(len(batch))]
+            if codes is not None:  # before a publication reads them
+                codes.take([t for *_, t in batch], [h for _, h, _ in batch], [k for k, *_ in batch], vectors)
             by_kind: dict[str, list[tuple[str, np.ndarray]]] = defaultdict(list)
             for (kind, h, _), v in zip(batch, vectors):
                 by_kind[kind].append((h, v))
@@ -210,6 +219,8 @@ def _encode_streams(
             for kind, pairs in by_kind.items():
                 publisher.add(kind, (h for h, _ in pairs))
             publisher.poll()
+            if codes is not None:  # once the sample is in, no more batches until its codec reaches the workers
+                codes.hold(idle)
             if run.texts_encoded < total and publisher.due():
                 publisher.start()
         # How this model was embedded, for 'status': recorded as its stream ends, so that a
@@ -219,6 +230,8 @@ def _encode_streams(
         with store.transaction():
             store.set_meta(EMBEDDED_KEY, json.dumps(json.loads(store.get_meta(EMBEDDED_KEY) or "{}") | embedded))
     publisher.finish()
+    if publisher.codes is not None:
+        publisher.codes.wait()
     if publisher.pending:
         publisher.start(background=False)  # the last one: nothing left to run beside
 

@@ -10,6 +10,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from codesearch.indexes.registry import Delta, record_generation, sync_derived
+from codesearch.indexing.codes import RunCodes
 from codesearch.indexing.commit import Commits
 from codesearch.indexing.options import Run
 from codesearch.store import Store
@@ -41,13 +42,15 @@ class Publisher:
         self.pending: dict[str, set[str]] = defaultdict(set)  # encoded, not yet in the indexes
         self.last, self.cost = time.monotonic(), 0.0  # when the last one ended, what it took
         self._thread: threading.Thread | None = None
+        self.codes: RunCodes | None = None  # PLAID codes from the workers (codesearch.indexing.codes)
         self._done: tuple[int, list[str], dict[str, set[str]], float, list, BaseException | None] | None = None
 
     def add(self, kind: str, hashes: Iterable[str]) -> None:
         self.pending[kind].update(hashes)
 
     def due(self) -> bool:
-        return (self._thread is None and bool(self.pending)
+        # Not while the codec trains: a publication that trained its own would waste the workers' codes.
+        return (self._thread is None and bool(self.pending) and (self.codes is None or self.codes.ready)
                 and time.monotonic() - self.last >= max(PUBLISH_EVERY_S, 3 * self.cost))
 
     def start(self, *, background: bool | None = None) -> None:
@@ -56,8 +59,10 @@ class Publisher:
         encoded, self.pending = dict(self.pending), defaultdict(set)
         prev, started = self.run.store.generation, time.monotonic()
         delta = Delta([], [], [], [], encoded)
+        book = self.codes.book if self.codes is not None and self.codes.book.codec is not None else None
         if not (self.background if background is None else background):
-            names = sync_derived(self.run.opts.idir, self.run.store, prev, delta, self.run.report, gen=prev + 1)
+            names = sync_derived(self.run.opts.idir, self.run.store, prev, delta, self.run.report, gen=prev + 1,
+                                 codes=book)
             self._record(prev, names, encoded, started)
             return
 
@@ -69,7 +74,7 @@ class Publisher:
                 with Store(self.run.store.path, readonly=True) as snapshot:
                     snapshot.begin_read()  # one snapshot: counts and vectors agree
                     names = sync_derived(self.run.opts.idir, snapshot, prev, delta,
-                                         lambda *a, **kw: events.append((a, kw)), gen=prev + 1)
+                                         lambda *a, **kw: events.append((a, kw)), gen=prev + 1, codes=book)
             except BaseException as exc:  # noqa: BLE001 (told on the writer's thread, by poll)
                 error = exc
             self._done = (prev, names, encoded, started, events, error)
@@ -104,6 +109,8 @@ class Publisher:
         if store.generation != prev:  # only this writer moves the generation, and not while it publishes
             raise RuntimeError(f"store generation moved from {prev} to {store.generation} during a publication")
         record_generation(store, prev + 1, names)
+        if self.codes is not None:  # the index holds them now
+            self.codes.book.drop(encoded.get("colbert", ()))
         self.last = time.monotonic()
         self.cost = self.last - started
         self.run.report(

@@ -382,6 +382,14 @@ class VectorCache(SegmentArrays):
         """Ids of the chunks whose text hash is one of ``hashes``."""
         return self._ids_with_hashes("chunks", "text_hash", hashes)
 
+    def hashes_of_chunks(self, ids: Iterable[int]) -> dict[int, str]:
+        """Chunk id -> its text hash, for the ids that exist."""
+        out: dict[int, str] = {}
+        for part in chunked([int(i) for i in ids]):
+            marks = ",".join("?" * len(part))
+            out.update(self._exec(f"SELECT id, text_hash FROM chunks WHERE id IN ({marks})", part).fetchall())
+        return out
+
     def file_ids_with_hashes(self, hashes: Iterable[str]) -> list[int]:
         """Ids of the files whose content hash is one of ``hashes``."""
         return self._ids_with_hashes("files", "hash", hashes)

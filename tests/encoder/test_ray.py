@@ -415,3 +415,83 @@ def test_names_without_a_port_are_left_to_ray():
 
     for address in ("auto", "local", "ray://head:10001", "head"):
         assert _check_head(address) is None
+
+
+@pytest.fixture
+def small_plaid(monkeypatch):
+    """PLAID (and the run's codes on the workers) at a test repository's size: PLAID from
+    200 tokens, 8 centroids, a sample of 10 tokens per centroid."""
+    from codesearch.indexes.plaid import PlaidIndex
+    from codesearch.indexing import codes
+
+    monkeypatch.setitem(PlaidIndex.__init__.__kwdefaults__, "exact_threshold", 200)
+    monkeypatch.setitem(PlaidIndex.__init__.__kwdefaults__, "max_centroids", 8)
+    monkeypatch.setattr(codes, "SAMPLE_PER_CENTROID", 10)
+    monkeypatch.setattr(encode, "ENCODE_BATCH", 2)  # many batches, so the kill lands mid-run
+    monkeypatch.setenv("CODESEARCH_CACHE_SIZE", "0")  # every text encoded by the workers
+
+
+def _many_files(root, n=30):
+    """A repository of ``n`` small Python files, a few functions each (~100 chunks)."""
+    words = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta"]
+    for i in range(n):
+        body = "".join(
+            f"def {words[(i + j) % 8]}_{i}_{j}(x, y):\n    total = x * {j} + y - {i}\n"
+            f"    for k in range({j + 2}):\n        total += k * {words[j % 8]!r}.count('a')\n    return total\n\n\n"
+            for j in range(4)
+        )
+        path = root / f"pkg{i % 3}" / f"mod_{i}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(body, encoding="utf-8")
+    return root
+
+
+def _driver_codes(index_dir):
+    """The stored PLAID index, and its codes computed here from the stored vectors."""
+    from codesearch.indexes.plaid import PlaidIndex
+
+    index = PlaidIndex.load(index_dir / "plaid")
+    with Store(index_dir / STORE_FILE) as s:
+        ids, arrays = s.vectors_for(index.ids().tolist(), "colbert")
+    assert ids.tolist() == index.ids().tolist()
+    codes, packed = index._codec.compress(np.concatenate(arrays))
+    return index, codes, packed
+
+
+@needs_ray
+def test_plaid_codes_come_from_the_workers_even_when_one_is_killed(
+    pool, small_plaid, tmp_path, monkeypatch, single_vector_dir, colbert_dir
+):
+    from codesearch.encoder.ray import RayEncoder
+
+    got = {"coded": 0, "plain": 0, "codecs": set()}
+    codes_for, set_codec = RayEncoder.codes_for, RayEncoder.set_codec
+
+    def counting(self, texts):
+        out = codes_for(self, texts)
+        got["coded" if out is not None else "plain"] += 1
+        return out
+
+    def recording(self, codec):
+        got["codecs"].add(codec.fingerprint)
+        set_codec(self, codec)
+
+    monkeypatch.setattr(RayEncoder, "codes_for", counting)
+    monkeypatch.setattr(RayEncoder, "set_codec", recording)
+    repo = _many_files(tmp_path / "repo")
+    before = pool.worker_pids()
+    killed = []
+
+    def kill_once(event):  # once the workers have the codec
+        if event.stage == "encode" and got["coded"] and not killed:
+            killed.append(before[0])
+            os.kill(before[0], signal.SIGKILL)
+
+    _index(repo, tmp_path / "index", single_vector_dir, colbert_dir, ray=pool, progress=kill_once)
+    assert killed and before[0] not in pool.worker_pids()
+    index, codes, packed = _driver_codes(tmp_path / "index")
+    assert index.kind == "plaid" and got["codecs"] == {index._codec.fingerprint}  # the sampled codec
+    assert got["coded"] >= 3  # batches came back with codes, after the kill too
+    # Every stored code is the one the driver computes from the stored vectors.
+    np.testing.assert_array_equal(index._codes, codes)
+    np.testing.assert_array_equal(index._residuals, packed)

@@ -48,6 +48,8 @@ if TYPE_CHECKING:  # pragma: no cover
 #: Token counts (from the workers) of this many recent batches are kept, so that the
 #: pipeline's own ``count_tokens`` on a batch just yielded costs a lookup, not a tokenisation.
 _COUNT_MEMO = 64
+#: Batches whose PLAID codes wait for the pipeline (it takes each as it writes the batch).
+_CODES_MEMO = 4096
 
 
 @dataclass
@@ -107,6 +109,9 @@ class RayEncoder(BatchEncoder):
         self.dtype = dtype
         self.progress = progress
         self._counts: OrderedDict[tuple[str, ...], list[int]] = OrderedDict()
+        self._codes: OrderedDict[tuple[str, ...], tuple[str, list]] = OrderedDict()
+        self._codec: Any = None  # PLAID codec the actors compress documents with (set_codec)
+        self._codec_ref: Any = None
 
     # -- the local encoder's face ----------------------------------------------------------
 
@@ -140,6 +145,16 @@ class RayEncoder(BatchEncoder):
         core's tokenizer, ~750k tok/s here (BENCHMARKS.md)."""
         hit = self._counts.get(tuple(texts))
         return list(hit) if hit is not None else self.local.count_tokens(texts)
+
+    def set_codec(self, codec: Any) -> None:
+        """Have the actors return PLAID codes under ``codec`` with every document batch sent
+        from now on (a retried batch too), for :meth:`codes_for`; None stops it."""
+        self._codec, self._codec_ref = codec, None
+
+    def codes_for(self, texts: list[str]) -> tuple[str, list] | None:
+        """``(codec fingerprint, one DocCodes per text)`` of a batch just encoded, if its actor
+        made codes (see :meth:`set_codec`)."""
+        return self._codes.pop(tuple(texts), None)
 
     def token_counter(self) -> TokenCounter:
         """The local encoder's picklable token counter."""
@@ -232,7 +247,12 @@ class RayEncoder(BatchEncoder):
         exhausted = False
 
         def submit(s: int, texts: list[str], worker: int) -> None:
-            task = _Task(s, texts, worker, pool.actors[worker].encode.remote(spec, texts, kind))
+            args: tuple = (spec, texts, kind)
+            if self._codec is not None and kind == "document":
+                if self._codec_ref is None:  # in the object store once, not with every batch
+                    self._codec_ref = ray.put(self._codec)
+                args += (self._codec_ref,)
+            task = _Task(s, texts, worker, pool.actors[worker].encode.remote(*args))
             pending[task.ref] = task
             load[worker] += 1
 
@@ -280,7 +300,7 @@ class RayEncoder(BatchEncoder):
     def _collect(self, ray: Any, task: _Task) -> Any:
         pool = self.pool
         try:
-            out, busy, counts = ray_get(ray, task.ref, where=pool.where)
+            out, busy, counts, *codes = ray_get(ray, task.ref, where=pool.where)
         except ray.exceptions.RayActorError as exc:
             # Ray restarted the actor and retried its calls max_restarts times already:
             # this actor is gone for good; its batch goes to another one.
@@ -295,6 +315,10 @@ class RayEncoder(BatchEncoder):
         self._counts[tuple(task.texts)] = counts
         while len(self._counts) > _COUNT_MEMO:
             self._counts.popitem(last=False)
+        if codes:
+            self._codes[tuple(task.texts)] = codes[0]
+            while len(self._codes) > _CODES_MEMO:
+                self._codes.popitem(last=False)
         s = pool.stats[task.worker]
         pool.stats[task.worker] = replace_stats(
             s,

@@ -172,13 +172,22 @@ class _Worker:
             self.models[spec.key] = enc
         return str(enc.dtype).removeprefix("torch.")
 
-    def encode(self, spec: ModelSpec, texts: list[str], kind: str) -> tuple[Any, float, list[int]]:
+    def encode(
+        self, spec: ModelSpec, texts: list[str], kind: str, codec: Any = None
+    ) -> tuple[Any, float, list[int]] | tuple[Any, float, list[int], Any]:
         """``encode`` of the model ``spec``, the seconds it took (not counting a load), and the
-        tokens each text took (from the same tokenization: the driver need not count them)."""
+        tokens each text took (from the same tokenization: the driver need not count them).
+
+        With ``codec`` (a PLAID `ResidualCodec`: its ``fingerprint`` and
+        ``compress_documents``), also each text's PLAID codes under it, and that codec's
+        fingerprint: the driver of a large first index then only writes them."""
         self.load(spec)
         t0 = time.perf_counter()
         out, counts = self.models[spec.key].encode_counted(texts, kind=kind)
-        return out, time.perf_counter() - t0, counts
+        if codec is None:
+            return out, time.perf_counter() - t0, counts
+        codes = (codec.fingerprint, codec.compress_documents(list(out)))
+        return out, time.perf_counter() - t0, counts, codes
 
 
 def _gpu_ids() -> list:

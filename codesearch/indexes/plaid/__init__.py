@@ -32,8 +32,12 @@ On disk: one ``.npz`` (numpy arrays plus a JSON manifest stored as bytes, loaded
 ``allow_pickle=False``), written to a temp name and ``os.replace``d. Zip CRCs catch
 damaged bytes, the manifest's shapes catch the rest.
 
-Modules: `index` (`PlaidIndex`), `codec` (`ResidualCodec`), `maxsim` (exact MaxSim),
-`search` (the PLAID path), `files` (save and load).
+Codes made elsewhere: an index run's workers may compress the documents they encode under
+a codec trained early on a sample (`coded`); ``add(coded=...)`` takes their codes under the
+codec that made them, and a build takes that codec instead of training one.
+
+Modules: `index` (`PlaidIndex`), `codec` (`ResidualCodec`), `coded` (codes made by the
+workers), `maxsim` (exact MaxSim), `search` (the PLAID path), `files` (save and load).
 """
 
 from codesearch.indexes.plaid.codec import ResidualCodec

@@ -3,11 +3,12 @@ residual quantised to 2 or 4 bits per dimension."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ResidualCodec"]
+__all__ = ["DocCodes", "ResidualCodec", "compress_documents"]
 
 #: Tokens per step of the per-token passes (assign, compress, reconstruction error): their
 #: float32 temporaries stay ~200 MB at 48 dims, not several copies of every token. A 60k-text
@@ -53,6 +54,20 @@ class ResidualCodec:
         """Bytes per token of packed residual."""
         per_byte = 8 // self.nbits
         return -(-self.dim // per_byte)
+
+    @property
+    def fingerprint(self) -> str:
+        """A digest of the arrays: codes made elsewhere are used only under the codec that made them."""
+        fp = self.__dict__.get("_fingerprint")
+        if fp is None:
+            import hashlib
+
+            h = hashlib.blake2b(digest_size=16)
+            for a in (self.centroids, self.cutoffs, self.weights):
+                h.update(np.ascontiguousarray(a, dtype=np.float32).tobytes())
+            fp = f"{self.nbits}:{h.hexdigest()}"
+            object.__setattr__(self, "_fingerprint", fp)
+        return fp
 
     @property
     def code_dtype(self) -> np.dtype:
@@ -139,6 +154,11 @@ class ResidualCodec:
             return codes, np.concatenate(parts)
         return self._compress(vectors, codes)
 
+    def compress_documents(self, arrays: Sequence[np.ndarray]) -> list[DocCodes]:
+        """Each document's `DocCodes` under this codec: what a worker that encodes documents
+        returns with their vectors (`codesearch.indexes.plaid.coded`)."""
+        return compress_documents(self, arrays)
+
     def error(self, vectors: np.ndarray, codes: np.ndarray, packed: np.ndarray) -> np.ndarray:
         """Each vector's distance to its reconstruction, in steps of :data:`_STEP` tokens."""
         out = np.empty(len(vectors), np.float32)
@@ -180,6 +200,13 @@ class ResidualCodec:
         return lut
 
 
+#: Fewest query rows per faiss search: below faiss's BLAS threshold (20) it sums the inner
+#: products in another order, so a token near a tie between two centroids could get another
+#: code in a small batch (a worker's) than in a large one (the driver's). Padded, every
+#: search takes the same path, and a token's code does not depend on its batch.
+_MIN_ROWS = 32
+
+
 def _assign(centroids: np.ndarray, vectors: np.ndarray) -> np.ndarray:
     import faiss
 
@@ -187,9 +214,40 @@ def _assign(centroids: np.ndarray, vectors: np.ndarray) -> np.ndarray:
     index.add(np.ascontiguousarray(centroids, dtype=np.float32))
     nearest = np.empty(len(vectors), np.int64)
     for i in range(0, len(vectors), _STEP):
-        _, best = index.search(np.ascontiguousarray(vectors[i : i + _STEP], dtype=np.float32), 1)
-        nearest[i : i + len(best)] = best[:, 0]
+        part = np.ascontiguousarray(vectors[i : i + _STEP], dtype=np.float32)
+        n = len(part)
+        if n < _MIN_ROWS:
+            part = np.concatenate([part, np.zeros((_MIN_ROWS - n, part.shape[1]), np.float32)])
+        _, best = index.search(part, 1)
+        nearest[i : i + n] = best[:n, 0]
     return nearest
 
 
 # -- the index -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class DocCodes:
+    """One document's codes: centroid ids, packed residuals, and the sum of its tokens'
+    reconstruction errors (what the index's drift check adds up)."""
+
+    codes: np.ndarray
+    packed: np.ndarray
+    error: float
+
+
+def compress_documents(codec: ResidualCodec, arrays: Sequence[np.ndarray]) -> list[DocCodes]:
+    """Each document's codes under ``codec``, from its vectors rounded to float16 (as stored)."""
+    lens = [len(a) for a in arrays]
+    if not sum(lens):
+        empty = np.empty((0, codec.packed_dim), np.uint8)
+        return [DocCodes(np.empty(0, codec.code_dtype), empty, 0.0) for _ in arrays]
+    flat = np.concatenate([np.asarray(a, np.float32).reshape(len(a), -1) for a in arrays if len(a)])
+    flat = flat.astype(np.float16).astype(np.float32)
+    codes, packed = codec.compress(flat)
+    err = codec.error(flat, codes, packed)
+    out, at = [], 0
+    for n in lens:
+        out.append(DocCodes(codes[at : at + n], packed[at : at + n], float(err[at : at + n].sum(dtype=np.float64))))
+        at += n
+    return out

@@ -143,6 +143,21 @@ class PlaidFiles:
         }
 
 
+def read_codec(path: str | os.PathLike) -> tuple[ResidualCodec, float] | None:
+    """The codec of a PLAID index on disk and its build error, without its codes (an
+    incremental run sends it to its workers); None when there is none that reads whole."""
+    file = _index_file(path)
+    try:
+        with np.load(file, allow_pickle=False) as npz:
+            manifest = json.loads(npz["manifest"].tobytes())
+            if manifest.get("format") != _FORMAT_VERSION or manifest.get("kind") != "plaid":
+                return None
+            codec = ResidualCodec(npz["centroids"], npz["cutoffs"], npz["weights"], int(manifest["params"]["nbits"]))
+        return codec, float(manifest["build_error"])
+    except (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile):
+        return None
+
+
 def _index_file(path: str | os.PathLike) -> Path:
     path = Path(path)
     return path if path.suffix == ".npz" else path / _FILE_NAME

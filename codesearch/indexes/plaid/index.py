@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from codesearch.indexes.plaid.codec import ResidualCodec
+from codesearch.indexes.plaid.coded import Coded
 from codesearch.indexes.plaid.files import PlaidFiles
 from codesearch.indexes.plaid.maxsim import (
     _EMPTY_IDS,
@@ -178,7 +179,7 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
 
     # -- mutation ------------------------------------------------------------------------
 
-    def add(self, ids: np.ndarray, vectors: Sequence[np.ndarray]) -> None:
+    def add(self, ids: np.ndarray, vectors: Sequence[np.ndarray], *, coded: Coded | None = None) -> None:
         """Add documents; an id already present is replaced (upsert).
 
         Parameters
@@ -188,6 +189,10 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         vectors : sequence of np.ndarray
             One ``(n_tokens_i, dim)`` float array per document, rows L2-normalised.
             A document with no tokens is stored but never returned.
+        coded : Coded, optional
+            Codes made elsewhere (the run's workers) for some of the documents. Used when
+            this index is PLAID under the same codec, or when this add makes it PLAID: it
+            then takes that codec instead of training one. Otherwise ignored.
         """
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         if len(ids) != len(vectors):
@@ -211,7 +216,9 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
             # Crossing the threshold: train PLAID on everything, the new documents included
             # (before this call makes a flat copy of them: _build makes its own).
             old_ids, old_docs = self._live_documents()
-            self._build(np.concatenate([old_ids, ids]), old_docs + docs)
+            if coded is not None:
+                coded = Coded(coded.codec, coded.error, [None] * len(old_docs) + list(coded.docs))
+            self._build(np.concatenate([old_ids, ids]), old_docs + docs, coded)
             return
         flat = (
             np.concatenate([d for d in docs if len(d)])
@@ -221,9 +228,8 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
 
         base = len(self._codes) if self._codec is not None else self._payload_len()
         if self._codec is not None:
-            codes, packed = self._codec.compress(flat)
-            err = self._codec.error(flat, codes, packed)
-            self._added_error_sum += float(err.sum())
+            codes, packed, err_sum = self._compress(flat, lens, coded)
+            self._added_error_sum += err_sum
             self._added_tokens += len(flat)
             self._codes = np.concatenate([self._codes, codes])
             self._residuals = np.concatenate([self._residuals, packed])
@@ -356,22 +362,31 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         flat = fetch(_token_index(self._starts[live], lens))
         return self._ids[live], np.split(flat, np.cumsum(lens)[:-1])
 
-    def _build(self, ids: np.ndarray, docs: list[np.ndarray]) -> None:
-        """Train the codec on ``docs`` and store them compressed (replaces the contents)."""
+    def _build(self, ids: np.ndarray, docs: list[np.ndarray], coded: Coded | None = None) -> None:
+        """Train the codec on ``docs`` and store them compressed (replaces the contents);
+        with ``coded``, take its codec (trained on a sample, elsewhere) and its codes."""
         lens = np.array([len(d) for d in docs], dtype=np.int64)
         flat = np.concatenate([d for d in docs if len(d)], dtype=np.float32)
-        codec, codes, held_out = ResidualCodec.train(
-            flat,
-            nbits=self.nbits,
-            n_centroids=self._centroid_count(len(flat)),
-            niter=self.kmeans_niter,
-            seed=self.seed,
-        )
-        codes, packed = codec.compress(flat, codes)
-        err = codec.error(flat, codes, packed)
+        if coded is not None and coded.codec.nbits == self.nbits and coded.codec.dim == flat.shape[1]:
+            self._codec = coded.codec
+            codes, packed, _ = self._compress(flat, lens, coded)
+            # The codec's error on sampled documents k-means did not see (`train_on_sample`):
+            # what the index's drift check compares later additions with.
+            build_error = coded.error
+        else:
+            codec, codes, held_out = ResidualCodec.train(
+                flat,
+                nbits=self.nbits,
+                n_centroids=self._centroid_count(len(flat)),
+                niter=self.kmeans_niter,
+                seed=self.seed,
+            )
+            codes, packed = codec.compress(flat, codes)
+            self._codec = codec
+            build_error = float(codec.error(flat, codes, packed)[held_out].mean())
         self._vectors = None
-        self._codec, self._codes, self._residuals = codec, codes, packed
-        self._build_error = float(err[held_out].mean())
+        self._codes, self._residuals = codes, packed
+        self._build_error = build_error
         self._added_error_sum, self._added_tokens = 0.0, 0
         self._ivf = None
         self._ids = ids.astype(np.int64)
@@ -380,6 +395,34 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         self._alive = np.ones(len(ids), dtype=bool)
         self._pos = {int(i): p for p, i in enumerate(self._ids.tolist())}
         self._dead_tokens = 0
+
+    def _compress(
+        self, flat: np.ndarray, lens: np.ndarray, coded: Coded | None
+    ) -> tuple[np.ndarray, np.ndarray, float]:
+        """Codes, packed residuals and summed reconstruction error of ``flat`` (the documents
+        of ``lens``, concatenated) under this index's codec: taken from ``coded`` for the
+        documents it has codes for under that codec, computed here for the rest."""
+        codec = self._codec
+        docs = coded.docs if coded is not None and coded.codec.fingerprint == codec.fingerprint else ()
+        if not any(d is not None for d in docs):
+            codes, packed = codec.compress(flat)
+            return codes, packed, float(codec.error(flat, codes, packed).sum(dtype=np.float64))
+        starts = _segment_starts(lens)
+        missing = [i for i, d in enumerate(docs) if d is None or len(d.codes) != lens[i]]
+        rest = _token_index(starts[missing], lens[missing]) if missing else np.empty(0, np.int64)
+        codes = np.empty(len(flat), codec.code_dtype)
+        packed = np.empty((len(flat), codec.packed_dim), np.uint8)
+        err_sum = 0.0
+        if len(rest):
+            codes[rest], packed[rest] = codec.compress(flat[rest])
+            err_sum += float(codec.error(flat[rest], codes[rest], packed[rest]).sum(dtype=np.float64))
+        skip = set(missing)
+        for i, d in enumerate(docs):
+            if i not in skip and lens[i]:
+                codes[starts[i] : starts[i] + lens[i]] = d.codes
+                packed[starts[i] : starts[i] + lens[i]] = d.packed
+                err_sum += d.error
+        return codes, packed, err_sum
 
     def _compact(self) -> None:
         """Drop the tokens of removed documents and renumber positions."""

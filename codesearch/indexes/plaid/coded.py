@@ -1,0 +1,114 @@
+"""PLAID codes made away from the index: by the workers that encode the documents, under a
+codec trained early on a sample of the run's texts, so the driver of a large first index
+only writes them (issue 27, item 4).
+
+A worker compresses the token vectors as the store will hold them (rounded to float16), so
+its codes are those the index would compute from the stored vectors: assignment is
+deterministic given the centroids. Codes are used only under the codec that made them
+(:attr:`ResidualCodec.fingerprint`); a document without them is compressed by the index.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from codesearch.indexes.plaid.codec import DocCodes, ResidualCodec, compress_documents
+
+__all__ = ["CodeBook", "Coded", "DocCodes", "compress_documents", "train_on_sample"]
+
+
+@dataclass(frozen=True, eq=False)
+class Coded:
+    """Codes for the documents of one :meth:`PlaidIndex.add` call (None: none for that one).
+
+    ``error`` is the codec's mean reconstruction error on tokens it was not trained on: the
+    build error of an index built with it (:attr:`PlaidIndex.build_error`).
+    """
+
+    codec: ResidualCodec
+    error: float
+    docs: Sequence[DocCodes | None]
+
+
+def train_on_sample(
+    docs: Sequence[np.ndarray], *, nbits: int, n_centroids: int, niter: int = 4, seed: int = 0
+) -> tuple[ResidualCodec, float]:
+    """A codec trained on the token vectors of ``docs`` (a uniform sample of the texts), and
+    its mean reconstruction error on a fifth of the documents, which k-means does not see:
+    the baseline against which the index later judges drift (:attr:`PlaidIndex.needs_rebuild`).
+
+    Whole documents are held out, not tokens: a document's tokens share its topics, so tokens
+    held out of trained documents fit as well as the trained ones (an error of 0.11 where the
+    collection's was 0.17, BENCHMARKS session 10), and the drift check would trust a sample
+    that did not stand for the collection.
+    """
+    docs = [np.asarray(d, np.float32).astype(np.float16).astype(np.float32) for d in docs if len(d)]  # as stored
+    order = np.random.default_rng(seed).permutation(len(docs))
+    n_out = len(docs) // 5 if len(docs) >= 5 else 0
+    held, train = order[:n_out], order[n_out:]
+    codec, _, _ = ResidualCodec.train(
+        np.concatenate([docs[i] for i in np.sort(train)]), nbits=nbits, n_centroids=n_centroids, niter=niter,
+        seed=seed,
+    )
+    check = np.concatenate([docs[i] for i in np.sort(held if n_out else train)])
+    codes, packed = codec.compress(check)
+    return codec, float(codec.error(check, codes, packed).mean())
+
+
+class CodeBook:
+    """The codes a run's workers returned, by text hash, under one codec, until a publication
+    puts them in the index (:meth:`drop`). Written by the run's writer thread, read by its
+    publication thread.
+
+    Parameters
+    ----------
+    codec : ResidualCodec, optional
+        The codec, when known at the start (an index that is PLAID already); else
+        :meth:`set_codec` gives it once trained.
+    error : float
+        Its held-out reconstruction error.
+    """
+
+    def __init__(self, codec: ResidualCodec | None = None, error: float = 0.0) -> None:
+        self.codec, self.error = codec, float(error)
+        self._docs: dict[str, DocCodes] = {}
+        self._lock = threading.Lock()
+        self.ready = threading.Event()
+        if codec is not None:
+            self.ready.set()
+
+    def set_codec(self, codec: ResidualCodec, error: float, *, ready: bool = True) -> None:
+        """Take ``codec`` (and its held-out error); ``ready`` tells waiting publications."""
+        self.codec, self.error = codec, float(error)
+        if ready:
+            self.ready.set()
+
+    def __len__(self) -> int:
+        return len(self._docs)
+
+    def put(self, fingerprint: str | None, items: Iterable[tuple[str, DocCodes]]) -> int:
+        """Keep codes made under the codec of ``fingerprint`` (others are ignored); returns how many."""
+        if self.codec is None or fingerprint != self.codec.fingerprint:
+            return 0
+        items = list(items)
+        with self._lock:
+            self._docs.update(items)
+        return len(items)
+
+    def coded(self, hashes: Sequence[str | None]) -> Coded | None:
+        """The codes of the documents of these text hashes, for one ``add`` (None without a codec)."""
+        if self.codec is None:
+            return None
+        with self._lock:
+            docs = [None if h is None else self._docs.get(h) for h in hashes]
+        return Coded(self.codec, self.error, docs)
+
+    def drop(self, hashes: Iterable[str]) -> None:
+        """Forget codes the index now holds."""
+        with self._lock:
+            for h in hashes:
+                self._docs.pop(h, None)

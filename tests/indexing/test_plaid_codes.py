@@ -1,0 +1,58 @@
+"""Which codec a run sends to its workers (codesearch.indexing.codes.plan_codes): the stored
+index's, one trained on a sample that goes first, or none."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from codesearch.indexes.plaid import PlaidIndex
+from codesearch.indexing import codes
+
+
+class Workers:
+    """The face of an encoder that computes elsewhere and compresses (RayEncoder's)."""
+
+    multivector = offloaded = True
+    max_length = 512
+
+    def __init__(self):
+        self.codecs = []
+
+    def set_codec(self, codec):
+        self.codecs.append(codec)
+
+    def codes_for(self, texts):
+        return None
+
+
+def _items(n, chars=400):
+    return [((0, i), "colbert", f"h{i}", "x" * chars) for i in range(n)]
+
+
+def test_an_index_that_is_plaid_sends_its_stored_codec(tmp_path):
+    rng = np.random.default_rng(0)
+    docs = [rng.standard_normal((20, 16)).astype(np.float32) for _ in range(30)]
+    docs = [d / np.linalg.norm(d, axis=1, keepdims=True) for d in docs]
+    index = PlaidIndex(16, mode="plaid", n_centroids=8)
+    index.add(np.arange(30), docs)
+    index.save(tmp_path / "plaid")
+    enc = Workers()
+    run, items = codes.plan_codes(tmp_path, enc, _items(3))
+    assert run is not None and run.ready and items == _items(3)  # no sample: the order stays
+    assert [c.fingerprint for c in enc.codecs] == [index._codec.fingerprint] == [run.book.codec.fingerprint]
+    assert run.book.error == index.build_error
+
+
+@pytest.mark.parametrize("n, engaged", [(100, False), (20_000, False), (40_000, True)])
+def test_a_large_first_index_samples_first_and_a_small_one_does_not(tmp_path, monkeypatch, n, engaged):
+    monkeypatch.setitem(PlaidIndex.__init__.__kwdefaults__, "exact_threshold", 20_000)
+    enc = Workers()
+    run, items = codes.plan_codes(tmp_path, enc, _items(n))
+    assert (run is not None) == engaged and not enc.codecs  # the codec comes after the sample
+    if engaged:
+        # 100 tokens a text, 4M tokens: 2^14 centroids (the cap), 96 sample tokens each; at
+        # 2M tokens the sample would have been most of the texts (no codes: the driver trains)
+        sample = {it[2] for it in items[: len(run._sample)]}
+        assert sample == run._sample and len(sample) == -(-96 * 2**14 // 100)
+        assert sorted(items) == sorted(_items(n)) and not run.ready
