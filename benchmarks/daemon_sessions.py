@@ -2,7 +2,8 @@
 
 Starts ``--sessions`` processes of ``codesearch serve ROOT --mcp stdio`` (what ``codesearch
 agents --write`` configures) over two repositories indexed with a dense model, speaks MCP's
-stdio framing to each (initialize, then ``search_code`` calls), and prints:
+stdio framing to each (initialize, then ``search_code`` calls), and prints (memory read after
+``--settle`` quiet seconds on both sides, 3 by default):
 
 * the daemon's model loads (``codesearch daemon status``: one per model, whoever asks);
 * resident memory: the daemon plus every session's relay process, against one session
@@ -107,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--files", type=int, default=200, help="files per repository")
     ap.add_argument("--edits", type=int, default=20, help="files edited in one repository mid-run")
     ap.add_argument("--queries", type=int, default=5, help="searches per session while it re-indexes")
+    ap.add_argument("--settle", type=float, default=3.0,
+                    help="seconds both sides sit quiet after their searches before memory is read (steady "
+                         "state, not a burst's peak; the daemon trims its heap when quiet); 0: at once")
     args = ap.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="daemon-sessions-"))
@@ -128,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         alone = Session([*exe, "serve", str(repos[0]), "--mcp", "stdio", "--no-daemon", "--no-watch"], env)
         alone.initialize()
         assert alone.search("read a configuration file")
+        time.sleep(args.settle)
         out["one_session_in_process_rss"] = rss(alone.proc.pid)
         out["one_session_in_process_pss"] = pss(alone.proc.pid)
         alone.close()
@@ -140,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         ok = [s.search("read a configuration file") for s in sessions]
         out["first_search_all_sessions_s"] = round(time.perf_counter() - t0, 2)
         out["first_search_failures"] = ok.count(False)
+        time.sleep(args.settle)
         status = json.loads(subprocess.run([*exe, "daemon", "status", "--json"], env=env, check=True,
                                            capture_output=True, text=True).stdout)
         out["model_loads"] = len(status["model_loads"])

@@ -283,8 +283,8 @@ KEPT_ENV = frozenset({
     "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "no_proxy", "all_proxy",
     "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM", "SENTENCE_TRANSFORMERS_HOME", "CUDA_VISIBLE_DEVICES",
 })
-KEPT_PREFIXES = ("CODESEARCH_", "LC_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH_", "PYTORCH_", "MKL_",
-                 "OPENBLAS_", "KMP_", "CUDA_", "XDG_")
+KEPT_PREFIXES = ("CODESEARCH_", "MALLOC_", "LC_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH_", "PYTORCH_",
+                 "MKL_", "OPENBLAS_", "KMP_", "CUDA_", "XDG_")
 DROPPED_ENV = frozenset({"CODESEARCH_TOKEN", "CODESEARCH_NO_DAEMON", "CODESEARCH_DAEMON"})
 
 
@@ -309,7 +309,9 @@ def _spawn(base: Path, folder: Path, idle_s: float) -> int:
             start_new_session=True,  # not in the terminal's process group: Ctrl-C of a query leaves it
             # Not the starter's folder (it would keep it busy, e.g. an unmount, and a relative
             # path would mean it): requests carry absolute paths (`daemon_app._absolute`).
-            cwd=folder, env=daemon_environ(),
+            # Two malloc arenas, not eight per core: the daemon's thread pools otherwise keep
+            # ~18 MiB of arenas resident (the user's own MALLOC_ARENA_MAX wins).
+            cwd=folder, env={"MALLOC_ARENA_MAX": "2", **daemon_environ()},
         )
     finally:
         os.close(log)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from collections import namedtuple
 from pathlib import Path
 
 DISCOVERY_NAME = "server.json"
@@ -32,9 +32,10 @@ CHALLENGE_HEADER = "X-Codesearch-Challenge"
 PROOF_HEADER = "X-Codesearch-Proof"
 
 
-@dataclass(frozen=True, slots=True)
-class ServerInfo:
+class ServerInfo(namedtuple("ServerInfo", "host port pid token_required root started_at")):
     """Where a running server listens, as written to ``server.json``.
+
+    A named tuple, not a frozen dataclass: the thin clients read it (see `DaemonInfo`).
 
     Attributes
     ----------
@@ -50,6 +51,7 @@ class ServerInfo:
         Unix time the server started listening.
     """
 
+    __slots__ = ()
     host: str
     port: int
     pid: int
@@ -65,7 +67,7 @@ class ServerInfo:
 
     def to_dict(self) -> dict:
         """JSON-ready form, with ``schema_version`` and ``url``."""
-        return {"schema_version": SCHEMA_VERSION, **asdict(self), "url": self.url}
+        return {"schema_version": SCHEMA_VERSION, **self._asdict(), "url": self.url}
 
 
 def discovery_path(index_dir: str | os.PathLike[str]) -> Path:

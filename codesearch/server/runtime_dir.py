@@ -20,7 +20,7 @@ import os
 import re
 import stat
 import time
-from dataclasses import asdict, dataclass
+from collections import namedtuple
 from pathlib import Path
 
 from codesearch.errors import ServerError
@@ -102,9 +102,12 @@ def ensure_runtime_dir(path: Path | None = None) -> Path:
     return folder
 
 
-@dataclass(frozen=True, slots=True)
-class DaemonInfo:
+class DaemonInfo(namedtuple("DaemonInfo", "host port pid token version protocol started_at idle_timeout_s")):
     """What ``daemon.json`` says: where the daemon listens and how to prove who we are.
+
+    A named tuple, not a frozen dataclass as elsewhere: every agent session's relay process
+    and every warm query read it, and `dataclasses` (with `inspect`, `ast`, `dis`) would be
+    the biggest import of that thin client (~8 ms and ~2 MiB per process).
 
     Attributes
     ----------
@@ -120,6 +123,7 @@ class DaemonInfo:
         Seconds without a request (and without an attached agent session) before it exits.
     """
 
+    __slots__ = ()
     host: str
     port: int
     pid: int
@@ -134,7 +138,7 @@ class DaemonInfo:
         return f"http://{self.host}:{self.port}"
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return dict(self._asdict())
 
 
 def info_path(folder: Path) -> Path:

@@ -88,6 +88,7 @@ def test_the_daemon_runs_in_its_own_folder_with_only_the_environment_it_needs(re
                    Path(f"/proc/{info.pid}/environ").read_text().split("\0") if "=" in item)
     assert "SOME_EDITOR_SECRET" not in environ and "CODESEARCH_TOKEN" not in environ
     assert environ.get("PWD") != str(a) and environ["HF_HUB_OFFLINE"] == "1"
+    assert environ["MALLOC_ARENA_MAX"] == "2"  # the arenas of its thread pools stay few
 
     # From folder b, the root given as a relative path is b's, not the daemon's folder's.
     rel = os.path.relpath(repo, b)
@@ -138,3 +139,50 @@ def test_two_versions_each_run_their_own_daemon_and_leave_the_other_alone(repo, 
     assert daemon_pids(runtime) == [b.pid]
     run_cli(["daemon", "stop"], new)
     assert daemon_pids(runtime) == []
+
+
+def test_the_daemon_trims_its_heap_once_per_quiet_spell(monkeypatch):
+    """After a burst of work the daemon hands freed heap back once it has been quiet for
+    TRIM_AFTER_S, and not again until new work came (trimming is not free)."""
+    import threading
+    import time
+
+    from codesearch.server import daemon
+
+    trims = []
+    monkeypatch.setattr(daemon, "_trim_heap", lambda: trims.append(time.monotonic()))
+    monkeypatch.setattr(daemon, "TRIM_AFTER_S", 0.3)
+
+    class Server:
+        should_exit = False
+
+    class Registry:
+        last_activity = time.monotonic()
+
+        def busy(self):
+            return False
+
+    server, registry = Server(), Registry()
+    watcher = threading.Thread(target=daemon._watch_idle, args=(server, registry, 0.8 * 4 * 60))
+    watcher.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not trims and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(trims) == 1 and trims[0] - registry.last_activity >= 0.3
+        time.sleep(1.5)
+        assert len(trims) == 1  # quiet still: no second trim
+        registry.last_activity = time.monotonic()  # new work
+        deadline = time.monotonic() + 10
+        while len(trims) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(trims) == 2
+    finally:
+        server.should_exit = True
+        watcher.join(5)
+
+
+def test_trimming_the_heap_is_harmless_here():
+    from codesearch.server import daemon
+
+    daemon._trim_heap()  # glibc: returns pages; elsewhere: nothing, and no error
