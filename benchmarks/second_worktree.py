@@ -50,7 +50,11 @@ def run_index(repo: Path, model: str, multi: str, cache: Path) -> dict:
     cmd = [sys.executable, "-c", "from codesearch.cli import main; main()", "index", str(repo),
            "--model", model, "--multi-model", multi, "--device", "cpu"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "COLUMNS": "200", "HF_HUB_OFFLINE": "1", "CODESEARCH_CACHE_DIR": str(cache)}
+           "COLUMNS": "200", "HF_HUB_OFFLINE": "1", "CODESEARCH_CACHE_DIR": str(cache),
+           # In this process, as a first index with no daemon running is: since session 10 an
+           # index with a model otherwise goes to the per-user daemon (started if none runs), and
+           # this process's CPU time and summary would not be the run's.
+           "CODESEARCH_NO_DAEMON": "1"}
     before = load1()
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()

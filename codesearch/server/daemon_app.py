@@ -532,8 +532,9 @@ def daemon_routes(registry: Registry, *, idle_timeout_s: float, on_stop: Callabl
     @app.post("/daemon/index")
     async def index(body: DaemonIndex) -> dict[str, Any]:
         options = body.options.repo_options()
+        before = registry._find(_absolute(body.root))
         served = await anyio.to_thread.run_sync(lambda: registry.repo(body.root, options))
-        target = served.schedule(rebuild=body.rebuild)
+        target = served.schedule(rebuild=body.rebuild, just_started=served is not before)
         return {"root": str(served.root), "index_dir": str(served.index_dir), "target_runs": target,
                 "indexing": served.run_state.to_dict()}
 

@@ -317,11 +317,18 @@ class ServedRepo:
             self._cond.notify_all()
             return dataclasses.replace(self.run_state)
 
-    def schedule(self, rebuild: bool = False) -> int:
+    def schedule(self, rebuild: bool = False, *, just_started: bool = False) -> int:
         """`request_index`, returning the count of finished runs (``run_state.runs``) at which
         the run that covers this request has finished: the next one, or the one after the
-        run going now (it may have walked the files before the change this asks for)."""
+        run going now (it may have walked the files before the change this asks for).
+
+        ``just_started``: this request added the root, so a run going now is the one its start
+        began, after the request came: it covers it (a second run would only report every
+        file of a new worktree as unchanged)."""
         with self._cond:
+            going = self.run_state.state in ("running", "queued")
+            if just_started and going and not rebuild:
+                return self.run_state.runs + 1
             target = self.run_state.runs + (2 if self.run_state.state == "running" else 1)
             self.request_index(rebuild)
             return target

@@ -58,6 +58,9 @@ def test_a_first_index_with_a_model_starts_the_daemon_which_runs_it(tmp_path, si
     status = json.loads(run_cli(["daemon", "status", "--json"], env).stdout)
     (served,) = status["roots"]
     assert served["root"] == str(root.resolve()) and served["last_error"] is None
+    # One run, whose summary is the CLI's: not a second run that found every file unchanged.
+    assert served["runs"] == 1 and served["last_summary"]["files_indexed"] > 0
+    assert "files indexed: 0" not in done.stderr
     assert [m["name"] for m in status["models"]] == [str(single_vector_dir)]
     # The index is the model's: a dense query answers from it.
     hits = json.loads(run_cli(["query", "greet the user", "-p", str(root), "--mode", "dense", "--json"], env).stdout)
