@@ -30,27 +30,6 @@ from codesearch.server.runtime_dir import DaemonInfo, daemon_dir, read_info, wri
 STARTED = "started the codesearch daemon (pid "
 
 
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory, single_vector_dir) -> Path:
-    """The sample repository with lexical and dense vectors of a tiny model."""
-    from codesearch.api import CodeSearch
-
-    root = write_sample_repo(tmp_path_factory.mktemp("daemon") / "repo")
-    with CodeSearch(root, model=str(single_vector_dir), multi_model=None) as cs:
-        cs.index()
-    return root
-
-
-@pytest.fixture
-def runtime(tmp_path):
-    folder = tmp_path / "run"
-    try:
-        yield folder
-    finally:
-        stop_all(folder)
-        assert daemon_pids(folder) == [], "a daemon outlived its test"
-
-
 def _query(repo: Path, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess:
     return run_cli(["query", "greet the user", "-p", str(repo), "-k", "3", "--json", *extra], env)
 

@@ -13,35 +13,10 @@ import signal
 import subprocess
 from pathlib import Path
 
-import pytest
-from daemonkit import daemon_env, daemon_pids, run_cli, stop_all
-from fixtures.sample_repo import write_sample_repo
+from daemonkit import daemon_env, daemon_pids, run_cli
 
 from codesearch.server import daemon_client
 from codesearch.server.runtime_dir import daemon_dir, read_info
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory, single_vector_dir) -> Path:
-    """The sample repository with lexical and dense vectors of a tiny model."""
-    from codesearch.api import CodeSearch
-
-    root = write_sample_repo(tmp_path_factory.mktemp("failures") / "repo")
-    with CodeSearch(root, model=str(single_vector_dir), multi_model=None) as cs:
-        cs.index()
-    return root
-
-
-@pytest.fixture
-def runtime(tmp_path):
-    folder = tmp_path / "run"
-    try:
-        yield folder
-    finally:
-        for pid in daemon_pids(folder):
-            os.kill(pid, signal.SIGCONT)
-        stop_all(folder)
-        assert daemon_pids(folder) == [], "a daemon outlived its test"
 
 
 def _query(repo: Path, env: dict[str, str], *extra: str, cwd: Path | None = None) -> subprocess.CompletedProcess:

@@ -15,8 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
-from daemonkit import cli_argv, daemon_env, daemon_pids, run_cli, stop_all
+from daemonkit import cli_argv, daemon_env, run_cli
 from fixtures.sample_repo import write_sample_repo
 
 from codesearch.server import daemon_client
@@ -24,16 +23,6 @@ from codesearch.server.repos import CANCELLED
 from codesearch.server.runtime_dir import daemon_dir, read_info
 
 STARTED = "started the codesearch daemon (pid "
-
-
-@pytest.fixture
-def runtime(tmp_path):
-    folder = tmp_path / "run"
-    try:
-        yield folder
-    finally:
-        stop_all(folder)
-        assert daemon_pids(folder) == [], "a daemon outlived its test"
 
 
 def _imported(stderr: str) -> set[str]:
