@@ -68,15 +68,15 @@ def _trim_heap() -> None:
     """Give freed heap pages back to the system (glibc's ``malloc_trim``; nothing elsewhere).
 
     Why: after a burst of queries or an index run, tens of MiB of freed memory stay resident
-    in glibc's arenas; the daemon lives for hours, so it returns them when it goes quiet."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if not name or not sys.platform.startswith("linux"):
+    in glibc's arenas; the daemon lives for hours, so it returns them when it goes quiet.
+    The process's own symbols are looked up (``CDLL(None)``), not libc by name:
+    `ctypes.util.find_library` would run ``ldconfig`` in a subprocess each time."""
+    if not sys.platform.startswith("linux"):
         return
+    import ctypes
+
     try:
-        ctypes.CDLL(name).malloc_trim(0)
+        ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
         pass
 
