@@ -180,7 +180,15 @@ class Registry:
         PathError
             ``root`` does not exist or is not a folder.
         """
+        return self.repo_added(root, options, index_dir=index_dir, index_now=index_now)[0]
+
+    def repo_added(self, root: str | os.PathLike[str], options: RepoOptions | None = None, *,
+                   index_dir: str | None = None, index_now: bool = False) -> tuple[ServedRepo, bool]:
+        """`repo`, and whether the root was added (or replaced for new options) during this
+        call, by it or by a call it waited for: the start's run then began after this call
+        did, so it covers the caller's request (`ServedRepo.schedule`'s ``just_started``)."""
         path = _absolute(root)
+        waited = False
         if not path.is_dir():
             raise PathError(f"path {str(root)!r} is not a folder (pass the folder of a repository)")
         wanted_dir = _absolute(index_dir) if index_dir else None
@@ -192,10 +200,11 @@ class Registry:
                 served = self._find(path)
                 if ready is None or ready.is_set():
                     if served is not None and self._fits(served, options, wanted_dir):
-                        return served
+                        return served, waited
                     ready = self._ready[path] = threading.Event()
                     break
             ready.wait()  # another request is adding this root: use what it made
+            waited = True
         try:
             if options is None:
                 options = self._recorded_options(path, wanted_dir)
@@ -213,9 +222,15 @@ class Registry:
                 self.repos.append(added)
                 self._relabel()
             log.info("serving %s (index %s)", path, added.index_dir)
-            return added
+            return added, True
         finally:
             ready.set()
+
+    def served(self, root: str | os.PathLike[str]) -> ServedRepo | None:
+        """The root served at ``root`` (made absolute), or None; adds nothing."""
+        path = _absolute(root)
+        with self._lock:
+            return self._find(path)
 
     def _find(self, path: Path) -> ServedRepo | None:
         return next((r for r in self.repos if r.root == path), None)
@@ -532,14 +547,13 @@ def daemon_routes(registry: Registry, *, idle_timeout_s: float, on_stop: Callabl
     @app.post("/daemon/index")
     async def index(body: DaemonIndex) -> dict[str, Any]:
         options = body.options.repo_options()
-        before = registry._find(_absolute(body.root))
-        served = await anyio.to_thread.run_sync(lambda: registry.repo(body.root, options))
-        target = served.schedule(rebuild=body.rebuild, just_started=served is not before)
+        served, added = await anyio.to_thread.run_sync(lambda: registry.repo_added(body.root, options))
+        target = served.schedule(rebuild=body.rebuild, just_started=added)
         return {"root": str(served.root), "index_dir": str(served.index_dir), "target_runs": target,
                 "indexing": served.run_state.to_dict()}
 
     def served_at(root: str) -> ServedRepo:
-        served = registry._find(_absolute(root))
+        served = registry.served(root)
         if served is None:
             raise PathError(f"{root!r} is not served by the daemon (run 'codesearch index {root}')")
         return served

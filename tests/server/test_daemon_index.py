@@ -220,3 +220,28 @@ def test_a_query_of_a_folder_whose_first_index_the_daemon_makes_asks_the_daemon(
         thread.join(10)
         sock.close()
         registry.close(10.0)
+
+
+def test_the_registry_says_which_call_added_a_root_and_finds_one_without_adding(tmp_path):
+    # The index handler's "this request started the root" (so the start's run covers it)
+    # and `served_at` read this public answer, not the registry's private list.
+    from codesearch.server.daemon_app import Registry
+    from codesearch.server.repos import RepoOptions
+
+    root = write_sample_repo(tmp_path / "repo")
+    registry = Registry(watch=False)
+    try:
+        lexical = RepoOptions(model=None, multi_model=None)
+        assert registry.served(root) is None and registry.repos == []  # looking adds nothing
+        with registry.run_lock:  # (no run starts meanwhile)
+            first, added = registry.repo_added(root, lexical)
+            assert added
+            again, added = registry.repo_added(f"{root}/.", lexical)
+            assert again is first and not added
+            assert registry.served(str(root)) is first and registry.repo(root) is first
+            other, added = registry.repo_added(root, RepoOptions(model=None, multi_model=None, exclude=("*.md",)))
+            assert added and other is not first  # new options replace the root: a new start
+            assert registry.served(root) is other and registry.repos == [other]
+        assert registry.served(tmp_path) is None
+    finally:
+        registry.close(10.0)
