@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -25,10 +26,30 @@ QUIET_S = 0.25
 MAX_DELAY_S = 5.0
 
 # Events that cannot change file contents: reads (our own indexer opens every file) and
-# attribute changes.
+# attribute changes. The observer is asked for the other kinds only (`_WANTED`), so on
+# Linux inotify never reports these; the check stays for observers that ignore the filter.
 _IGNORED_EVENT_TYPES = frozenset({"opened", "closed_no_write", "attrib"})
 _IGNORED_PARTS = frozenset({".git", "__pycache__", ".hg", ".svn"})
 _IGNORED_SUFFIXES = (".pyc", ".swp", ".swx", "~", ".tmp")
+
+
+def _wanted() -> list[type]:
+    """The event kinds that can change what is indexed: the observer drops the rest before
+    they reach Python (inotify is not even asked for opens and reads: an index run opens
+    every file of the root, and each open was an event handled here and thrown away)."""
+    from watchdog.events import (
+        DirCreatedEvent,
+        DirDeletedEvent,
+        DirMovedEvent,
+        FileClosedEvent,
+        FileCreatedEvent,
+        FileDeletedEvent,
+        FileModifiedEvent,
+        FileMovedEvent,
+    )
+
+    return [FileCreatedEvent, FileDeletedEvent, FileModifiedEvent, FileMovedEvent, FileClosedEvent,
+            DirCreatedEvent, DirDeletedEvent, DirMovedEvent]
 
 
 class Debouncer:
@@ -121,12 +142,17 @@ class RepoWatcher:
 
         self.root = Path(root).resolve()
         self.index_dir = Path(index_dir).resolve()
+        # `codesearch import` unpacks into `.codesearch.import-PID` beside the index folder,
+        # and a replaced index waits in `.codesearch.replaced-PID`: neither is the repository.
+        self._beside = re.compile(rf"^\.{re.escape(self.index_dir.name.lstrip('.'))}\.(import|replaced)-\d+$")
         self.debouncer = Debouncer(on_change, quiet_s=quiet_s, max_delay_s=max_delay_s)
-        self.events_seen = 0
+        self.events_seen = 0  # relevant events (each pokes the debouncer)
+        self.events_delivered = 0  # every event the observer handed to this process's handler
         watcher = self
 
         class _Handler(FileSystemEventHandler):
             def on_any_event(self, event) -> None:  # event: watchdog's FileSystemEvent
+                watcher.events_delivered += 1
                 if event.event_type in _IGNORED_EVENT_TYPES:
                     return
                 if event.is_directory and event.event_type == "modified":
@@ -138,12 +164,18 @@ class RepoWatcher:
 
         self._observer = Observer()
         self._observer.daemon = True
-        self._observer.schedule(_Handler(), str(self.root), recursive=True)
+        try:
+            self._observer.schedule(_Handler(), str(self.root), recursive=True, event_filter=_wanted())
+        except TypeError:  # a watchdog before `event_filter`: the handler drops them instead
+            self._observer.schedule(_Handler(), str(self.root), recursive=True)
 
     def relevant(self, path: str | bytes) -> bool:
         """False for events inside the index folder, VCS folders, caches and editor temp files."""
         p = Path(os.fsdecode(path))  # (a name that is not UTF-8 keeps its bytes as surrogate escapes)
         if p == self.index_dir or self.index_dir in p.parents:
+            return False
+        with_parent = p.relative_to(self.index_dir.parent).parts if p.is_relative_to(self.index_dir.parent) else ()
+        if with_parent and self._beside.match(with_parent[0]):
             return False
         try:
             rel = p.relative_to(self.root)

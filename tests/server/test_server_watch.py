@@ -181,3 +181,38 @@ def test_watcher_relevance(tmp_path, rel, relevant):
         assert watcher.relevant("/elsewhere/a.py") is False
     finally:
         watcher.stop()
+
+
+@pytest.mark.parametrize("rel", [".codesearch.import-4242/store.sqlite", ".codesearch.import-4242",
+                                 ".codesearch.replaced-17/plaid/codes.npy"])
+def test_an_imports_temp_folder_beside_the_index_is_not_the_repository(tmp_path, rel):
+    watcher = RepoWatcher(tmp_path, tmp_path / ".codesearch", lambda: None)
+    try:
+        assert watcher.relevant(str(tmp_path / rel)) is False
+        assert watcher.relevant(str(tmp_path / "src" / rel)) is True  # only beside the index folder
+        assert watcher.relevant(str(tmp_path / ".codesearch.imports/a.py")) is True
+    finally:
+        watcher.stop()
+
+
+def test_reads_of_the_roots_files_never_reach_the_handler(tmp_path):
+    # An index run opens and reads every file of the root: the observer is asked for the
+    # kinds of event that change files only, so those opens are not even delivered.
+    (tmp_path / "src").mkdir()
+    files = [tmp_path / "src" / f"m{i}.py" for i in range(20)]
+    for f in files:
+        f.write_text("x = 1\n")
+    changed = threading.Event()
+    watcher = RepoWatcher(tmp_path, tmp_path / ".codesearch", changed.set, quiet_s=0.05)
+    watcher.start()
+    try:
+        for _ in range(5):
+            for f in files:
+                f.read_bytes()
+        time.sleep(0.5)  # inotify's events come within milliseconds
+        assert watcher.events_delivered == 0 and not changed.is_set()
+        files[0].write_text("x = 2\n")  # a write still arrives
+        _poll(changed.is_set, timeout=5)
+        assert watcher.events_seen >= 1
+    finally:
+        watcher.stop()
