@@ -362,7 +362,7 @@ class Registry:
         for served in list(self.repos):
             state = served.run_state.to_dict()
             roots.append({
-                "root": str(served.root), "index_dir": str(served.index_dir), "ready": served._live.ready,
+                "root": str(served.root), "index_dir": str(served.index_dir), "ready": served.ready,
                 "watching": served.watcher is not None, "state": state["state"], "runs": state["runs"],
                 "generation": state["generation"], "progress": state["progress"],
                 "last_error": state["last_error"], "finished_at": state["finished_at"],
@@ -533,7 +533,7 @@ def daemon_routes(registry: Registry, *, idle_timeout_s: float, on_stop: Callabl
     @app.post("/daemon/search")
     async def search(body: DaemonSearch) -> JSONResponse:
         served = await anyio.to_thread.run_sync(lambda: registry.repo(body.root, index_dir=body.index_dir))
-        if not served._live.ready:
+        if not served.ready:
             return JSONResponse(not_ready_document(served, body.request))
         notices = await anyio.to_thread.run_sync(registry.refresh, served) if body.refresh else []
         view = registry.service((served.root,))

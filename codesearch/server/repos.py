@@ -5,7 +5,8 @@ block new ones until it is done (a read/write lock), which is right for a script
 stall every request of a server for the whole run (seconds when a model encodes). Here the
 *writer* only indexes, and searches go to a pinned `codesearch.search.live.LiveSearcher`
 (`CodeSearch.live_searcher`) that holds the last committed generation in memory. After each
-stage of a run a fresh generation is opened and warmed and swapped in; requests already
+stage of a run a fresh generation is opened and warmed and swapped in (for a root searched in
+the last minute; else by the next search, if one comes before the run ends); requests already
 running finish on the old one, which is closed when its last request returns. A search
 therefore sees one committed generation or the next, never a half-written one, and never
 waits for a run. It is the same live searcher `CodeSearch` searches through, with the
@@ -46,6 +47,9 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("codesearch.server")
 
 LOCKED_RETRY_S = 1.0  # another process holds the index lock: try the run again after this
+#: A root searched this recently gets each generation a run commits as it comes (opened on the
+#: run's thread); for one not searched since, its next search opens it, if one comes mid-run.
+ACTIVE_S = 60.0
 #: ``run_state.last_error`` of a run ended by `ServedRepo.cancel` (Ctrl-C of a ``codesearch index``
 #: that the daemon ran).
 CANCELLED = "the index run was cancelled; the index keeps what it had committed (run 'codesearch index' to resume)"
@@ -179,6 +183,8 @@ class ServedRepo:
         self._rebuild = False
         self._stopping = False
         self._cancel_run = False  # `cancel`: end the run going now, keep serving
+        self._newer = False  # a run committed a generation mid-way that no search has opened yet
+        self._searched_at = float("-inf")  # (monotonic) the last search of this root
         self.run_state = IndexRunState()
         self.watcher: RepoWatcher | None = None  # set by start()
         self.watch_error: str | None = None
@@ -255,6 +261,12 @@ class ServedRepo:
         """True when the root has a committed index."""
         return self._writer.indexed
 
+    @property
+    def ready(self) -> bool:
+        """True when a search can be answered: a generation is open, or a run committed one
+        that the search will open."""
+        return self._live.ready or self._newer
+
     # -- searching ---------------------------------------------------------------------
 
     def query(
@@ -280,7 +292,9 @@ class ServedRepo:
         request = query if isinstance(query, SearchRequest) else SearchRequest.of(
             query, k, mode=mode, language=language, glob=glob, files_only=files_only
         )
+        self._searched_at = time.monotonic()
         self._follow_replaced()
+        self._follow_newer()
         with self._live.lease(lexical=request.mode is Mode.lexical) as (searcher, notices):
             result = searcher.search(request, path_rules=path_rules)
         return with_notices(result, notices)
@@ -291,15 +305,31 @@ class ServedRepo:
             f"{str(self.root)!r} {what} (wait for GET /status to show a finished run, or POST /index to build it)"
         )
 
-    def _swap_reader(self) -> None:
-        """Open the generation committed now, warm it, and make it the one searches use.
+    def _swap_reader(self, *, warm: bool = True) -> None:
+        """Open the generation committed now, warm it (unless ``warm`` is False: a search is
+        waiting for it), and make it the one searches use.
 
         One swap at a time per root: of two swaps (a run's, and `catch_up`'s), the second
         opens a generation at least as new as the first, so an older one is never installed
         last."""
         with self._swap_lock:
-            self._live.swap()
+            newer, self._newer = self._newer, False  # (this opens what is committed now)
+            try:
+                self._live.swap(warm=warm)
+            except BaseException:
+                self._newer = newer
+                raise
             self.run_state.generation += 1
+
+    def _follow_newer(self) -> None:
+        """Open the generation a run committed mid-way (see `_on_progress`) for the search
+        about to run; should it not open, the search answers from the one open."""
+        if not self._newer:
+            return
+        try:
+            self._swap_reader(warm=False)  # (the search is its warm-up)
+        except CodeSearchError as exc:
+            log.warning("could not open the new generation of %s yet: %s", self.root, exc)
 
     # -- indexing ----------------------------------------------------------------------
 
@@ -456,9 +486,17 @@ class ServedRepo:
         if event.stage in ("searchable", "published"):
             # Lexical first: the files are committed (or more vectors are in) while the run
             # goes on embedding; searches move to that generation now, not at the run's end.
+            # Opened here for a root in use; else by the next search, if one comes before
+            # the run's end opens the last one: each open reads the indexes (~0.35 CPU-s
+            # for 1,000 files, with its warm-up queries), and a run of a new worktree that
+            # nobody searches yet would open three generations where one serves.
+            if time.monotonic() - self._searched_at >= ACTIVE_S:
+                self._newer = True
+                return
             try:
                 self._swap_reader()
             except CodeSearchError as exc:
+                self._newer = True  # the next search tries again
                 log.warning("could not open the new generation of %s yet: %s", self.root, exc)
 
     # -- status ------------------------------------------------------------------------
@@ -474,7 +512,7 @@ class ServedRepo:
             # A rebuild deletes and recreates files while status walks and sizes them;
             # the next poll sees the new index. Status must not fail for that.
             index, error = None, f"index is being rewritten ({type(exc).__name__}: {exc}); ask again"
-        ready = self._live.ready
+        ready = self.ready
         return {
             "root": str(self.root),
             "index_dir": str(self.index_dir),

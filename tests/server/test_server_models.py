@@ -199,8 +199,10 @@ def test_searches_move_to_the_lexical_generation_before_the_vectors(tmp_path, si
         seen: list[tuple[str, int]] = []
         on_progress = repo._on_progress
 
-        def record(event):  # the run's own callback, observed (the swap happens inside it)
+        def record(event):  # the run's own callback, observed (a swap happens inside it)
             on_progress(event)
+            if event.stage == "searchable":  # a search before any vector is encoded
+                seen.append(("lexical hits", len(repo.query("parseConfigFile", 3, mode="lexical").hits)))
             if event.stage in ("searchable", "published", "encode"):
                 seen.append((event.stage, repo.run_state.generation))
 
@@ -208,10 +210,38 @@ def test_searches_move_to_the_lexical_generation_before_the_vectors(tmp_path, si
         repos.start(index_now=True, watch=False)
         assert repo.wait_idle(120)
         stages = [stage for stage, _ in seen]
-        # The reader was swapped when the run became searchable, before any vector was encoded,
-        # and again when the vectors were published: two swaps inside the run, one at its end.
-        assert stages[0] == "searchable" and seen[0][1] == 1 and "published" in stages
+        # The search made when the run became searchable, before any vector was encoded, was
+        # answered from that generation; the root, searched now, was swapped again when the
+        # vectors were published: two swaps inside the run, one at its end.
+        assert seen[0][0] == "lexical hits" and seen[0][1] > 0, seen
+        assert stages[1] == "searchable" and seen[1][1] == 1 and "published" in stages
         assert repo.run_state.generation >= 3
         assert repo.query("parseConfigFile", 3, mode="hybrid").hits
+    finally:
+        repos.close()
+
+
+def test_a_run_that_no_search_asks_about_opens_one_generation_at_its_end(tmp_path, single_vector_dir):
+    # A new worktree indexed through the daemon: nobody searches it until the run ends, so the
+    # generations committed mid-way (lexical, then the vectors) are not opened one by one.
+    from codesearch.server.repos import RepoOptions, RepoSet
+
+    root = write_sample_repo(tmp_path / "repo")
+    repos = RepoSet([root], RepoOptions(model=str(single_vector_dir), multi_model=None, device="cpu"))
+    try:
+        (repo,) = repos.repos
+        stages: list[str] = []
+        on_progress = repo._on_progress
+
+        def record(event):
+            on_progress(event)
+            stages.append(event.stage)
+
+        repo._on_progress = record
+        repos.start(index_now=True, watch=False)
+        assert repo.wait_idle(120) and repo.run_state.last_error is None
+        assert "searchable" in stages and "published" in stages
+        assert repo.run_state.generation == 1  # the run's end only (three opens before)
+        assert repo.ready and repo.query("parseConfigFile", 3, mode="hybrid").hits
     finally:
         repos.close()
