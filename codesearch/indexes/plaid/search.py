@@ -83,7 +83,12 @@ class PlaidSearch:
         if self._ivf is None:
             n_docs = len(self._ids)
             doc_of_token = np.repeat(np.arange(n_docs, dtype=np.int64), self._doclens)
-            pairs = np.unique(self._codes.astype(np.int64) * n_docs + doc_of_token)
+            # Sorted, then the repeats dropped: not `np.unique`, whose hash path (NumPy >= 2.3)
+            # took 1.9 CPU-s for the 2M tokens of 1,000 files (this 0.03 s), on the first
+            # query of every process.
+            pairs = np.sort(self._codes.astype(np.int64) * n_docs + doc_of_token)
+            if len(pairs):
+                pairs = pairs[np.concatenate(([True], pairs[1:] != pairs[:-1]))]
             centroid, docs = np.divmod(pairs, n_docs)
             counts = np.bincount(centroid, minlength=len(self._codec.centroids))
             offsets = np.concatenate([[0], np.cumsum(counts)])
