@@ -317,7 +317,7 @@ class ServedRepo:
             try:
                 self._live.swap(warm=warm)
             except BaseException:
-                self._newer = newer
+                self._newer = self._newer or newer  # (a run may have flagged a newer one meanwhile)
                 raise
             self.run_state.generation += 1
 
