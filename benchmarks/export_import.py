@@ -104,23 +104,30 @@ def complete(root: Path) -> bool:
     return bool(d["vectors"]) and all(v == 1.0 for v in d["vectors"].values()) and not d["is_stale"]
 
 
-def default_shapes_index(repo: Path, models: Path, cache: Path) -> tuple[str, dict]:
-    """Index ``repo`` (lexical + the LateOn-Code-edge-shaped ColBERT) with random vectors in
-    this process; the ColBERT checkpoint's path and what the run did."""
+def random_index(repo: Path, model: str, multi: str, cache: Path) -> dict:
+    """Index ``repo`` with random vectors under the models' identities, in this process
+    (`second_worktree.random_first`); what the run did."""
     sys.path.insert(0, str(ROOT))
-    from benchmarks.default_cost import build_models
     from benchmarks.second_worktree import random_first
 
-    multi = str(build_models(models)["multi"])
     before = os.environ.get("CODESEARCH_CACHE_DIR")
     try:
-        done = random_first(repo, "none", multi, cache)
+        return random_first(repo, model, multi, cache)
     finally:  # (random_first points this process's cache there)
         if before is None:
             os.environ.pop("CODESEARCH_CACHE_DIR", None)
         else:
             os.environ["CODESEARCH_CACHE_DIR"] = before
-    return multi, done
+
+
+def default_shapes_index(repo: Path, models: Path, cache: Path) -> tuple[str, dict]:
+    """Index ``repo`` (lexical + the LateOn-Code-edge-shaped ColBERT) with random vectors in
+    this process; the ColBERT checkpoint's path and what the run did."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.default_cost import build_models
+
+    multi = str(build_models(models)["multi"])
+    return multi, random_index(repo, "none", multi, cache)
 
 
 def first_vector_query(root: Path, env: dict[str, str], *, daemon: bool = False) -> float:
@@ -143,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="lexical + a random LateOn-Code-edge-shaped ColBERT (the default CPU set-up), first index "
                     "with random vectors")
     ap.add_argument("--models", type=Path, default=None, help="where --default-shapes builds its checkpoint")
+    ap.add_argument("--random-first", action="store_true",
+                    help="MiniLM mode: the exporting index's vectors are random (MiniLM's identity, dims)")
     ap.add_argument("--warm-daemon", action="store_true",
                     help="--default-shapes: also time the first query through a warm daemon (its own runtime folder)")
     args = ap.parse_args(argv)
@@ -174,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
         from quality import _minilm_dir
 
         model = args.model or _minilm_dir()
-        if not (repo / ".codesearch").exists():
+        if not (repo / ".codesearch").exists() and args.random_first:
+            out["index"] = random_index(repo, model, "none", work / "first-cache")
+        elif not (repo / ".codesearch").exists():
             out["index_s"] = run([*exe, "index", str(repo), "--model", model, "--multi-model", "none", "-q",
                                   "--device", "cpu"], env)
     file = work / "index.codesearch.tar"
