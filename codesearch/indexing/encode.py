@@ -10,6 +10,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,11 +20,14 @@ from codesearch.indexing.commit import Commits
 from codesearch.indexing.encoders import EMBEDDED_KEY, VECTORS_PENDING_KEY
 from codesearch.indexing.options import Run
 from codesearch.indexing.publish import Publisher
-from codesearch.indexing.reuse import Reuse, cache_model
+from codesearch.indexing.reuse import _CACHE_ERRORS, Reuse, cache_model
 from codesearch.pathnames import text_name
 from codesearch.store import VECTOR_KINDS
 from codesearch.store.files import decode_source, hash_bytes, read_inside
 from codesearch.types import path_kind
+
+if TYPE_CHECKING:  # pragma: no cover
+    from codesearch.indexes.plaid.coded import CodeBook
 
 __all__ = ["ENCODE_BATCH", "ENCODE_BATCH_CHARS", "encode_missing"]
 
@@ -121,8 +125,12 @@ def encode_missing(run: Run) -> None:
         streams = [(enc, _take_cached(run, enc, items, reuse, commits, publisher)) for enc, items in streams]
         planned = []
         for enc, items in streams:  # PLAID codes on the workers, for a large first index
-            codes, items = plan_codes(run.opts.idir, enc, items)
+            book = _cached_codes(run, enc, reuse) if enc.multivector else None
+            codes, items = plan_codes(run.opts.idir, enc, items, book)
+            if codes is not None and book is not None:  # the index's own codes go to the cache too
+                codes.book.keep = book.keep
             publisher.codes = publisher.codes or codes
+            publisher.book = publisher.book or book
             planned.append((enc, items))
         total = sum(len(items) for _, items in planned)
         _encode_streams(run, planned, roles, total, commits, publisher, reuse)
@@ -166,6 +174,33 @@ def _take_cached(
             publisher.add(kind, (r[0] for r in rows))
             taken.update(part[j] for j in found)
     return [it for i, it in enumerate(items) if i not in taken]
+
+
+def _cached_codes(run: Run, enc: Encoder, reuse: Reuse) -> CodeBook | None:
+    """The PLAID codes of the user's cache for the multi-vector index (`cachedcodes`): a
+    `CodeBook` with the codec to use and the cached codes under it (no codec: the index
+    trains its own), which keeps in the cache what the index computes; None without a cache."""
+    if not reuse.enabled:
+        return None
+    from codesearch.indexes.plaid import PlaidIndex
+    from codesearch.indexes.plaid.files import read_codec
+    from codesearch.indexing.cachedcodes import CodeKeeper, adopt_codes, book_for
+
+    model = cache_model(enc)
+    keeper = CodeKeeper(model)
+    stored = read_codec(run.opts.idir / "plaid")
+    try:
+        tokens = run.store.chunk_token_counts(enc.identity, "colbert")
+        found = adopt_codes(reuse.cache, model, tokens, codec=stored, nbits=PlaidIndex().nbits, dim=enc.dim)
+    except _CACHE_ERRORS as exc:
+        reuse._give_up(exc)
+        found = None
+    if found is None:
+        return book_for(stored[0], stored[1], {}, keeper) if stored is not None else book_for(None, 0.0, {}, keeper)
+    codec, error, docs = found
+    keeper.cached.update(docs)
+    run.codes_reused = len(docs)
+    return book_for(codec, error, docs, keeper)
 
 
 def _encode_streams(

@@ -159,6 +159,24 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         return added > self.rebuild_ratio * self._build_error
 
     @property
+    def codec(self) -> ResidualCodec | None:
+        """The residual codec in PLAID mode (None while exact)."""
+        return self._codec
+
+    def doc_codes(self, ids: Sequence[int]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Id -> (centroid ids, packed residuals) of the live documents among ``ids``, in
+        PLAID mode (empty while exact): what the user's vector cache keeps of them."""
+        if self._codec is None:
+            return {}
+        out = {}
+        for doc_id in ids:
+            pos = self._pos.get(int(doc_id))
+            if pos is not None:
+                at = slice(int(self._starts[pos]), int(self._starts[pos] + self._doclens[pos]))
+                out[int(doc_id)] = (self._codes[at], self._residuals[at])
+        return out
+
+    @property
     def added_error(self) -> float:
         """Mean reconstruction error of tokens added since the last build (0 if none)."""
         return self._added_error_sum / self._added_tokens if self._added_tokens else 0.0
