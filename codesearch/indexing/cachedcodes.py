@@ -9,7 +9,9 @@ codec, so they can be kept as the vectors are:
 - **Keep.** Whenever an index compresses texts (a first index that trains its codec, a Ray
   run whose workers coded them, a rebuild after drift), the codec (centroids and residual
   buckets, keyed by its fingerprint, with its build error) and each text's codes under it go
-  to the cache, keyed by (model, codec, text hash).
+  to the cache, keyed by (model, codec, hash of the float16 array coded). Not by the text:
+  codes are a function of the array and the codec alone, and an index store keys a chunk's
+  vector by its code without the header, which the encoder also read.
 - **Adopt.** A run whose index has no PLAID codec yet looks up which cached codec coded its
   texts. One that coded at least :data:`ADOPT_SHARE` of their tokens was trained on this
   repository's own content in another copy: the index takes it, with the codes, and
@@ -26,20 +28,23 @@ Nothing depends on the cache: an entry that is missing or damaged is compressed 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from codesearch.indexing.reuse import _CACHE_ERRORS
+from codesearch.indexing.reuse import _CACHE_ERRORS, Reuse
 from codesearch.store.cache import UserCache
+from codesearch.store.files import hash_bytes
+from codesearch.store.vectors import encode_array
 
 if TYPE_CHECKING:  # pragma: no cover
     from codesearch.indexes.plaid import PlaidIndex
     from codesearch.indexes.plaid.codec import DocCodes, ResidualCodec
     from codesearch.indexes.plaid.coded import CodeBook
 
-__all__ = ["ADOPT_SHARE", "CodeKeeper", "adopt_codes", "pack_codes", "unpack_codes"]
+__all__ = ["ADOPT_SHARE", "CodeKeeper", "adopt_codes", "array_key", "book_for", "pack_codes", "unpack_codes"]
 
 log = logging.getLogger(__name__)
 
@@ -76,23 +81,27 @@ def _codec_of(found: tuple) -> tuple[ResidualCodec, float]:
     return ResidualCodec(centroids, cutoffs, weights, nbits), error
 
 
+def array_key(array: np.ndarray) -> str:
+    """The cache key of an array's codes: the hash of its float16 bytes as stored."""
+    return hash_bytes(encode_array(array)[2])
+
+
 def adopt_codes(
-    cache: UserCache, model: str, tokens: dict[str, int], *, codec: tuple[ResidualCodec, float] | None = None,
-    nbits: int = 4, dim: int | None = None,
+    cache: UserCache, model: str, arrays: dict[str, int], total: int, *,
+    codec: tuple[ResidualCodec, float] | None = None, nbits: int = 4, dim: int | None = None,
 ) -> tuple[ResidualCodec, float, dict[str, DocCodes]] | None:
-    """The codec for an index of the texts ``tokens`` (text hash -> tokens) and the cached
-    codes of its texts under it.
+    """The codec for an index of ``total`` tokens, and the cached codes under it of the
+    ``arrays`` (`array_key` -> tokens) the run took from the cache.
 
     ``codec``: the index's own (and its build error), when it is PLAID already: only its codes
-    are taken. Otherwise the cached codec (of ``nbits``, ``dim``) that coded the most tokens,
-    when that is at least :data:`ADOPT_SHARE` of them; else None (the index trains its own).
-    Errors of the cache propagate (the caller stops using it).
+    are taken. Otherwise the cached codec (of ``nbits``, ``dim``) that coded the most of
+    them, when that is at least :data:`ADOPT_SHARE` of ``total``; else None (the index
+    trains its own). Errors of the cache propagate (the caller stops using it).
     """
-    keys = list(tokens)
+    keys = list(arrays)
     if not keys:
         return None
     if codec is None:
-        total = sum(tokens.values())
         coverage = cache.code_coverage(model, keys)
         for fingerprint, (_, covered) in sorted(coverage.items(), key=lambda kv: -kv[1][1]):
             if covered < ADOPT_SHARE * total:
@@ -112,63 +121,72 @@ def adopt_codes(
     docs: dict[str, DocCodes] = {}
     for key, (n, error, data) in cache.get_codes(model, codec[0].fingerprint, keys).items():
         doc = unpack_codes(codec[0], n, error, data)
-        if doc is not None and (tokens[key] <= 0 or n == tokens[key]):
+        if doc is not None and n == arrays[key]:
             docs[key] = doc
     return codec[0], codec[1], docs
 
 
 class CodeKeeper:
-    """Puts the codes a PLAID index computed into the user's cache (`CodeBook.keep`).
+    """Gathers the codes a PLAID index computed for the user's cache (`CodeBook.keep`).
 
-    Called by the index registry after each add of a PLAID index with the ids it added,
-    their text hashes and vectors; keeps the codec and the codes of the texts whose codes
-    did not come from the cache. Opens the cache for each call (a publication may run on
-    a thread of its own) and never fails the run.
+    The index registry calls it after each add of a PLAID index with the ids it added,
+    their text hashes and vectors; it keeps the codec and the codes of the texts whose codes
+    did not come from the cache. A publication may run on a thread of its own, so the codes
+    wait here until the run's writer thread calls :meth:`flush`, which writes them through
+    the run's one connection to the cache (a second connection to the same file in one
+    process is unsafe: opening it reads the file's header, and closing that read drops
+    every POSIX lock the process holds on the file, the first connection's included).
 
     Parameters
     ----------
     model
         The cache's model key (`cache_model`).
+    reuse
+        The run's cache.
     cached
-        Text hashes whose codes the run took from the cache (not kept again).
+        `array_key` of the arrays whose codes the run took from the cache (not kept again).
     """
 
-    def __init__(self, model: str, cached: set[str] | None = None) -> None:
-        self.model = model
+    def __init__(self, model: str, reuse: Reuse, cached: set[str] | None = None) -> None:
+        self.model, self.reuse = model, reuse
         self.cached = set(cached or ())
         self.kept = 0  # texts whose codes went to the cache in this run
+        self._lock = threading.Lock()
+        self._pending: list[tuple[tuple, list[tuple[str, int, float, bytes]]]] = []
 
     def __call__(self, index: PlaidIndex, ids: np.ndarray, hashes: dict[int, str],
                  vectors: Sequence[np.ndarray]) -> None:
         codec = index.codec
-        if codec is None:
+        if codec is None or not self.reuse.enabled:
             return
-        fp = codec.fingerprint
-        picked = [(hashes[int(i)], np.asarray(v, np.float32)) for i, v in zip(ids.tolist(), vectors)
-                  if hashes.get(int(i)) is not None and hashes[int(i)] not in self.cached and len(v)]
-        if not picked:
+        keys = {int(i): array_key(v) for i, v in zip(ids.tolist(), vectors) if len(v)}
+        with self._lock:
+            fresh = {int(i): np.asarray(v, np.float32) for i, v in zip(ids.tolist(), vectors)
+                     if int(i) in keys and keys[int(i)] not in self.cached}
+        if not fresh:
+            return
+        items = []
+        for doc_id, (codes, packed) in index.doc_codes(list(fresh)).items():
+            error = float(codec.error(fresh[doc_id], codes, packed).sum(dtype=np.float64))
+            items.append((keys[doc_id], len(codes), error, pack_codes(_Doc(codes, packed))))
+        head = (codec.fingerprint, codec.nbits, (codec.centroids, codec.cutoffs, codec.weights), index.build_error)
+        with self._lock:
+            self.cached.update(h for h, *_ in items)
+            self._pending.append((head, items))
+
+    def flush(self) -> None:
+        """Write what was gathered (on the run's writer thread); never fails the run."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        cache = self.reuse.cache
+        if cache is None:
             return
         try:
-            cache = UserCache.open()
-            if cache is None:
-                return
-            try:
-                cache.put_codec(self.model, fp, codec.nbits, (codec.centroids, codec.cutoffs, codec.weights),
-                                index.build_error)
-                items = []
-                by_id = dict(zip((h for h, _ in picked), range(len(picked))))
-                found = index.doc_codes([i for i in ids.tolist() if hashes.get(int(i)) in by_id])
-                for doc_id, (codes, packed) in found.items():
-                    h = hashes[doc_id]
-                    flat = picked[by_id[h]][1]
-                    error = float(codec.error(flat, codes, packed).sum(dtype=np.float64))
-                    items.append((h, len(codes), error, pack_codes(_Doc(codes, packed))))
+            for (fp, nbits, arrays, error), items in pending:
+                cache.put_codec(self.model, fp, nbits, arrays, error)
                 self.kept += cache.put_codes(self.model, fp, items)
-                self.cached.update(h for h, *_ in items)
-            finally:
-                cache.close()
         except _CACHE_ERRORS as exc:
-            log.warning("PLAID codes not kept in the vector cache (%s)", exc)
+            self.reuse._give_up(exc)
 
 
 class _Doc:
@@ -179,8 +197,8 @@ class _Doc:
 
 
 def book_for(codec: ResidualCodec | None, error: float, docs: dict[str, DocCodes], keep: CodeKeeper) -> CodeBook:
-    """A `CodeBook` holding ``docs`` under ``codec`` (None: the index trains its own), whose
-    index keeps what it computes through ``keep``."""
+    """A `CodeBook` holding ``docs`` (by the store's text hash) under ``codec`` (None: the
+    index trains its own), whose index keeps what it computes through ``keep``."""
     from codesearch.indexes.plaid.coded import CodeBook
 
     book = CodeBook(codec, error) if codec is not None else CodeBook()

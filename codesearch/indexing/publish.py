@@ -49,6 +49,7 @@ class Publisher:
         self.codes: RunCodes | None = None  # PLAID codes from the workers (codesearch.indexing.codes)
         # Otherwise: codes from the user's vector cache, and where the index's own go (cachedcodes)
         self.book: CodeBook | None = None
+        self.keepers: list = []  # CodeKeepers: what a publication's index computed goes to the cache
         self._done: tuple[int, list[str], dict[str, set[str]], float, list, BaseException | None] | None = None
 
     def add(self, kind: str, hashes: Iterable[str]) -> None:
@@ -119,6 +120,8 @@ class Publisher:
         record_generation(store, prev + 1, names)
         if self.codes is not None:  # the index holds them now
             self.codes.book.drop(encoded.get("colbert", ()))
+        for keeper in self.keepers:  # on the writer's thread: the run's one connection to the cache
+            keeper.flush()
         self.last = time.monotonic()
         self.cost = self.last - started
         self.run.report(

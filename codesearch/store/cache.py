@@ -132,15 +132,15 @@ _CODE_TABLES = """
         id INTEGER PRIMARY KEY,
         model TEXT NOT NULL,
         codec TEXT NOT NULL,            -- the fingerprint of the codec that made them
-        text_hash TEXT NOT NULL,        -- as in vectors
+        array_hash TEXT NOT NULL,       -- xxh3_128 hex of the float16 array they code
         n INTEGER NOT NULL,             -- tokens
         error REAL NOT NULL,            -- their summed reconstruction error
         data BLOB NOT NULL,             -- centroid ids, then packed residuals
         crc INTEGER NOT NULL,
         used INTEGER NOT NULL,
-        UNIQUE (model, codec, text_hash)
+        UNIQUE (model, codec, array_hash)
     );
-    CREATE INDEX IF NOT EXISTS codes_text ON codes(model, text_hash);
+    CREATE INDEX IF NOT EXISTS codes_array ON codes(model, array_hash);
     CREATE INDEX IF NOT EXISTS codes_used ON codes(used);
 """
 
@@ -461,12 +461,13 @@ class UserCache(SegmentArrays):
         return int(nbits), centroids, cutoffs, weights, float(error)
 
     def code_coverage(self, model: str, keys: Sequence[str]) -> dict[str, tuple[int, int]]:
-        """Codec fingerprint -> (texts, tokens) of ``keys`` whose codes are kept under it."""
+        """Codec fingerprint -> (arrays, tokens) of ``keys`` (hashes of float16 arrays, as
+        `put_codes` takes them) whose codes are kept under it."""
         out: dict[str, list[int]] = {}
         for part in chunked(list(dict.fromkeys(keys))):
             marks = ",".join("?" * len(part))
             for codec, texts, tokens in self._exec(
-                f"SELECT codec, count(*), sum(n) FROM codes WHERE model = ? AND text_hash IN ({marks}) GROUP BY codec",
+                f"SELECT codec, count(*), sum(n) FROM codes WHERE model = ? AND array_hash IN ({marks}) GROUP BY codec",
                 (model, *part),
             ).fetchall():
                 got = out.setdefault(codec, [0, 0])
@@ -484,8 +485,8 @@ class UserCache(SegmentArrays):
         for part in chunked(list(dict.fromkeys(keys))):
             marks = ",".join("?" * len(part))
             for cid, key, n, error, data, crc, used in self._exec(
-                "SELECT id, text_hash, n, error, data, crc, used FROM codes"
-                f" WHERE model = ? AND codec = ? AND text_hash IN ({marks})",
+                "SELECT id, array_hash, n, error, data, crc, used FROM codes"
+                f" WHERE model = ? AND codec = ? AND array_hash IN ({marks})",
                 (model, codec, *part),
             ).fetchall():
                 if not isinstance(data, bytes) or zlib.crc32(data) != crc:
@@ -499,8 +500,10 @@ class UserCache(SegmentArrays):
         return out
 
     def put_codes(self, model: str, codec: str, items: Iterable[tuple[str, int, float, bytes]]) -> int:
-        """Add ``(key, tokens, summed error, bytes)`` made under ``codec``; a key already
-        kept keeps its row (the same text's vectors under the same codec: the same codes).
+        """Add ``(key, tokens, summed error, bytes)`` made under ``codec``. The key is the
+        hash of the float16 array coded, not of a text: codes are a function of the array
+        and the codec alone, so they fit whatever text or index an array is found under. A
+        key already kept keeps its row (the same array under the same codec: the same codes).
         Returns how many rows were new."""
         now = _now()
         rows = [(model, codec, key, int(n), float(error), data, zlib.crc32(data), now) for key, n, error, data in items]
@@ -509,7 +512,7 @@ class UserCache(SegmentArrays):
         with self._locked(exclusive=False), self.transaction():
             before = self.conn.total_changes
             self._writemany(
-                "INSERT OR IGNORE INTO codes(model, codec, text_hash, n, error, data, crc, used)"
+                "INSERT OR IGNORE INTO codes(model, codec, array_hash, n, error, data, crc, used)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 rows,
             )
