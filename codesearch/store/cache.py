@@ -117,6 +117,8 @@ _MIGRATIONS = [
 #: simply never reads. A codec (centroids and residual buckets, keyed by its fingerprint and
 #: the model) and each text's codes under it: a new copy of a repository adopts the codec
 #: that coded its texts in another copy, and skips k-means and the assignment of every token.
+#: Three pages in all (a table without rowid, a table and its one index): with 64 KiB pages
+#: every table and index costs an empty cache 64 KiB.
 _CODE_TABLES = """
     CREATE TABLE IF NOT EXISTS codecs (
         model TEXT NOT NULL,            -- the encoder's identity, as in vectors
@@ -127,7 +129,7 @@ _CODE_TABLES = """
         crc INTEGER NOT NULL,
         used INTEGER NOT NULL,
         PRIMARY KEY (model, codec)
-    );
+    ) WITHOUT ROWID;
     CREATE TABLE IF NOT EXISTS codes (
         id INTEGER PRIMARY KEY,
         model TEXT NOT NULL,
@@ -138,10 +140,8 @@ _CODE_TABLES = """
         data BLOB NOT NULL,             -- centroid ids, then packed residuals
         crc INTEGER NOT NULL,
         used INTEGER NOT NULL,
-        UNIQUE (model, codec, array_hash)
+        UNIQUE (model, array_hash, codec)  -- (serves both lookups: by array, and by array and codec)
     );
-    CREATE INDEX IF NOT EXISTS codes_array ON codes(model, array_hash);
-    CREATE INDEX IF NOT EXISTS codes_used ON codes(used);
 """
 
 
@@ -623,13 +623,14 @@ class UserCache(SegmentArrays):
             f"SELECT 'vectors', id, {self.ARRAY_BYTES}, used FROM vectors"
             " UNION ALL SELECT 'chunks', key, length(data), used FROM chunks"
             " UNION ALL SELECT 'codes', id, length(data), used FROM codes"
-            " UNION ALL SELECT 'codecs', rowid, length(data), used FROM codecs ORDER BY 4, 1, 2"
+            " UNION ALL SELECT 'codecs', model || char(0) || codec, length(data), used FROM codecs ORDER BY 4, 1, 2"
         ).fetchall():
             if live <= target:
                 break
             doomed[table].append(rid)
             live -= size
-        for table, column in (("vectors", "id"), ("chunks", "key"), ("codes", "id"), ("codecs", "rowid")):
+        for table, column in (("vectors", "id"), ("chunks", "key"), ("codes", "id"),
+                              ("codecs", "model || char(0) || codec")):
             for part in chunked(doomed[table]):
                 self._exec(f"DELETE FROM {table} WHERE {column} IN ({','.join('?' * len(part))})", part)
         # Codes whose codec went are of no use (a new index adopts a codec, then its codes).
