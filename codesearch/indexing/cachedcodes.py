@@ -150,6 +150,7 @@ class CodeKeeper:
     def __init__(self, model: str, reuse: Reuse, cached: set[str] | None = None) -> None:
         self.model, self.reuse = model, reuse
         self.cached = set(cached or ())
+        self.taken: set[str] = set()  # the store's text hashes of those codes
         self.kept = 0  # texts whose codes went to the cache in this run
         self._lock = threading.Lock()
         self._pending: list[tuple[tuple, list[tuple[str, int, float, bytes]]]] = []
@@ -159,7 +160,9 @@ class CodeKeeper:
         codec = index.codec
         if codec is None or not self.reuse.enabled:
             return
-        keys = {int(i): array_key(v) for i, v in zip(ids.tolist(), vectors) if len(v)}
+        # (texts whose codes came from the cache are not hashed again: a second copy's whole index)
+        keys = {int(i): array_key(v) for i, v in zip(ids.tolist(), vectors)
+                if len(v) and hashes.get(int(i)) not in self.taken}
         with self._lock:
             fresh = {int(i): np.asarray(v, np.float32) for i, v in zip(ids.tolist(), vectors)
                      if int(i) in keys and keys[int(i)] not in self.cached}

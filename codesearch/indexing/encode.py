@@ -213,6 +213,7 @@ def _cached_codes(run: Run, enc: Encoder, reuse: Reuse, items: list[_Item], arra
     codec, error, docs = found
     keeper.cached.update(docs)
     by_text = {h: docs[key] for h, (key, _) in arrays.items() if key in docs}
+    keeper.taken.update(by_text)
     run.codes_reused = len(by_text)
     return book_for(codec, error, by_text, keeper)
 
