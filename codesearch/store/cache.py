@@ -12,7 +12,10 @@ header, so a different chunker or budget never reuses a vector made for other te
 compute dtype does not: a GPU's bf16 vector of a text serves a CPU's run, as it does inside
 one index.) It also keeps each file's chunks (line ranges and labels, not the text), keyed by
 the file's content, name, language and every chunking parameter, so a new copy skips
-tree-sitter and the tokenizer for the files another copy chunked (`codesearch.indexing.reuse`).
+tree-sitter and the tokenizer for the files another copy chunked (`codesearch.indexing.reuse`),
+and the PLAID codec and codes of the multi-vectors an index compressed, keyed by the hash
+of each float16 array, so a new copy's index skips k-means and the assignment of every
+token (`codesearch.indexing.cachedcodes`).
 
 It is the index store's format, reused: a SQLite ``vectors`` table (WAL) whose multi-vector
 arrays go to append-only segment files (`codesearch.store.segments`), flushed before the
