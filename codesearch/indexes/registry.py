@@ -122,10 +122,12 @@ def _expected_len(name: str, store: Store) -> int:
 
 
 def _add_from_store(
-    name: str, index: Index, store: Store, ids: Sequence[int] | None, codes: CodeBook | None = None
+    name: str, index: Index, store: Store, ids: Sequence[int] | None, codes: CodeBook | None = None,
+    *, use_codes: bool = True,
 ) -> None:
     """Add ``ids`` (or everything, when None) to ``index`` from the store, no encoding; with
-    ``codes``, a PLAID index takes the codes the run's workers made for them."""
+    ``codes``, a PLAID index takes the codes the run's workers made for them (unless not
+    ``use_codes``), and hands what it holds then to ``codes.keep``, when set."""
     spec = DERIVED[name]
     if spec.kind is None:
         if ids is None:
@@ -147,21 +149,24 @@ def _add_from_store(
             all_vecs += arrays
         if all_vecs:
             found = np.concatenate(all_ids)
-            if codes is not None and codes.codec is not None:
-                hashes = store.hashes_of_chunks(found.tolist())
+            keep = getattr(codes, "keep", None)
+            hashes = store.hashes_of_chunks(found.tolist()) if codes is not None else {}
+            if use_codes and codes is not None and codes.codec is not None:
                 coded = codes.coded([hashes.get(int(i)) for i in found])
                 index.add(found, all_vecs, coded=coded)
             else:
                 index.add(found, all_vecs)
+            if keep is not None:
+                keep(index, found, hashes, all_vecs)
         return
     for found, arrays in batches:
         if len(found):
             index.add(found, np.concatenate(arrays, axis=0))
 
 
-def _rebuild_index(name: str, store: Store, codes: CodeBook | None = None) -> Index:
+def _rebuild_index(name: str, store: Store, codes: CodeBook | None = None, *, use_codes: bool = True) -> Index:
     index = _empty_index(name, store)
-    _add_from_store(name, index, store, None, codes)
+    _add_from_store(name, index, store, None, codes, use_codes=use_codes)
     return index
 
 
@@ -253,7 +258,7 @@ def sync_derived(
                 index = None
         if index is None:
             # A stale codec is retrained here, on everything: not taken from the run's codes.
-            index = _rebuild_index(name, store, None if stale else codes)
+            index = _rebuild_index(name, store, codes, use_codes=not stale)
         _save_index(index, path)
         if record:
             store.set_meta(f"gen.{name}", gen)

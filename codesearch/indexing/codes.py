@@ -129,14 +129,20 @@ class RunCodes:
             self.book.ready.set()
 
 
-def plan_codes(idir: Path, enc: Encoder, items: list) -> tuple[RunCodes | None, list]:
+def plan_codes(idir: Path, enc: Encoder, items: list, known: CodeBook | None = None) -> tuple[RunCodes | None, list]:
     """The run's codes for the stream ``items`` of ``enc`` (``(priority, kind, hash, text)``),
-    and the stream in the order to encode it: the sample first."""
+    and the stream in the order to encode it: the sample first. ``known``: the codec the run
+    has already (the stored index's, or one adopted from the user's vector cache), with any
+    codes it holds."""
     if not _codes_capable(enc):
         return None, items
     from codesearch.indexes.plaid import PlaidIndex
     from codesearch.indexes.plaid.coded import CodeBook
     from codesearch.indexes.plaid.files import read_codec
+
+    if known is not None and known.codec is not None:
+        enc.set_codec(known.codec)  # type: ignore[attr-defined]
+        return RunCodes(enc, known), items
 
     stored = read_codec(idir / "plaid")
     if stored is not None:  # an index that is PLAID already: its codec, for the delta

@@ -10,6 +10,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,11 +20,14 @@ from codesearch.indexing.commit import Commits
 from codesearch.indexing.encoders import EMBEDDED_KEY, VECTORS_PENDING_KEY
 from codesearch.indexing.options import Run
 from codesearch.indexing.publish import Publisher
-from codesearch.indexing.reuse import Reuse, cache_model
+from codesearch.indexing.reuse import _CACHE_ERRORS, Reuse, cache_model
 from codesearch.pathnames import text_name
 from codesearch.store import VECTOR_KINDS
 from codesearch.store.files import decode_source, hash_bytes, read_inside
 from codesearch.types import path_kind
+
+if TYPE_CHECKING:  # pragma: no cover
+    from codesearch.indexes.plaid.coded import CodeBook
 
 __all__ = ["ENCODE_BATCH", "ENCODE_BATCH_CHARS", "encode_missing"]
 
@@ -118,11 +122,18 @@ def encode_missing(run: Run) -> None:
     try:
         # What the user's vector cache holds (another worktree, branch or clone made it) is
         # copied into this index, which stays whole without the cache; the rest is encoded.
-        streams = [(enc, _take_cached(run, enc, items, reuse, commits, publisher)) for enc, items in streams]
+        arrays: dict[str, tuple[str, int]] = {}  # colbert text hash -> (array_key, tokens) taken from the cache
+        streams = [(enc, _take_cached(run, enc, items, reuse, commits, publisher, arrays)) for enc, items in streams]
         planned = []
         for enc, items in streams:  # PLAID codes on the workers, for a large first index
-            codes, items = plan_codes(run.opts.idir, enc, items)
+            book = _cached_codes(run, enc, reuse, items, arrays) if enc.multivector else None
+            codes, items = plan_codes(run.opts.idir, enc, items, book)
+            if codes is not None and book is not None:  # the index's own codes go to the cache too
+                codes.book.keep = book.keep
             publisher.codes = publisher.codes or codes
+            publisher.book = publisher.book or book
+            if book is not None:
+                publisher.keepers.append(book.keep)
             planned.append((enc, items))
         total = sum(len(items) for _, items in planned)
         _encode_streams(run, planned, roles, total, commits, publisher, reuse)
@@ -136,6 +147,8 @@ def encode_missing(run: Run) -> None:
             publisher.finish()
         raise
     finally:
+        for keeper in publisher.keepers:  # codes of the last publication (and of a failed run's)
+            keeper.flush()
         reuse.close()
 
 
@@ -144,10 +157,12 @@ _REUSE_BATCH = 512
 
 
 def _take_cached(
-    run: Run, enc: Encoder, items: list[_Item], reuse: Reuse, commits: Commits, publisher: Publisher
+    run: Run, enc: Encoder, items: list[_Item], reuse: Reuse, commits: Commits, publisher: Publisher,
+    arrays: dict[str, tuple[str, int]] | None = None,
 ) -> list[_Item]:
     """Write into the store the vectors of ``items`` that the user's cache holds; returns the
-    items left to encode, in their order."""
+    items left to encode, in their order. ``arrays`` gets each ColBERT array's `array_key`
+    and tokens, by text hash (the key of its cached PLAID codes)."""
     if not reuse.enabled or not items:
         return items
     taken: set[int] = set()
@@ -160,12 +175,47 @@ def _take_cached(
             if not found:
                 continue
             rows = [(items[part[j]][2], *v) for j, v in sorted(found.items())]
+            if arrays is not None and kind == "colbert":
+                arrays.update((h, (hash_bytes(blob), n)) for h, n, _, blob in rows)
             with commits.batch():
                 run.store.put_encoded(enc.identity, kind, rows)
                 run.texts_reused += len(rows)
             publisher.add(kind, (r[0] for r in rows))
             taken.update(part[j] for j in found)
     return [it for i, it in enumerate(items) if i not in taken]
+
+
+def _cached_codes(run: Run, enc: Encoder, reuse: Reuse, items: list[_Item], arrays: dict[str, tuple[str, int]]
+                  ) -> CodeBook | None:
+    """The PLAID codes of the user's cache for the multi-vector index (`cachedcodes`): a
+    `CodeBook` with the codec to use and the cached codes under it (no codec: the index
+    trains its own), which keeps in the cache what the index computes; None without a cache.
+    ``arrays``: text hash -> (`array_key`, tokens) of the arrays taken from the cache;
+    ``items``: the texts left to encode."""
+    if not reuse.enabled:
+        return None
+    from codesearch.indexes.plaid import PlaidIndex
+    from codesearch.indexes.plaid.files import read_codec
+    from codesearch.indexing.cachedcodes import CodeKeeper, adopt_codes, book_for
+
+    keeper = CodeKeeper(cache_model(enc), reuse)
+    stored = read_codec(run.opts.idir / "plaid")
+    try:
+        total = sum(run.store.chunk_token_counts(enc.identity, "colbert").values())
+        total += sum(min(len(t) // 4 + 1, int(enc.max_length)) for _, kind, _, t in items if kind == "colbert")
+        found = adopt_codes(reuse.cache, keeper.model, dict(arrays.values()), total, codec=stored,
+                            nbits=PlaidIndex().nbits, dim=enc.dim)
+    except _CACHE_ERRORS as exc:
+        reuse._give_up(exc)
+        found = None
+    if found is None:
+        return book_for(*(stored or (None, 0.0)), {}, keeper)
+    codec, error, docs = found
+    keeper.cached.update(docs)
+    by_text = {h: docs[key] for h, (key, _) in arrays.items() if key in docs}
+    keeper.taken.update(by_text)
+    run.codes_reused = len(by_text)
+    return book_for(codec, error, by_text, keeper)
 
 
 def _encode_streams(

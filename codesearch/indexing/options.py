@@ -104,4 +104,5 @@ class Run:
     texts_encoded: int = 0
     tokens_encoded: int = 0
     texts_reused: int = 0  # vectors copied from the user's vector cache instead of encoded
+    codes_reused: int = 0  # texts whose PLAID codes came from the user's vector cache
     files_chunks_reused: int = 0  # files whose chunks came from the user's cache

@@ -8,12 +8,16 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from codesearch.indexes.registry import Delta, record_generation, sync_derived
 from codesearch.indexing.codes import RunCodes
 from codesearch.indexing.commit import Commits
 from codesearch.indexing.options import Run
 from codesearch.store import Store
+
+if TYPE_CHECKING:  # pragma: no cover
+    from codesearch.indexes.plaid.coded import CodeBook
 
 __all__ = ["PUBLISH_EVERY_S", "Publisher"]
 
@@ -43,6 +47,9 @@ class Publisher:
         self.last, self.cost = time.monotonic(), 0.0  # when the last one ended, what it took
         self._thread: threading.Thread | None = None
         self.codes: RunCodes | None = None  # PLAID codes from the workers (codesearch.indexing.codes)
+        # Otherwise: codes from the user's vector cache, and where the index's own go (cachedcodes)
+        self.book: CodeBook | None = None
+        self.keepers: list = []  # CodeKeepers: what a publication's index computed goes to the cache
         self._done: tuple[int, list[str], dict[str, set[str]], float, list, BaseException | None] | None = None
 
     def add(self, kind: str, hashes: Iterable[str]) -> None:
@@ -59,7 +66,9 @@ class Publisher:
         encoded, self.pending = dict(self.pending), defaultdict(set)
         prev, started = self.run.store.generation, time.monotonic()
         delta = Delta([], [], [], [], encoded)
-        book = self.codes.book if self.codes is not None and self.codes.book.codec is not None else None
+        book = self.codes.book if self.codes is not None else self.book
+        if book is not None and book.codec is None and book.keep is None:
+            book = None
         if not (self.background if background is None else background):
             names = sync_derived(self.run.opts.idir, self.run.store, prev, delta, self.run.report, gen=prev + 1,
                                  codes=book)
@@ -111,6 +120,8 @@ class Publisher:
         record_generation(store, prev + 1, names)
         if self.codes is not None:  # the index holds them now
             self.codes.book.drop(encoded.get("colbert", ()))
+        for keeper in self.keepers:  # on the writer's thread: the run's one connection to the cache
+            keeper.flush()
         self.last = time.monotonic()
         self.cost = self.last - started
         self.run.report(

@@ -12,7 +12,10 @@ header, so a different chunker or budget never reuses a vector made for other te
 compute dtype does not: a GPU's bf16 vector of a text serves a CPU's run, as it does inside
 one index.) It also keeps each file's chunks (line ranges and labels, not the text), keyed by
 the file's content, name, language and every chunking parameter, so a new copy skips
-tree-sitter and the tokenizer for the files another copy chunked (`codesearch.indexing.reuse`).
+tree-sitter and the tokenizer for the files another copy chunked (`codesearch.indexing.reuse`),
+and the PLAID codec and codes of the multi-vectors an index compressed, keyed by the hash
+of each float16 array, so a new copy's index skips k-means and the assignment of every
+token (`codesearch.indexing.cachedcodes`).
 
 It is the index store's format, reused: a SQLite ``vectors`` table (WAL) whose multi-vector
 arrays go to append-only segment files (`codesearch.store.segments`), flushed before the
@@ -111,6 +114,39 @@ _MIGRATIONS = [
     """,
 ]
 
+#: PLAID codes of cached multi-vectors (issue 27), as tables every open adds when missing,
+#: without a schema version of their own: a build that knows only the numbered migrations
+#: refuses a cache of a newer version whole (and encodes everything), while these tables it
+#: simply never reads. A codec (centroids and residual buckets, keyed by its fingerprint and
+#: the model) and each text's codes under it: a new copy of a repository adopts the codec
+#: that coded its texts in another copy, and skips k-means and the assignment of every token.
+#: Three pages in all (a table without rowid, a table and its one index): with 64 KiB pages
+#: every table and index costs an empty cache 64 KiB.
+_CODE_TABLES = """
+    CREATE TABLE IF NOT EXISTS codecs (
+        model TEXT NOT NULL,            -- the encoder's identity, as in vectors
+        codec TEXT NOT NULL,            -- ResidualCodec.fingerprint
+        nbits INTEGER NOT NULL, dim INTEGER NOT NULL, centroids INTEGER NOT NULL,
+        error REAL NOT NULL,            -- its build error (held-out reconstruction error)
+        data BLOB NOT NULL,             -- float32 centroids, cutoffs, weights
+        crc INTEGER NOT NULL,
+        used INTEGER NOT NULL,
+        PRIMARY KEY (model, codec)
+    ) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS codes (
+        id INTEGER PRIMARY KEY,
+        model TEXT NOT NULL,
+        codec TEXT NOT NULL,            -- the fingerprint of the codec that made them
+        array_hash TEXT NOT NULL,       -- xxh3_128 hex of the float16 array they code
+        n INTEGER NOT NULL,             -- tokens
+        error REAL NOT NULL,            -- their summed reconstruction error
+        data BLOB NOT NULL,             -- centroid ids, then packed residuals
+        crc INTEGER NOT NULL,
+        used INTEGER NOT NULL,
+        UNIQUE (model, array_hash, codec)  -- (serves both lookups: by array, and by array and codec)
+    );
+"""
+
 
 def parse_size(value: str) -> int:
     """``'4G'``, ``'500M'``, ``'2GiB'``, ``'1000000'`` -> bytes (``'0'``: 0).
@@ -171,6 +207,7 @@ class CacheStatus:
     disk_bytes: int = 0  # the folder on disk (segments, database, its WAL)
     entries: dict[str, dict[str, int]] = field(default_factory=dict)  # model -> kind -> rows
     chunked_files: int = 0  # files whose chunks are cached
+    coded_texts: int = 0  # texts whose PLAID codes are kept (under any codec)
     oldest_use: int | None = None  # unix time
     newest_use: int | None = None
 
@@ -245,6 +282,8 @@ class UserCache(SegmentArrays):
                 f"codesearch understands ({len(self.MIGRATIONS)}); upgrade codesearch or set CODESEARCH_CACHE_DIR"
             )
         super()._migrate()
+        if not self._exec("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'codes'").fetchone():
+            self.conn.executescript(f"BEGIN IMMEDIATE;\n{_CODE_TABLES}\nCOMMIT;")
 
     def close(self) -> None:
         if self._lock_fd is not None:
@@ -384,6 +423,107 @@ class UserCache(SegmentArrays):
             self.prune()
         return added
 
+    # -- PLAID codes -----------------------------------------------------------------------
+
+    def put_codec(self, model: str, codec: str, nbits: int, arrays: Sequence[np.ndarray], error: float) -> bool:
+        """Keep a codec (``arrays``: centroids, cutoffs, weights) under its fingerprint
+        ``codec``, with its build error; a codec already kept keeps its row. Returns whether
+        it was new."""
+        centroids = np.ascontiguousarray(arrays[0], np.float32)
+        data = b"".join(np.ascontiguousarray(a, np.float32).tobytes() for a in arrays)
+        with self._locked(exclusive=False), self.transaction():
+            before = self.conn.total_changes
+            self._exec(
+                "INSERT OR IGNORE INTO codecs(model, codec, nbits, dim, centroids, error, data, crc, used)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (model, codec, int(nbits), int(centroids.shape[1]), int(centroids.shape[0]), float(error), data,
+                 zlib.crc32(data), _now()),
+            )
+            return self.conn.total_changes > before
+
+    def get_codec(self, model: str, codec: str) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, float] | None:
+        """``(nbits, centroids, cutoffs, weights, build error)`` of a kept codec (its use is
+        recorded), or None; one whose bytes fail their CRC or their shape is a miss, and goes."""
+        row = self._exec(
+            "SELECT nbits, dim, centroids, error, data, crc, used FROM codecs WHERE model = ? AND codec = ?",
+            (model, codec),
+        ).fetchone()
+        if row is None:
+            return None
+        nbits, dim, k, error, data, crc, used = row
+        n_buckets = 1 << int(nbits) if nbits in (2, 4) else 0
+        if (not isinstance(data, bytes) or zlib.crc32(data) != crc or not n_buckets
+                or len(data) != 4 * (k * dim + 2 * n_buckets - 1)):
+            self._rows_update("DELETE FROM codecs WHERE model = ? AND codec IN ({})", [codec], (model,))
+            return None
+        flat = np.frombuffer(data, np.float32)
+        centroids = flat[: k * dim].reshape(k, dim)
+        cutoffs, weights = flat[k * dim : k * dim + n_buckets - 1], flat[k * dim + n_buckets - 1 :]
+        if used < _now() - TOUCH_S:
+            self._rows_update("UPDATE codecs SET used = ? WHERE model = ? AND codec IN ({})", [codec], (_now(), model))
+        return int(nbits), centroids, cutoffs, weights, float(error)
+
+    def code_coverage(self, model: str, keys: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """Codec fingerprint -> (arrays, tokens) of ``keys`` (hashes of float16 arrays, as
+        `put_codes` takes them) whose codes are kept under it."""
+        out: dict[str, list[int]] = {}
+        for part in chunked(list(dict.fromkeys(keys))):
+            marks = ",".join("?" * len(part))
+            for codec, texts, tokens in self._exec(
+                f"SELECT codec, count(*), sum(n) FROM codes WHERE model = ? AND array_hash IN ({marks}) GROUP BY codec",
+                (model, *part),
+            ).fetchall():
+                got = out.setdefault(codec, [0, 0])
+                got[0] += texts
+                got[1] += tokens
+        return {codec: (texts, tokens) for codec, (texts, tokens) in out.items()}
+
+    def get_codes(self, model: str, codec: str, keys: Sequence[str]) -> dict[str, tuple[int, float, bytes]]:
+        """Key -> ``(tokens, summed error, bytes)`` kept under ``codec`` (their use is
+        recorded); an entry whose bytes fail their CRC is a miss, and goes."""
+        out: dict[str, tuple[int, float, bytes]] = {}
+        stale: list[int] = []
+        damaged: list[int] = []
+        now = _now()
+        for part in chunked(list(dict.fromkeys(keys))):
+            marks = ",".join("?" * len(part))
+            for cid, key, n, error, data, crc, used in self._exec(
+                "SELECT id, array_hash, n, error, data, crc, used FROM codes"
+                f" WHERE model = ? AND codec = ? AND array_hash IN ({marks})",
+                (model, codec, *part),
+            ).fetchall():
+                if not isinstance(data, bytes) or zlib.crc32(data) != crc:
+                    damaged.append(cid)
+                    continue
+                out[key] = (int(n), float(error), data)
+                if used < now - TOUCH_S:
+                    stale.append(cid)
+        self._rows_update("UPDATE codes SET used = ? WHERE id IN ({})", stale, (now,))
+        self._rows_update("DELETE FROM codes WHERE id IN ({})", damaged)
+        return out
+
+    def put_codes(self, model: str, codec: str, items: Iterable[tuple[str, int, float, bytes]]) -> int:
+        """Add ``(key, tokens, summed error, bytes)`` made under ``codec``. The key is the
+        hash of the float16 array coded, not of a text: codes are a function of the array
+        and the codec alone, so they fit whatever text or index an array is found under. A
+        key already kept keeps its row (the same array under the same codec: the same codes).
+        Returns how many rows were new."""
+        now = _now()
+        rows = [(model, codec, key, int(n), float(error), data, zlib.crc32(data), now) for key, n, error, data in items]
+        if not rows:
+            return 0
+        with self._locked(exclusive=False), self.transaction():
+            before = self.conn.total_changes
+            self._writemany(
+                "INSERT OR IGNORE INTO codes(model, codec, array_hash, n, error, data, crc, used)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+            added = self.conn.total_changes - before
+        if added and self.disk_bytes() > self.limit:
+            self.prune()
+        return added
+
     def count(self, model: str | None = None) -> int:
         """Rows cached (of ``model``, when given)."""
         if model is None:
@@ -414,7 +554,12 @@ class UserCache(SegmentArrays):
         return arrays + self._chunk_bytes()
 
     def _chunk_bytes(self) -> int:
-        return self._exec("SELECT coalesce(sum(length(data)), 0) FROM chunks").fetchone()[0]
+        """Bytes kept in the database's own rows besides vectors: chunk records, PLAID codes
+        and codecs."""
+        return self._exec(
+            "SELECT (SELECT coalesce(sum(length(data)), 0) FROM chunks) + (SELECT coalesce(sum(length(data)), 0)"
+            " FROM codes) + (SELECT coalesce(sum(length(data)), 0) FROM codecs)"
+        ).fetchone()[0]
 
     def prune(self, limit: int | None = None, *, everything: bool = False) -> tuple[int, int]:
         """Evict the least recently used rows until the cache holds under ``limit`` bytes
@@ -426,7 +571,8 @@ class UserCache(SegmentArrays):
             self._checkpoint()
             with self.transaction():
                 if everything:
-                    evicted = self._exec("DELETE FROM vectors").rowcount + self._exec("DELETE FROM chunks").rowcount
+                    evicted = sum(self._exec(f"DELETE FROM {table}").rowcount
+                                  for table in ("vectors", "chunks", "codes", "codecs"))
                 elif self.disk_bytes() > limit:
                     # Segments end at most 1 / _EVICT_TO of their live bytes (compaction below),
                     # beside the database itself: the live bytes that fit the cap with both. The
@@ -475,19 +621,27 @@ class UserCache(SegmentArrays):
         """Delete rows (vectors and chunk records alike) oldest use first until the live
         bytes are at most ``target``."""
         live = self.live_bytes()
-        doomed: dict[str, list] = {"vectors": [], "chunks": []}
+        doomed: dict[str, list] = {"vectors": [], "chunks": [], "codes": [], "codecs": []}
         for table, rid, size, _ in self._exec(
             f"SELECT 'vectors', id, {self.ARRAY_BYTES}, used FROM vectors"
-            " UNION ALL SELECT 'chunks', key, length(data), used FROM chunks ORDER BY 4, 1, 2"
+            " UNION ALL SELECT 'chunks', key, length(data), used FROM chunks"
+            " UNION ALL SELECT 'codes', id, length(data), used FROM codes"
+            " UNION ALL SELECT 'codecs', model || char(0) || codec, length(data), used FROM codecs ORDER BY 4, 1, 2"
         ).fetchall():
             if live <= target:
                 break
             doomed[table].append(rid)
             live -= size
-        for table, column in (("vectors", "id"), ("chunks", "key")):
+        for table, column in (("vectors", "id"), ("chunks", "key"), ("codes", "id"),
+                              ("codecs", "model || char(0) || codec")):
             for part in chunked(doomed[table]):
                 self._exec(f"DELETE FROM {table} WHERE {column} IN ({','.join('?' * len(part))})", part)
-        return sum(len(rows) for rows in doomed.values())
+        # Codes whose codec went are of no use (a new index adopts a codec, then its codes).
+        orphans = self._exec(
+            "DELETE FROM codes WHERE NOT EXISTS"
+            " (SELECT 1 FROM codecs WHERE codecs.model = codes.model AND codecs.codec = codes.codec)"
+        ).rowcount
+        return sum(len(rows) for rows in doomed.values()) + max(0, orphans)
 
     def repair(self) -> int:
         """Drop rows whose arrays are damaged and reclaim dead segment space; returns how many
@@ -502,12 +656,14 @@ class UserCache(SegmentArrays):
         for model, kind, n in self._exec("SELECT model, kind, count(*) FROM vectors GROUP BY model, kind"):
             entries.setdefault(model, {})[kind] = n
         oldest, newest = self._exec(
-            "SELECT min(u), max(u) FROM (SELECT used AS u FROM vectors UNION ALL SELECT used FROM chunks)"
+            "SELECT min(u), max(u) FROM (SELECT used AS u FROM vectors UNION ALL SELECT used FROM chunks"
+            " UNION ALL SELECT used FROM codes)"
         ).fetchone()
         return CacheStatus(
             path=str(self.folder), enabled=True, limit_bytes=self.limit, live_bytes=self.live_bytes(),
             disk_bytes=self.disk_bytes(), entries=entries, oldest_use=oldest, newest_use=newest,
             chunked_files=self._exec("SELECT count(*) FROM chunks").fetchone()[0],
+            coded_texts=self._exec("SELECT count(*) FROM codes").fetchone()[0],
         )
 
 

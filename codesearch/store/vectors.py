@@ -232,6 +232,15 @@ class VectorCache(SegmentArrays):
         rows = self._exec("SELECT text_hash FROM vectors WHERE model = ? AND kind = ?", (model, kind))
         return {r[0] for r in rows}
 
+    def chunk_token_counts(self, model: str, kind: str) -> dict[str, int]:
+        """Text hash -> rows of its cached array (a ColBERT text's tokens), for the texts of
+        live chunks that have a vector of this model and kind."""
+        rows = self._exec(
+            "SELECT text_hash, n FROM vectors WHERE model = ? AND kind = ?"
+            " AND text_hash IN (SELECT text_hash FROM chunks)", (model, kind),
+        )
+        return dict(rows.fetchall())
+
     def put_vectors(self, model: str, kind: str, items: Iterable[tuple[str, np.ndarray]]) -> int:
         """Cache vectors (float16 on disk); returns how many were written.
 

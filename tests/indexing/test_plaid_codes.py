@@ -56,3 +56,19 @@ def test_a_large_first_index_samples_first_and_a_small_one_does_not(tmp_path, mo
         sample = {it[2] for it in items[: len(run._sample)]}
         assert sample == run._sample and len(sample) == -(-96 * 2**14 // 100)
         assert sorted(items) == sorted(_items(n)) and not run.ready
+
+
+def test_a_codec_adopted_from_the_cache_goes_to_the_workers_with_its_codes(tmp_path):
+    """A first index whose texts another copy coded (`cachedcodes`): no sample, no k-means;
+    the workers get the cached codec, and the book already holds the cached codes."""
+    from codesearch.indexes.plaid.coded import CodeBook
+
+    rng = np.random.default_rng(0)
+    docs = [rng.standard_normal((20, 16)).astype(np.float32) for _ in range(30)]
+    index = PlaidIndex(16, mode="plaid", n_centroids=8)
+    index.add(np.arange(30), [d / np.linalg.norm(d, axis=1, keepdims=True) for d in docs])
+    known = CodeBook(index.codec, index.build_error)
+    enc = Workers()
+    run, items = codes.plan_codes(tmp_path, enc, _items(40_000), known)
+    assert run is not None and run.book is known and run.ready and items == _items(40_000)
+    assert [c.fingerprint for c in enc.codecs] == [index.codec.fingerprint]

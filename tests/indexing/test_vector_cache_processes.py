@@ -21,11 +21,16 @@ import pytest
 from fixtures.pipeline_helpers import CountingEncoder, check_consistent, make_repo, module_source
 
 from codesearch.encoder.base import Encoders
+from codesearch.indexes.plaid import PlaidIndex
+from codesearch.indexing import cachedcodes
 from codesearch.indexing import run as pipeline
 from codesearch.indexing.run import build_index
 from codesearch.store import Store
 from codesearch.store.cache import UserCache
 from codesearch.types import STORE_FILE
+
+#: Tokens from which the children's (and the checks') multi-vector indexes are PLAID.
+PLAID_AT = 200
 
 CHILD = textwrap.dedent(
     """
@@ -35,6 +40,9 @@ CHILD = textwrap.dedent(
     from codesearch.indexing.run import build_index
 
     repo, dense_dir, colbert_dir = sys.argv[1:4]
+    from codesearch.indexes.plaid import PlaidIndex
+    # PLAID from a few hundred tokens: every run trains or adopts a codec and keeps its codes
+    PlaidIndex.__init__.__kwdefaults__.update(exact_threshold=PLAID_AT, max_centroids=16)
     encode.ENCODE_BATCH = 3  # many small batches, so many cache writes interleave
     commit.COMMIT_GROUP_S = 0.0
     import codesearch.encoder as E
@@ -48,7 +56,13 @@ CHILD = textwrap.dedent(
     build_index(repo, encoders=encoders, progress=progress)
     print("DONE", flush=True)
     """
-)
+).replace("PLAID_AT", str(PLAID_AT))
+
+
+@pytest.fixture(autouse=True)
+def plaid_at_once(monkeypatch):
+    monkeypatch.setitem(PlaidIndex.__init__.__kwdefaults__, "exact_threshold", PLAID_AT)
+    monkeypatch.setitem(PlaidIndex.__init__.__kwdefaults__, "max_centroids", 16)
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +97,39 @@ def _cache_is_sound() -> None:
     with UserCache.open() as cache:
         assert cache.conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         assert cache.drop_damaged_vectors() == 0
+        _codes_are_exact(cache)
+
+
+def _codes_are_exact(cache: UserCache) -> int:
+    """Every kept text's codes equal its cached vectors compressed by its codec now."""
+    checked = 0
+    for model, fingerprint in cache.conn.execute("SELECT model, codec FROM codecs").fetchall():
+        codec = cachedcodes._codec_of(cache.get_codec(model, fingerprint))[0]
+        assert codec.fingerprint == fingerprint
+        vectors = {cachedcodes.array_key(v): v for v in cache.get_vectors(model, "colbert", [
+            r[0] for r in cache.conn.execute("SELECT text_hash FROM vectors WHERE kind = 'colbert'")]).values()}
+        keys = [r[0] for r in cache.conn.execute(
+            "SELECT array_hash FROM codes WHERE model = ? AND codec = ?", (model, fingerprint))]
+        assert set(keys) <= set(vectors)
+        for h, (n, error, data) in cache.get_codes(model, fingerprint, keys).items():
+            doc = cachedcodes.unpack_codes(codec, n, error, data)
+            codes, packed = codec.compress(vectors[h])
+            assert doc is not None
+            assert doc.codes.tobytes() == codes.tobytes() and doc.packed.tobytes() == packed.tobytes()
+            checked += 1
+    return checked
+
+
+def _plaid_is_exact(index_dir) -> None:
+    """The index's codes are its stored vectors compressed by its codec (whatever their source)."""
+    index = PlaidIndex.load(index_dir / "plaid")
+    assert index.kind == "plaid"
+    with Store(index_dir / STORE_FILE) as s:
+        ids, arrays = s.vectors_for(index.ids().tolist(), "colbert")
+    held = index.doc_codes(ids.tolist())
+    for i, a in zip(ids.tolist(), arrays):
+        codes, packed = index.codec.compress(np.asarray(a, np.float32))
+        assert held[i][0].tobytes() == codes.tobytes() and held[i][1].tobytes() == packed.tobytes()
 
 
 @pytest.mark.slow
@@ -113,6 +160,9 @@ def test_four_processes_indexing_four_copies_at_once_lose_nothing(tmp_path, enco
     assert counting.dense.texts == [] and counting.multi.texts == []  # every vector was kept
     assert summary.texts_reused > 0 and summary.chunks_encoded == 0
     check_consistent(pipeline.default_index_dir(union))
+    _plaid_is_exact(pipeline.default_index_dir(union))
+    with UserCache.open() as cache:
+        assert _codes_are_exact(cache) > 0  # the four kept their codes, and none is damaged
     for kind in ("colbert", "dense", "file"):
         got = _vectors(pipeline.default_index_dir(union), kind)
         for copy in copies:
@@ -159,3 +209,4 @@ def test_a_kill_at_any_moment_leaves_a_cache_the_next_run_uses(point, tmp_path, 
     summary = build_index(copy, encoders=counting)
     assert counting.dense.texts == [] and counting.multi.texts == [] and summary.chunks_encoded == 0
     check_consistent(pipeline.default_index_dir(copy))
+    _plaid_is_exact(pipeline.default_index_dir(copy))

@@ -195,3 +195,53 @@ def test_a_cache_of_dense_vectors_past_its_cap_keeps_the_recent_ones(tmp_path):
         assert min(counts[1:]) >= 200, counts  # never emptied: at least the batch just written
         newest = [f"b11-{i}" for i in range(200)]
         assert len(cache.get_vectors("m@1", "dense", newest)) == 200
+
+
+def _codec_arrays(k: int = 4, dim: int = 8):
+    rng = np.random.default_rng(k)
+    return rng.standard_normal((k, dim)).astype(np.float32), np.linspace(-1, 1, 15, dtype=np.float32), \
+        np.linspace(-1, 1, 16, dtype=np.float32)
+
+
+def test_codes_and_codecs_round_trip_and_damage_is_a_miss(tmp_path):
+    with UserCache.open(tmp_path / "c") as cache:
+        assert cache.put_codec("m@1", "4:fp", 4, _codec_arrays(), 0.25)
+        assert not cache.put_codec("m@1", "4:fp", 4, _codec_arrays(), 0.5)  # kept once
+        nbits, centroids, cutoffs, weights, error = cache.get_codec("m@1", "4:fp")
+        assert (nbits, error) == (4, 0.25) and centroids.shape == (4, 8) and len(cutoffs) == 15 and len(weights) == 16
+        assert cache.get_codec("m@2", "4:fp") is None
+        assert cache.put_codes("m@1", "4:fp", [("a", 3, 1.5, b"x" * 30), ("b", 2, 0.5, b"y" * 20)]) == 2
+        assert cache.put_codes("m@1", "4:fp", [("a", 3, 9.0, b"z" * 30)]) == 0  # the same array's codes: kept
+        assert cache.code_coverage("m@1", ["a", "b", "c"]) == {"4:fp": (2, 5)}
+        assert cache.get_codes("m@1", "4:fp", ["a", "c"]) == {"a": (3, 1.5, b"x" * 30)}
+        assert cache.status().coded_texts == 2
+        cache.conn.execute("UPDATE codes SET data = zeroblob(30) WHERE array_hash = 'a'")
+        cache.conn.execute("UPDATE codecs SET crc = crc + 1")
+        assert cache.get_codes("m@1", "4:fp", ["a", "b"]) == {"b": (2, 0.5, b"y" * 20)}  # damaged: a miss
+        assert cache.get_codec("m@1", "4:fp") is None
+        assert cache.code_coverage("m@1", ["a", "b"]) == {"4:fp": (1, 2)}  # and their rows went
+
+
+def test_codes_count_toward_the_cap_and_go_with_their_codec(tmp_path):
+    with UserCache.open(tmp_path / "c") as cache:
+        cache.put_codec("m@1", "4:fp", 4, _codec_arrays(), 0.25)
+        cache.put_codes("m@1", "4:fp", [(f"k{i}", 100, 1.0, bytes(2600)) for i in range(50)])
+        assert cache.live_bytes() >= 50 * 2600
+        cache.conn.execute("UPDATE codecs SET used = 0")  # the codec is the oldest: evicted first
+        with cache.transaction():
+            assert cache._evict_to(cache.live_bytes() - 1) == 51
+        assert cache.status().coded_texts == 0  # its codes are of no use without it
+        cache.put_codec("m@1", "4:fp", 4, _codec_arrays(), 0.25)
+        cache.put_codes("m@1", "4:fp", [("k", 1, 0.0, bytes(26))])
+        assert cache.prune(everything=True)[0] == 2 and cache.live_bytes() == 0
+
+
+def test_older_builds_keep_using_a_cache_with_codes(tmp_path):
+    """The code tables come with no schema version: a build that knows only the numbered
+    migrations (and refuses a newer version whole) opens the cache as before."""
+    from codesearch.store import cache as cache_module
+
+    with UserCache.open(tmp_path / "c") as cache:
+        cache.put_vectors("m@1", "dense", [("a", _vec(1))])
+        cache.put_codes("m@1", "4:fp", [("k", 1, 0.0, bytes(26))])
+        assert cache.schema_version == len(cache_module._MIGRATIONS) == 2

@@ -80,6 +80,9 @@ class CodeBook:
         self.ready = threading.Event()
         if codec is not None:
             self.ready.set()
+        # Called by the index registry after each add with (index, ids, hashes, vectors): the
+        # user's vector cache keeps the codes the index computed (`codesearch.indexing.cachedcodes`).
+        self.keep = None
 
     def set_codec(self, codec: ResidualCodec, error: float, *, ready: bool = True) -> None:
         """Take ``codec`` (and its held-out error); ``ready`` tells waiting publications."""

@@ -159,6 +159,24 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         return added > self.rebuild_ratio * self._build_error
 
     @property
+    def codec(self) -> ResidualCodec | None:
+        """The residual codec in PLAID mode (None while exact)."""
+        return self._codec
+
+    def doc_codes(self, ids: Sequence[int]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Id -> (centroid ids, packed residuals) of the live documents among ``ids``, in
+        PLAID mode (empty while exact): what the user's vector cache keeps of them."""
+        if self._codec is None:
+            return {}
+        out = {}
+        for doc_id in ids:
+            pos = self._pos.get(int(doc_id))
+            if pos is not None:
+                at = slice(int(self._starts[pos]), int(self._starts[pos] + self._doclens[pos]))
+                out[int(doc_id)] = (self._codes[at], self._residuals[at])
+        return out
+
+    @property
     def added_error(self) -> float:
         """Mean reconstruction error of tokens added since the last build (0 if none)."""
         return self._added_error_sum / self._added_tokens if self._added_tokens else 0.0
@@ -366,14 +384,19 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         """Train the codec on ``docs`` and store them compressed (replaces the contents);
         with ``coded``, take its codec (trained on a sample, elsewhere) and its codes."""
         lens = np.array([len(d) for d in docs], dtype=np.int64)
-        flat = np.concatenate([d for d in docs if len(d)], dtype=np.float32)
-        if coded is not None and coded.codec.nbits == self.nbits and coded.codec.dim == flat.shape[1]:
+        dim = next(d.shape[1] for d in docs if len(d))
+        if coded is not None and coded.codec.nbits == self.nbits and coded.codec.dim == dim:
             self._codec = coded.codec
+            # Every document coded (a copy whose codes came from the user's cache): no flat
+            # copy of the vectors, which nothing reads then (~0.5 GB at 2.5M tokens).
+            whole = all(d is not None and len(d.codes) == n for d, n in zip(coded.docs, lens.tolist()))
+            flat = None if whole else np.concatenate([d for d in docs if len(d)], dtype=np.float32)
             codes, packed, _ = self._compress(flat, lens, coded)
             # The codec's error on sampled documents k-means did not see (`train_on_sample`):
             # what the index's drift check compares later additions with.
             build_error = coded.error
         else:
+            flat = np.concatenate([d for d in docs if len(d)], dtype=np.float32)
             codec, codes, held_out = ResidualCodec.train(
                 flat,
                 nbits=self.nbits,
@@ -397,11 +420,12 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         self._dead_tokens = 0
 
     def _compress(
-        self, flat: np.ndarray, lens: np.ndarray, coded: Coded | None
+        self, flat: np.ndarray | None, lens: np.ndarray, coded: Coded | None
     ) -> tuple[np.ndarray, np.ndarray, float]:
         """Codes, packed residuals and summed reconstruction error of ``flat`` (the documents
         of ``lens``, concatenated) under this index's codec: taken from ``coded`` for the
-        documents it has codes for under that codec, computed here for the rest."""
+        documents it has codes for under that codec, computed here for the rest (``flat``
+        may be None when ``coded`` has them all)."""
         codec = self._codec
         docs = coded.docs if coded is not None and coded.codec.fingerprint == codec.fingerprint else ()
         if not any(d is not None for d in docs):
@@ -410,8 +434,9 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         starts = _segment_starts(lens)
         missing = [i for i, d in enumerate(docs) if d is None or len(d.codes) != lens[i]]
         rest = _token_index(starts[missing], lens[missing]) if missing else np.empty(0, np.int64)
-        codes = np.empty(len(flat), codec.code_dtype)
-        packed = np.empty((len(flat), codec.packed_dim), np.uint8)
+        total = int(lens.sum())
+        codes = np.empty(total, codec.code_dtype)
+        packed = np.empty((total, codec.packed_dim), np.uint8)
         err_sum = 0.0
         if len(rest):
             codes[rest], packed[rest] = codec.compress(flat[rest])
