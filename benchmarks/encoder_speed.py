@@ -194,65 +194,68 @@ def build_shape(shape: str, layers: int | None) -> Path:
     return model_dir
 
 
-def build_chunks(model_dir: Path, scale: float) -> list[list[int]]:
-    """Workload ``chunks40``: consecutive 40-line chunks of shuffled source files (the shape of
-    issue 27's held-out check), as token ids with [CLS] and [SEP]; deterministic."""
-    path = CACHE / f"chunks{CHUNK_LINES}-{scale}.json"
+def cached_tokens(model_dir: Path, name: str, cut):
+    """``cut(tokenizer, files, rng)``'s token id lists, built once into ``CACHE/name`` and read
+    back after: every workload tokenizes the same shuffled source files with the base BPE."""
+    path = CACHE / name
     if path.is_file():
         return json.loads(path.read_text())
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     rng = random.Random(0)
     files = source_files()
     rng.shuffle(files)
-    want, texts = max(1, round(CHUNKS * scale)), []
-    for f in files:
-        lines = f.read_text(errors="replace").splitlines()
-        for start in range(0, len(lines) - CHUNK_LINES + 1, CHUNK_LINES):
-            texts.append("\n".join(lines[start : start + CHUNK_LINES]))
-        if len(texts) >= want:
-            break
-    out = [[CLS, *tok.encode(t, add_special_tokens=False).ids[:8190], SEP] for t in texts[:want]]
+    out = cut(Tokenizer.from_file(str(model_dir / "tokenizer.json")), files, rng)
     path.write_text(json.dumps(out))
     return out
+
+
+def build_chunks(model_dir: Path, scale: float) -> list[list[int]]:
+    """Workload ``chunks40``: consecutive 40-line chunks of shuffled source files (the shape of
+    issue 27's held-out check), as token ids with [CLS] and [SEP]; deterministic."""
+
+    def cut(tok, files, rng) -> list[list[int]]:
+        want, texts = max(1, round(CHUNKS * scale)), []
+        for f in files:
+            lines = f.read_text(errors="replace").splitlines()
+            for start in range(0, len(lines) - CHUNK_LINES + 1, CHUNK_LINES):
+                texts.append("\n".join(lines[start : start + CHUNK_LINES]))
+            if len(texts) >= want:
+                break
+        return [[CLS, *tok.encode(t, add_special_tokens=False).ids[:8190], SEP] for t in texts[:want]]
+
+    return cached_tokens(model_dir, f"chunks{CHUNK_LINES}-{scale}.json", cut)
 
 
 def build_workloads(model_dir: Path, scale: float) -> dict[str, list[list[int]]]:
     """Token id lists ([CLS] ... [SEP]) cut from real source files, deterministic."""
-    path = CACHE / f"workloads-{scale}.json"
-    if path.is_file():
-        return json.loads(path.read_text())
-    from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    rng = random.Random(0)
-    files = source_files()
-    rng.shuffle(files)
-    budgets = {"short": 64_000 * scale, "mixed": 96_000 * scale, "files": 48_000 * scale}
-    out: dict[str, list[list[int]]] = {k: [] for k in WORKLOADS}
-    used = {k: 0 for k in WORKLOADS}
-    for f in files:
-        if all(used[k] >= budgets[k] for k in WORKLOADS):
-            break
-        ids = tok.encode(f.read_text(errors="replace"), add_special_tokens=False).ids
-        lo, hi = WORKLOADS["files"]
-        if used["files"] < budgets["files"] and lo <= len(ids) + 2 <= hi:
-            out["files"].append([CLS, *ids, SEP])
-            used["files"] += len(ids) + 2
-            continue
-        for name in ("short", "mixed"):
-            lo, hi = WORKLOADS[name]
-            pos = 0
-            while used[name] < budgets[name] and len(ids) - pos >= lo - 2:
-                n = min(int(lo * (hi / lo) ** rng.random()), len(ids) - pos + 2)  # log-uniform length
-                out[name].append([CLS, *ids[pos : pos + n - 2], SEP])
-                used[name] += n
-                pos += n - 2
-            if used[name] < budgets[name]:
-                break  # the rest of this file goes to nobody: keep workloads from different files
-    path.write_text(json.dumps(out))
-    return out
+    def cut(tok, files, rng) -> dict[str, list[list[int]]]:
+        budgets = {"short": 64_000 * scale, "mixed": 96_000 * scale, "files": 48_000 * scale}
+        out: dict[str, list[list[int]]] = {k: [] for k in WORKLOADS}
+        used = {k: 0 for k in WORKLOADS}
+        for f in files:
+            if all(used[k] >= budgets[k] for k in WORKLOADS):
+                break
+            ids = tok.encode(f.read_text(errors="replace"), add_special_tokens=False).ids
+            lo, hi = WORKLOADS["files"]
+            if used["files"] < budgets["files"] and lo <= len(ids) + 2 <= hi:
+                out["files"].append([CLS, *ids, SEP])
+                used["files"] += len(ids) + 2
+                continue
+            for name in ("short", "mixed"):
+                lo, hi = WORKLOADS[name]
+                pos = 0
+                while used[name] < budgets[name] and len(ids) - pos >= lo - 2:
+                    n = min(int(lo * (hi / lo) ** rng.random()), len(ids) - pos + 2)  # log-uniform length
+                    out[name].append([CLS, *ids[pos : pos + n - 2], SEP])
+                    used[name] += n
+                    pos += n - 2
+                if used[name] < budgets[name]:
+                    break  # the rest of this file goes to nobody: keep workloads from different files
+        return out
+
+    return cached_tokens(model_dir, f"workloads-{scale}.json", cut)
 
 
 # ------------------------------------------------------------------------------ one run (subprocess)
@@ -296,14 +299,7 @@ def worker(impl: str, workload: str, dtype_name: str, scale: float, variant: str
         model = ModernBertModel.from_pretrained(str(model_dir), attn_implementation="sdpa", dtype=dtype).eval()
 
         def run(batch):
-            L = max(len(seqs[i]) for i in batch)
-            ids = torch.full((len(batch), L), BASE_CONFIG["pad_token_id"])
-            mask = torch.zeros((len(batch), L), dtype=torch.long)
-            for j, i in enumerate(batch):
-                ids[j, : len(seqs[i])] = torch.tensor(seqs[i])
-                mask[j, : len(seqs[i])] = 1
-            with torch.inference_mode():
-                return model(input_ids=ids, attention_mask=mask).last_hidden_state
+            return hf_forward(model, [seqs[i] for i in batch], BASE_CONFIG["pad_token_id"])
 
     run([min(range(len(seqs)), key=lambda i: len(seqs[i]))])  # warm-up: oneDNN kernels, allocator
     base = rss_mb("VmRSS")
@@ -613,12 +609,9 @@ def hf_forward(model, seqs: list[list[int]], pad: int):
     """transformers' padded forward over one batch of token id lists."""
     import torch
 
-    L = max(map(len, seqs))
-    ids = torch.full((len(seqs), L), pad)
-    mask = torch.zeros((len(seqs), L), dtype=torch.long)
-    for j, s in enumerate(seqs):
-        ids[j, : len(s)] = torch.tensor(s)
-        mask[j, : len(s)] = 1
+    from codesearch.encoder.runtime import padded_inputs
+
+    ids, mask = padded_inputs(seqs, pad)
     with torch.inference_mode():
         return model(input_ids=ids, attention_mask=mask).last_hidden_state
 
