@@ -78,22 +78,26 @@ def cpu_has_fast_bf16() -> bool:
     """True when this CPU multiplies bf16 matrices clearly faster than fp32 ones.
 
     AMX-bf16 (Sapphire Rapids and later Xeons): yes without measuring (bf16 3.3x fp32 for the
-    whole model, BENCHMARKS.md). No bf16 instructions at all: no (bf16 is emulated). AVX512-bf16
+    whole model, BENCHMARKS.md), unless an instruction-set cap (:data:`ISA_CAPS`) is set, which
+    is measured. No bf16 instructions at all: no (bf16 is emulated). AVX512-bf16
     without AMX is measured once per machine (:func:`bf16_matmul_speedup`; ``CODESEARCH_CPU_BF16=1``
     or ``0`` decides instead), because it goes
     both ways: on Zen 4 its dot-product instruction doubles the fp32 rate, while on a Xeon
     whose hypervisor hides AMX (Emerald Rapids, 2 cores) oneDNN's bf16 kernels ran at 0.55-0.65x
     of MKL's fp32 ones (BENCHMARKS.md, session 8, issue 27).
     """
+    # With the instruction sets capped (ISA_CAPS) AMX is no verdict: an AMX CPU whose oneDNN may
+    # use only AVX2 emulates bf16, so it is measured like any other.
+    capped = any(os.environ.get(name) for name in ISA_CAPS)
     try:
-        if "AMX" in str(torch.backends.cpu.get_cpu_capability()).upper():
+        if not capped and "AMX" in str(torch.backends.cpu.get_cpu_capability()).upper():
             return True
     except Exception:  # noqa: BLE001 - older torch without the probe
         pass
     flags = _cpu_flags()
-    if "amx_bf16" in flags:
+    if "amx_bf16" in flags and not capped:
         return True
-    if "avx512_bf16" not in flags:
+    if "avx512_bf16" not in flags and "amx_bf16" not in flags:
         return False
     forced = os.environ.get("CODESEARCH_CPU_BF16", "").strip().lower()
     if forced in ("1", "0", "true", "false", "yes", "no"):

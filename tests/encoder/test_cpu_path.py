@@ -141,6 +141,25 @@ def test_bf16_verdict_is_kept_per_instruction_set_cap(monkeypatch, tmp_path):
     assert measured == ["", "AVX2"]
 
 
+def test_an_amx_cpu_under_an_instruction_set_cap_is_measured(monkeypatch, tmp_path):
+    """ONEDNN_MAX_CPU_ISA=AVX2 on an AMX Xeon: oneDNN emulates bf16, so AMX in the flags (or in
+    torch's capability) is no verdict; the matmuls are timed."""
+    monkeypatch.delenv("CODESEARCH_CPU_BF16", raising=False)
+    monkeypatch.setenv("CODESEARCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512_AMX")
+    monkeypatch.setattr(cpu, "_cpu_flags", lambda: {"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
+    monkeypatch.setattr(cpu, "bf16_matmul_speedup", lambda: 0.19)
+    runtime.cpu_has_fast_bf16.cache_clear()
+    try:
+        assert runtime.cpu_has_fast_bf16() is False
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+        runtime.cpu_has_fast_bf16.cache_clear()
+        assert runtime.cpu_has_fast_bf16() is True  # uncapped: AMX, no timing
+    finally:
+        runtime.cpu_has_fast_bf16.cache_clear()
+
+
 def test_bf16_matmul_speedup_is_a_positive_ratio():
     assert 0.05 < cpu.bf16_matmul_speedup(size=(64, 64, 64), repeats=1) < 50
 
