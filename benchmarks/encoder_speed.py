@@ -23,10 +23,18 @@ fp32 against bf16.
 each batch through both back to back (the order alternating), for ``--rounds`` rounds: on
 a shared machine a neighbour's load then hits both alike. It prints wall and per-CPU-second
 rates (best round and median), the ratio, the CPU kind (``lscpu``: model, family/model,
-AVX512/bf16/AMX flags) and the load average. ``--shape 17m`` is the default ColBERT model's
-shape (Ettin-17M: hidden 256, 7 layers, 4 heads, intermediate 384), ``--layers N`` any layer
-count, and workload ``chunks40`` the held-out check of issue 27: code chunks of 40 lines
-(400 of them at scale 1).
+AVX512/bf16/AMX flags, the instruction-set caps in the environment and whether our bf16 model
+computes in bf16 here) and the load average, and the GEMM bound: how fast the model's four
+projections alone run in our compute dtype (``gemm_ceiling``), over transformers' rate, the
+most any packed path can gain with torch's GEMMs. Other CPU kinds can be stood in for by
+capping the instruction sets torch's kernels use, e.g. AVX2 only:
+
+    ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 \
+        python benchmarks/encoder_speed.py --suite paired --layers 6 --workloads chunks40 --threads 1
+
+``--shape 17m`` is the default ColBERT model's shape (Ettin-17M: hidden 256, 7 layers, 4 heads,
+intermediate 384), ``--layers N`` any layer count, and workload ``chunks40`` the held-out check
+of issue 27: code chunks of 40 lines (400 of them at scale 1).
 
     python benchmarks/encoder_speed.py --suite paired --layers 6 --workloads chunks40 mixed
     python benchmarks/encoder_speed.py --suite paired --shape 17m --workloads chunks40 --dtypes fp32
@@ -118,15 +126,47 @@ def cpu_kind() -> str:
     if not flags:
         cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
         flags = set(next((ln.split(":", 1)[1] for ln in cpuinfo.splitlines() if ln.startswith("flags")), "").split())
+    from codesearch.encoder.cpu import ISA_CAPS, cpu_has_fast_bf16
+
     wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_bf16", "amx_tile")
     has = [f for f in wanted if f in flags] or ["none of " + "/".join(wanted)]
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    # a capped CPU still lists every flag: the caps say which instruction sets the kernels use
+    caps = " ".join(f"{k}={os.environ[k]}" for k in ISA_CAPS if os.environ.get(k)) or "none"
     return (
         f"{info.get('Model name', '?')} (vendor {info.get('Vendor ID', '?')}, family {info.get('CPU family', '?')} "
         f"model {info.get('Model', '?')}), {cores} cores for this process, flags: {' '.join(has)}; "
-        f"torch {torch.__version__} CPU capability {torch.backends.cpu.get_cpu_capability()}, "
-        f"{torch.get_num_threads()} threads"
+        f"instruction-set caps: {caps}; torch {torch.__version__} CPU capability "
+        f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads; "
+        f"bf16 fast here (our bf16 models compute in bf16): {'yes' if cpu_has_fast_bf16() else 'no, in fp32'}"
     )
+
+
+def gemm_ceiling(config: dict, dtype, rows: int = 1024, repeats: int = 3) -> float:
+    """Tokens per CPU-second if a forward pass did nothing but its four projections per layer
+    (Wqkv, Wo, Wi, MLP Wo) in ``dtype``, on ``rows``-token slices as ``CpuLayers`` runs them.
+
+    Both encoders do these same multiply-adds with torch's own GEMMs, so ``ceiling /
+    transformers`` bounds the speed-up any packed path can reach at that compute dtype.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    h, i = config["hidden_size"], config["intermediate_size"]
+    g = torch.Generator().manual_seed(0)
+    pairs = [
+        (torch.randn(rows, k, generator=g).to(dtype), torch.randn(n, k, generator=g).to(dtype))
+        for k, n in ((h, 3 * h), (h, h), (h, 2 * i), (i, h))
+    ]
+    best = float("inf")
+    with torch.inference_mode():
+        for r in range(repeats + 1):  # the first builds oneDNN's kernels
+            c0 = time.process_time()
+            for x, w in pairs:
+                F.linear(x, w)
+            if r:
+                best = min(best, time.process_time() - c0)
+    return rows / (best * config["num_hidden_layers"])
 
 
 def build_assets(shape: str = "base", layers: int | None = None) -> Path:
@@ -194,65 +234,68 @@ def build_shape(shape: str, layers: int | None) -> Path:
     return model_dir
 
 
-def build_chunks(model_dir: Path, scale: float) -> list[list[int]]:
-    """Workload ``chunks40``: consecutive 40-line chunks of shuffled source files (the shape of
-    issue 27's held-out check), as token ids with [CLS] and [SEP]; deterministic."""
-    path = CACHE / f"chunks{CHUNK_LINES}-{scale}.json"
+def cached_tokens(model_dir: Path, name: str, cut):
+    """``cut(tokenizer, files, rng)``'s token id lists, built once into ``CACHE/name`` and read
+    back after: every workload tokenizes the same shuffled source files with the base BPE."""
+    path = CACHE / name
     if path.is_file():
         return json.loads(path.read_text())
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     rng = random.Random(0)
     files = source_files()
     rng.shuffle(files)
-    want, texts = max(1, round(CHUNKS * scale)), []
-    for f in files:
-        lines = f.read_text(errors="replace").splitlines()
-        for start in range(0, len(lines) - CHUNK_LINES + 1, CHUNK_LINES):
-            texts.append("\n".join(lines[start : start + CHUNK_LINES]))
-        if len(texts) >= want:
-            break
-    out = [[CLS, *tok.encode(t, add_special_tokens=False).ids[:8190], SEP] for t in texts[:want]]
+    out = cut(Tokenizer.from_file(str(model_dir / "tokenizer.json")), files, rng)
     path.write_text(json.dumps(out))
     return out
+
+
+def build_chunks(model_dir: Path, scale: float) -> list[list[int]]:
+    """Workload ``chunks40``: consecutive 40-line chunks of shuffled source files (the shape of
+    issue 27's held-out check), as token ids with [CLS] and [SEP]; deterministic."""
+
+    def cut(tok, files, rng) -> list[list[int]]:
+        want, texts = max(1, round(CHUNKS * scale)), []
+        for f in files:
+            lines = f.read_text(errors="replace").splitlines()
+            for start in range(0, len(lines) - CHUNK_LINES + 1, CHUNK_LINES):
+                texts.append("\n".join(lines[start : start + CHUNK_LINES]))
+            if len(texts) >= want:
+                break
+        return [[CLS, *tok.encode(t, add_special_tokens=False).ids[:8190], SEP] for t in texts[:want]]
+
+    return cached_tokens(model_dir, f"chunks{CHUNK_LINES}-{scale}.json", cut)
 
 
 def build_workloads(model_dir: Path, scale: float) -> dict[str, list[list[int]]]:
     """Token id lists ([CLS] ... [SEP]) cut from real source files, deterministic."""
-    path = CACHE / f"workloads-{scale}.json"
-    if path.is_file():
-        return json.loads(path.read_text())
-    from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    rng = random.Random(0)
-    files = source_files()
-    rng.shuffle(files)
-    budgets = {"short": 64_000 * scale, "mixed": 96_000 * scale, "files": 48_000 * scale}
-    out: dict[str, list[list[int]]] = {k: [] for k in WORKLOADS}
-    used = {k: 0 for k in WORKLOADS}
-    for f in files:
-        if all(used[k] >= budgets[k] for k in WORKLOADS):
-            break
-        ids = tok.encode(f.read_text(errors="replace"), add_special_tokens=False).ids
-        lo, hi = WORKLOADS["files"]
-        if used["files"] < budgets["files"] and lo <= len(ids) + 2 <= hi:
-            out["files"].append([CLS, *ids, SEP])
-            used["files"] += len(ids) + 2
-            continue
-        for name in ("short", "mixed"):
-            lo, hi = WORKLOADS[name]
-            pos = 0
-            while used[name] < budgets[name] and len(ids) - pos >= lo - 2:
-                n = min(int(lo * (hi / lo) ** rng.random()), len(ids) - pos + 2)  # log-uniform length
-                out[name].append([CLS, *ids[pos : pos + n - 2], SEP])
-                used[name] += n
-                pos += n - 2
-            if used[name] < budgets[name]:
-                break  # the rest of this file goes to nobody: keep workloads from different files
-    path.write_text(json.dumps(out))
-    return out
+    def cut(tok, files, rng) -> dict[str, list[list[int]]]:
+        budgets = {"short": 64_000 * scale, "mixed": 96_000 * scale, "files": 48_000 * scale}
+        out: dict[str, list[list[int]]] = {k: [] for k in WORKLOADS}
+        used = {k: 0 for k in WORKLOADS}
+        for f in files:
+            if all(used[k] >= budgets[k] for k in WORKLOADS):
+                break
+            ids = tok.encode(f.read_text(errors="replace"), add_special_tokens=False).ids
+            lo, hi = WORKLOADS["files"]
+            if used["files"] < budgets["files"] and lo <= len(ids) + 2 <= hi:
+                out["files"].append([CLS, *ids, SEP])
+                used["files"] += len(ids) + 2
+                continue
+            for name in ("short", "mixed"):
+                lo, hi = WORKLOADS[name]
+                pos = 0
+                while used[name] < budgets[name] and len(ids) - pos >= lo - 2:
+                    n = min(int(lo * (hi / lo) ** rng.random()), len(ids) - pos + 2)  # log-uniform length
+                    out[name].append([CLS, *ids[pos : pos + n - 2], SEP])
+                    used[name] += n
+                    pos += n - 2
+                if used[name] < budgets[name]:
+                    break  # the rest of this file goes to nobody: keep workloads from different files
+        return out
+
+    return cached_tokens(model_dir, f"workloads-{scale}.json", cut)
 
 
 # ------------------------------------------------------------------------------ one run (subprocess)
@@ -296,14 +339,7 @@ def worker(impl: str, workload: str, dtype_name: str, scale: float, variant: str
         model = ModernBertModel.from_pretrained(str(model_dir), attn_implementation="sdpa", dtype=dtype).eval()
 
         def run(batch):
-            L = max(len(seqs[i]) for i in batch)
-            ids = torch.full((len(batch), L), BASE_CONFIG["pad_token_id"])
-            mask = torch.zeros((len(batch), L), dtype=torch.long)
-            for j, i in enumerate(batch):
-                ids[j, : len(seqs[i])] = torch.tensor(seqs[i])
-                mask[j, : len(seqs[i])] = 1
-            with torch.inference_mode():
-                return model(input_ids=ids, attention_mask=mask).last_hidden_state
+            return hf_forward(model, [seqs[i] for i in batch], BASE_CONFIG["pad_token_id"])
 
     run([min(range(len(seqs)), key=lambda i: len(seqs[i]))])  # warm-up: oneDNN kernels, allocator
     base = rss_mb("VmRSS")
@@ -613,12 +649,9 @@ def hf_forward(model, seqs: list[list[int]], pad: int):
     """transformers' padded forward over one batch of token id lists."""
     import torch
 
-    L = max(map(len, seqs))
-    ids = torch.full((len(seqs), L), pad)
-    mask = torch.zeros((len(seqs), L), dtype=torch.long)
-    for j, s in enumerate(seqs):
-        ids[j, : len(s)] = torch.tensor(s)
-        mask[j, : len(s)] = 1
+    from codesearch.encoder.runtime import padded_inputs
+
+    ids, mask = padded_inputs(seqs, pad)
     with torch.inference_mode():
         return model(input_ids=ids, attention_mask=mask).last_hidden_state
 
@@ -711,6 +744,14 @@ def main_paired(args) -> None:
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype_name]
         enc = load(model_dir, device="cpu", dtype=dtype, backend="sdpa")
         hf = ModernBertModel.from_pretrained(str(model_dir), attn_implementation="sdpa", dtype=dtype).eval()
+        fused = enc.backbone.model.fused
+        compute = (fused.compute if fused is not None else None) or dtype
+        ceiling = gemm_ceiling(config, compute)
+        print(
+            f"{dtype_name}: ours computes in {str(compute).removeprefix('torch.')}; its GEMMs alone would run "
+            f"{ceiling:,.0f} tok per CPU-second ({torch.get_num_threads()} threads)",
+            flush=True,
+        )
         impls = {
             "ours": lambda seqs, enc=enc: enc.backbone(seqs, None),
             "transformers": lambda seqs, hf=hf: hf_forward(hf, seqs, config["pad_token_id"]),
@@ -752,26 +793,29 @@ def main_paired(args) -> None:
             for k, o in res.items():
                 if k == "transformers":
                     continue
-                rows.append((workload, dtype_name, k, tokens, o, h, min(load_avg), max(load_avg)))
+                rows.append((workload, dtype_name, k, tokens, o, h, min(load_avg), max(load_avg), ceiling))
                 print(
                     f"  {workload:8s} {dtype_name:4s} {tokens:7d} tok: {k} {o['best']:7.0f} tok/s "
                     f"(median {o['median']:.0f}, {o['cpu_best']:.0f}/CPU s), transformers {h['best']:7.0f} "
                     f"(median {h['median']:.0f}, {h['cpu_best']:.0f}/CPU s): {o['best'] / h['best']:.2f}x "
-                    f"(median {o['median'] / h['median']:.2f}x); load {min(load_avg):.1f}-{max(load_avg):.1f}",
+                    f"(median {o['median'] / h['median']:.2f}x, per CPU s {o['cpu_best'] / h['cpu_best']:.2f}x); "
+                    f"GEMM ceiling {ceiling:,.0f}/CPU s: ours at {o['cpu_best'] / ceiling:.0%}, bound "
+                    f"{ceiling / h['cpu_best']:.2f}x; load {min(load_avg):.1f}-{max(load_avg):.1f}",
                     flush=True,
                 )
         if base:
             base.close()
     print(
         "\n| workload | dtype | encoder | tokens | tok/s best (median; per CPU s) | transformers tok/s best "
-        "(median; per CPU s) | speed-up best (median) | load |"
+        "(median; per CPU s) | speed-up best (median; per CPU s) | GEMM bound | load |"
     )
-    print("|---|---|---|---:|---:|---:|---:|---|")
-    for workload, dt, k, tokens, o, h, lo, hi in rows:
+    print("|---|---|---|---:|---:|---:|---:|---:|---|")
+    for workload, dt, k, tokens, o, h, lo, hi, ceiling in rows:
         print(
             f"| {workload} | {dt} | {k} | {tokens:,} | {o['best']:,.0f} ({o['median']:,.0f}; {o['cpu_best']:,.0f}) | "
             f"{h['best']:,.0f} ({h['median']:,.0f}; {h['cpu_best']:,.0f}) | **{o['best'] / h['best']:.2f}x** "
-            f"({o['median'] / h['median']:.2f}x) | {lo:.1f}-{hi:.1f} |"
+            f"({o['median'] / h['median']:.2f}x; {o['cpu_best'] / h['cpu_best']:.2f}x) | "
+            f"{ceiling / h['cpu_best']:.2f}x | {lo:.1f}-{hi:.1f} |"
         )
 
 

@@ -40,6 +40,10 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+# Settings that cap the instruction sets torch's kernels use (oneDNN for bf16 matmuls, MKL for
+# fp32 ones, ATen's own): the same CPU under another cap is another kind of CPU.
+ISA_CAPS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY")
+
 # bf16 counts as fast when its matmuls run at least this much faster than fp32 ones: below it
 # the bf16 model's other ops (conversions, RoPE and attention on bf16) eat the difference.
 BF16_FAST_RATIO = 1.15
@@ -74,22 +78,26 @@ def cpu_has_fast_bf16() -> bool:
     """True when this CPU multiplies bf16 matrices clearly faster than fp32 ones.
 
     AMX-bf16 (Sapphire Rapids and later Xeons): yes without measuring (bf16 3.3x fp32 for the
-    whole model, BENCHMARKS.md). No bf16 instructions at all: no (bf16 is emulated). AVX512-bf16
+    whole model, BENCHMARKS.md), unless an instruction-set cap (:data:`ISA_CAPS`) is set, which
+    is measured. No bf16 instructions at all: no (bf16 is emulated). AVX512-bf16
     without AMX is measured once per machine (:func:`bf16_matmul_speedup`; ``CODESEARCH_CPU_BF16=1``
     or ``0`` decides instead), because it goes
     both ways: on Zen 4 its dot-product instruction doubles the fp32 rate, while on a Xeon
     whose hypervisor hides AMX (Emerald Rapids, 2 cores) oneDNN's bf16 kernels ran at 0.55-0.65x
     of MKL's fp32 ones (BENCHMARKS.md, session 8, issue 27).
     """
+    # With the instruction sets capped (ISA_CAPS) AMX is no verdict: an AMX CPU whose oneDNN may
+    # use only AVX2 emulates bf16, so it is measured like any other.
+    capped = any(os.environ.get(name) for name in ISA_CAPS)
     try:
-        if "AMX" in str(torch.backends.cpu.get_cpu_capability()).upper():
+        if not capped and "AMX" in str(torch.backends.cpu.get_cpu_capability()).upper():
             return True
     except Exception:  # noqa: BLE001 - older torch without the probe
         pass
     flags = _cpu_flags()
-    if "amx_bf16" in flags:
+    if "amx_bf16" in flags and not capped:
         return True
-    if "avx512_bf16" not in flags:
+    if "avx512_bf16" not in flags and "amx_bf16" not in flags:
         return False
     forced = os.environ.get("CODESEARCH_CPU_BF16", "").strip().lower()
     if forced in ("1", "0", "true", "false", "yes", "no"):
@@ -101,13 +109,20 @@ def _measured_once_per_machine(flags: set[str]) -> bool:
     """The probe's verdict, measured by the first process on this machine and read back by the
     others: a daemon, the CLI and a worker then compute a model with the same numerics, and a
     score does not depend on how busy the machine was when a process started (the probe is a
-    timing, noisy under load). The file is keyed by the CPU's flags and torch's version."""
+    timing, noisy under load). The file is keyed by the CPU's flags, torch's version and the
+    instruction sets the kernels may use (:data:`ISA_CAPS`): a process whose oneDNN is capped
+    to AVX2 emulates bf16 on the same CPU (0.19x fp32 measured, Emerald Rapids), so it must not
+    read the verdict of an uncapped one."""
     import hashlib
     import json
 
     base = os.environ.get("CODESEARCH_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "codesearch")
-    key = hashlib.sha256(f"{torch.__version__}|{' '.join(sorted(flags))}".encode()).hexdigest()[:16]
+    caps = [f"{name}={os.environ.get(name, '')}" for name in ISA_CAPS if os.environ.get(name)]
+    with contextlib.suppress(Exception):  # older torch without the probe
+        caps.append(f"aten={torch.backends.cpu.get_cpu_capability()}")
+    ident = "|".join([torch.__version__, " ".join(sorted(flags)), *caps])
+    key = hashlib.sha256(ident.encode()).hexdigest()[:16]
     path = os.path.join(base, f"cpu-bf16-{key}.json")
     with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
         with open(path, encoding="utf-8") as fh:

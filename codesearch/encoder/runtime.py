@@ -328,6 +328,21 @@ class PackedBackbone:
         return self.forward(self.prepare(ids, n_keys))  # (total_tokens, hidden)
 
 
+def padded_inputs(
+    ids: list[list[int]], pad_id: int, n_keys: list[int] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A transformers model's inputs for ``ids``: right-padded ``(batch, L)`` token ids and the
+    attention mask, 1 on the first ``n_keys[i]`` tokens of row i (default: its real tokens)."""
+    keys = n_keys or [len(x) for x in ids]
+    L = max(map(len, ids))
+    input_ids = torch.full((len(ids), L), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(ids), L), dtype=torch.long)
+    for i, x in enumerate(ids):
+        input_ids[i, : len(x)] = torch.tensor(x)
+        mask[i, : keys[i]] = 1
+    return input_ids, mask
+
+
 class PaddedBackbone:
     """A transformers ``AutoModel`` (BERT, MiniLM, ...): padded batches, real tokens kept."""
 
@@ -342,13 +357,8 @@ class PaddedBackbone:
 
     def __call__(self, ids: list[list[int]], n_keys: list[int] | None) -> torch.Tensor:
         lengths = [len(x) for x in ids]
-        keys = n_keys or lengths
         L = max(lengths)
-        input_ids = torch.full((len(ids), L), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(ids), L), dtype=torch.long)
-        for i, x in enumerate(ids):
-            input_ids[i, : len(x)] = torch.tensor(x)
-            mask[i, : keys[i]] = 1
+        input_ids, mask = padded_inputs(ids, self.pad_id, n_keys)
         small = self.device.type == "cpu" and len(ids) * L <= SMALL_FORWARD_TOKENS and machine_busy()
         with torch.inference_mode(), single_thread(small):
             out = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device))

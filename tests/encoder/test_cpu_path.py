@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from types import SimpleNamespace
 
@@ -111,6 +112,50 @@ def test_avx512_bf16_without_amx_is_measured(monkeypatch, capability, flags, spe
         assert runtime.cpu_has_fast_bf16() is fast
         assert runtime.resolve_dtype("auto", torch.device("cpu")) == (torch.bfloat16 if fast else torch.float32)
         assert len(measured) == (speedup is not None)  # measured once, then cached
+    finally:
+        runtime.cpu_has_fast_bf16.cache_clear()
+
+
+def test_bf16_verdict_is_kept_per_instruction_set_cap(monkeypatch, tmp_path):
+    """A verdict measured with every instruction set is not read back by a process whose
+    oneDNN is capped below AVX512-bf16 (there bf16 is emulated), nor the other way round."""
+    speedups = {"": 1.9, "AVX2": 0.19}
+    measured = []
+
+    def fake_speedup():
+        cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "")
+        measured.append(cap)
+        return speedups[cap]
+
+    monkeypatch.setenv("CODESEARCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cpu, "bf16_matmul_speedup", fake_speedup)
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY"):
+        monkeypatch.delenv(name, raising=False)
+    flags = {"avx512f", "avx512_bf16"}
+    assert cpu._measured_once_per_machine(flags) is True
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert cpu._measured_once_per_machine(flags) is False
+    assert cpu._measured_once_per_machine(flags) is False  # read back, not measured again
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    assert cpu._measured_once_per_machine(flags) is True
+    assert measured == ["", "AVX2"]
+
+
+def test_an_amx_cpu_under_an_instruction_set_cap_is_measured(monkeypatch, tmp_path):
+    """ONEDNN_MAX_CPU_ISA=AVX2 on an AMX Xeon: oneDNN emulates bf16, so AMX in the flags (or in
+    torch's capability) is no verdict; the matmuls are timed."""
+    monkeypatch.delenv("CODESEARCH_CPU_BF16", raising=False)
+    monkeypatch.setenv("CODESEARCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512_AMX")
+    monkeypatch.setattr(cpu, "_cpu_flags", lambda: {"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
+    monkeypatch.setattr(cpu, "bf16_matmul_speedup", lambda: 0.19)
+    runtime.cpu_has_fast_bf16.cache_clear()
+    try:
+        assert runtime.cpu_has_fast_bf16() is False
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+        runtime.cpu_has_fast_bf16.cache_clear()
+        assert runtime.cpu_has_fast_bf16() is True  # uncapped: AMX, no timing
     finally:
         runtime.cpu_has_fast_bf16.cache_clear()
 

@@ -11,6 +11,7 @@ from fixtures.models import CODE_CORPUS
 
 from codesearch.encoder import load
 from codesearch.encoder.modernbert import GLOBAL, LOCAL, ModernBertConfig
+from codesearch.encoder.runtime import padded_inputs
 
 # Long texts cross the fixture's local window (local_attention=128: 64 tokens each side) and
 # the 3w = 192-token threshold where local layers switch to blocked attention.
@@ -36,13 +37,7 @@ def hf_model(directory: str, attn: str):
 def reference_hidden(directory, ids: list[list[int]], attn: str = "sdpa") -> list[torch.Tensor]:
     """transformers' ModernBertModel, fp32, one right-padded batch, real tokens only."""
     model = hf_model(str(directory), attn)
-    pad = model.config.pad_token_id
-    L = max(map(len, ids))
-    input_ids = torch.full((len(ids), L), pad)
-    mask = torch.zeros((len(ids), L), dtype=torch.long)
-    for i, x in enumerate(ids):
-        input_ids[i, : len(x)] = torch.tensor(x)
-        mask[i, : len(x)] = 1
+    input_ids, mask = padded_inputs(ids, model.config.pad_token_id)
     with torch.no_grad():
         out = model(input_ids=input_ids, attention_mask=mask).last_hidden_state
     return [out[i, : len(x)] for i, x in enumerate(ids)]
