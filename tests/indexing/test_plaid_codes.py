@@ -3,8 +3,6 @@ index's, one trained on a sample that goes first, or none."""
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
@@ -60,9 +58,12 @@ def test_a_large_first_index_samples_first_and_a_small_one_does_not(tmp_path, mo
         assert sorted(items) == sorted(_items(n)) and not run.ready
 
 
-def test_the_workers_wait_for_the_codec_only_not_for_the_sample_codes(monkeypatch):
-    # The stream holds while the codec trains; the sample's own codes (as many tokens as
-    # k-means saw, again) are made while the workers encode, and publications wait for them.
+
+def test_the_hold_ends_with_the_sample_coded_and_each_sample_token_assigned_once(monkeypatch):
+    # While the stream holds, the driver assigned the training tokens (for the residual
+    # buckets), the held-out fifth (for the error) and then the whole sample again (for its
+    # codes). Now the buckets come from a sample of rows and the error from the sample's codes.
+    from codesearch.indexes.plaid import codec as codec_module
     from codesearch.indexes.plaid import coded
     from codesearch.indexes.plaid.coded import CodeBook
 
@@ -70,40 +71,24 @@ def test_the_workers_wait_for_the_codec_only_not_for_the_sample_codes(monkeypatc
     arrays = [rng.standard_normal((int(rng.integers(5, 30)), 16)).astype(np.float32) for _ in range(40)]
     arrays = [a / np.linalg.norm(a, axis=1, keepdims=True) for a in arrays]
     hashes = [f"h{i}" for i in range(40)]
-    go, compress = threading.Event(), coded.compress_documents
-
-    def slow_codes(codec, docs):
-        go.wait()  # until the test has seen the stream go on
-        return compress(codec, docs)
-
-    monkeypatch.setattr(coded, "compress_documents", slow_codes)
+    assigned, real = [], codec_module._assign
+    monkeypatch.setattr(codec_module, "_assign", lambda c, v: assigned.append(len(v)) or real(c, v))
     enc = Workers()
     run = codes.RunCodes(enc, CodeBook(), set(hashes), n_centroids=8)
-    waited = []
-
-    def idle():
-        waited.append(1)
-        if len(waited) > 600:  # two minutes: the hold waits for the sample's codes
-            go.set()
-            raise AssertionError("the stream waited for the sample's codes, not only the codec")
-
-    try:
-        run.take(["t"] * 40, hashes, ["colbert"] * 40, arrays)
-        run.hold(idle)
-        assert len(enc.codecs) == 1 and not run.ready  # the workers have it; publications wait
-        assert run.book.codec is enc.codecs[0]  # the workers' codes are taken from now on
-    finally:
-        go.set()
-    run.wait()
+    run.take(["t"] * 40, hashes, ["colbert"] * 40, arrays)
+    run.hold(lambda: None)
+    n_assigned = sum(assigned)
+    assert run.ready and len(enc.codecs) == 1 and len(run.book) == 40
     codec = enc.codecs[0]
-    assert run.ready and len(run.book) == 40
     got = run.book.coded(hashes)
-    for doc, want in zip(got.docs, compress(codec, arrays)):
+    for doc, want in zip(got.docs, coded.compress_documents(codec, arrays)):
         np.testing.assert_array_equal(doc.codes, want.codes)
         np.testing.assert_array_equal(doc.packed, want.packed)
+    # The buckets' rows (here every trained token: fewer than 4M values), then the sample once;
+    # before, every sample token twice (trained or held out) and then once more.
+    tokens = sum(len(a) for a in arrays)
+    assert n_assigned < 2 * tokens
     # The error the drift check starts from: that of the fifth of the sample k-means did not see.
-    fitted, held = coded.fit_on_sample([a.astype(np.float16).astype(np.float32) for a in arrays], nbits=4,
-                                       n_centroids=8)
-    assert fitted.fingerprint == codec.fingerprint and held.sum() == 8
-    assert got.error == pytest.approx(coded.held_out_error(compress(codec, arrays), held))
+    _, held = coded.fit_on_sample(arrays, nbits=4, n_centroids=8)
+    assert held.sum() == 8
     assert got.error == pytest.approx(coded.train_on_sample(arrays, nbits=4, n_centroids=8)[1])
