@@ -314,10 +314,24 @@ def driver_ceiling(root: Path, model: Path, rate: float | None = None) -> None:
     from codesearch.indexing.run import build_index
 
     logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("codesearch.indexing.codes").setLevel(logging.INFO)  # the codec's training
     # Every text encoded: the user's vector cache would hand a second run the first one's
     # stand-in vectors (and keep them, under the stand-in checkpoint's identity).
     os.environ.setdefault("CODESEARCH_CACHE_SIZE", "0")
     enc = InstantEncoder(load(str(model), device="cpu"), rate=rate)
+    from codesearch.indexing import publish
+
+    sync = publish.sync_derived
+
+    def timed_sync(idir, store, prev, delta, *args, **kw):  # each publication's own cost
+        t = time.monotonic()
+        try:
+            return sync(idir, store, prev, delta, *args, **kw)
+        finally:
+            print(f"  publication of {sum(len(h) for h in delta.newly_encoded.values()):,} texts: "
+                  f"{t - t0:.1f} s to {time.monotonic() - t0:.1f} s ({time.monotonic() - t:.1f} s)", flush=True)
+
+    publish.sync_derived = timed_sync
     with tempfile.TemporaryDirectory() as d:
         events = {"published": 0}
         t0 = time.monotonic()

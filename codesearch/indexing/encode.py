@@ -271,7 +271,7 @@ def _encode_streams(
             publisher.poll()
             if codes is not None:  # once the sample is in, no more batches until its codec reaches the workers
                 codes.hold(idle)
-            if run.texts_encoded < total and publisher.due():
+            if run.texts_encoded < total and publisher.due(total - run.texts_encoded):
                 publisher.start()
         # How this model was embedded, for 'status': recorded as its stream ends, so that a
         # run that fails in the next model's stream still tells how this one's were made.

@@ -45,6 +45,7 @@ class Publisher:
         self.run, self.commits, self.background = run, commits, background
         self.pending: dict[str, set[str]] = defaultdict(set)  # encoded, not yet in the indexes
         self.last, self.cost = time.monotonic(), 0.0  # when the last one ended, what it took
+        self.began = self.last  # when the last one started: what is pending came in since
         self._thread: threading.Thread | None = None
         self.codes: RunCodes | None = None  # PLAID codes from the workers (codesearch.indexing.codes)
         # Otherwise: codes from the user's vector cache, and where the index's own go (cachedcodes)
@@ -55,16 +56,29 @@ class Publisher:
     def add(self, kind: str, hashes: Iterable[str]) -> None:
         self.pending[kind].update(hashes)
 
-    def due(self) -> bool:
+    def due(self, left: int = 0) -> bool:
+        """Whether to publish what is pending now; ``left``: the texts the stream has still to
+        bring."""
         # Not while the codec trains: a publication that trained its own would waste the workers' codes.
-        return (self._thread is None and bool(self.pending) and (self.codes is None or self.codes.ready)
-                and time.monotonic() - self.last >= max(PUBLISH_EVERY_S, 3 * self.cost))
+        if self._thread is not None or not self.pending or (self.codes is not None and not self.codes.ready):
+            return False
+        now = time.monotonic()
+        wait = max(PUBLISH_EVERY_S, 3 * self.cost) - (now - self.last)
+        if wait <= 0:
+            return True
+        # Near the end of a stream beside the workers: when what is left comes in before the
+        # next publication is due, the run's last publication, which the run waits for after
+        # the workers' last batch, would hold all of it (25 s of 61 s of workers, issue 27).
+        # Back to back, each publication holds what came in during the one before.
+        taken = sum(len(h) for h in self.pending.values())
+        return self.background and left > 0 and left * (now - self.began) <= wait * taken
 
     def start(self, *, background: bool | None = None) -> None:
         """Publish what is pending: what is published is committed first."""
         self.commits.commit()
         encoded, self.pending = dict(self.pending), defaultdict(set)
         prev, started = self.run.store.generation, time.monotonic()
+        self.began = started
         delta = Delta([], [], [], [], encoded)
         book = self.codes.book if self.codes is not None else self.book
         if book is not None and book.codec is None and book.keep is None:

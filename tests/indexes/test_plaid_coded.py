@@ -150,3 +150,22 @@ def test_the_sample_error_stands_for_the_collection(docs, n_docs):
     index = PlaidIndex(DIM, mode="plaid")
     index.add(IDS, docs, coded=Coded(codec, error, compress_documents(codec, docs)))
     assert index.build_error == error and not index.needs_rebuild
+
+
+def test_a_codec_for_the_workers_decodes_as_well_as_one_that_coded_every_vector():
+    # codes=False (fit_on_sample) fits the residual buckets on sampled rows instead of
+    # assigning every vector: the buckets must still be those of new vectors, not of k-means's
+    # own points (a first cut took most of its rows from them).
+    from codesearch.indexes.plaid.codec import ResidualCodec
+
+    rng = np.random.default_rng(1)
+    topics = rng.standard_normal((200, 48)).astype(np.float32)
+    x = topics[rng.integers(0, 200, 200_000)] + 0.6 * rng.standard_normal((200_000, 48)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    every, codes, _ = ResidualCodec.train(x, nbits=4, n_centroids=2048)
+    fitted, none, _ = ResidualCodec.train(x, nbits=4, n_centroids=2048, codes=False)
+    assert none is None and len(codes) == len(x)
+    np.testing.assert_array_equal(fitted.centroids, every.centroids)  # the same k-means
+    new = x[-50_000:]
+    err = [float(c.error(new, *c.compress(new)).mean()) for c in (every, fitted)]
+    assert err[1] == pytest.approx(err[0], rel=0.005)

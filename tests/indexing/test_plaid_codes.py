@@ -72,3 +72,38 @@ def test_a_codec_adopted_from_the_cache_goes_to_the_workers_with_its_codes(tmp_p
     run, items = codes.plan_codes(tmp_path, enc, _items(40_000), known)
     assert run is not None and run.book is known and run.ready and items == _items(40_000)
     assert [c.fingerprint for c in enc.codecs] == [index.codec.fingerprint]
+
+
+def test_the_hold_ends_with_the_sample_coded_and_each_sample_token_assigned_once(monkeypatch):
+    # While the stream holds, the driver assigned the training tokens (for the residual
+    # buckets), the held-out fifth (for the error) and then the whole sample again (for its
+    # codes). Now the buckets come from a sample of rows and the error from the sample's codes.
+    from codesearch.indexes.plaid import codec as codec_module
+    from codesearch.indexes.plaid import coded
+    from codesearch.indexes.plaid.coded import CodeBook
+
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal((int(rng.integers(5, 30)), 16)).astype(np.float32) for _ in range(40)]
+    arrays = [a / np.linalg.norm(a, axis=1, keepdims=True) for a in arrays]
+    hashes = [f"h{i}" for i in range(40)]
+    assigned, real = [], codec_module._assign
+    monkeypatch.setattr(codec_module, "_assign", lambda c, v: assigned.append(len(v)) or real(c, v))
+    enc = Workers()
+    run = codes.RunCodes(enc, CodeBook(), set(hashes), n_centroids=8)
+    run.take(["t"] * 40, hashes, ["colbert"] * 40, arrays)
+    run.hold(lambda: None)
+    n_assigned = sum(assigned)
+    assert run.ready and len(enc.codecs) == 1 and len(run.book) == 40
+    codec = enc.codecs[0]
+    got = run.book.coded(hashes)
+    for doc, want in zip(got.docs, coded.compress_documents(codec, arrays)):
+        np.testing.assert_array_equal(doc.codes, want.codes)
+        np.testing.assert_array_equal(doc.packed, want.packed)
+    # The buckets' rows (here every trained token: fewer than 4M values), then the sample once;
+    # before, every sample token twice (trained or held out) and then once more.
+    tokens = sum(len(a) for a in arrays)
+    assert n_assigned < 2 * tokens
+    # The error the drift check starts from: that of the fifth of the sample k-means did not see.
+    _, held = coded.fit_on_sample(arrays, nbits=4, n_centroids=8)
+    assert held.sum() == 8
+    assert got.error == pytest.approx(coded.train_on_sample(arrays, nbits=4, n_centroids=8)[1])

@@ -175,3 +175,20 @@ def test_a_search_with_every_dense_vector_and_some_colbert_ones(repo, encoders):
         result = searcher.search("mod1 function", 3, mode="hybrid")
     assert result.hits and "colbert" in result.indexes_used
     assert any("semantic vectors for" in n and "% of chunks" in n for n in result.notices), result.notices
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_near_the_end_of_a_stream_beside_workers_publications_run_back_to_back(background):
+    # The run waits for its last publication after the workers' last batch: when the rest of
+    # the stream comes in before the next regular publication, that one would hold all of it
+    # (25 s after 41 s of workers at 4M tokens under load). Back to back, it holds what came
+    # in during the one before.
+    pub = publish.Publisher(None, None, background=background)
+    now = time.monotonic()
+    pub.last, pub.began, pub.cost = now - 5, now - 6, 1.0  # the next regular one: in ~15 s
+    pub.add("colbert", (f"h{i}" for i in range(600)))  # ~100 texts a second since it began
+    assert not pub.due(left=5_000)  # ~50 s of stream left: the regular rhythm
+    assert pub.due(left=500) == background  # ~5 s left: now, when it runs beside the batches
+    assert not pub.due(left=0)  # nothing left: the run's last publication takes the rest
+    pub.last = now - 60
+    assert pub.due(left=5_000) and pub.due()  # the regular rhythm, either way

@@ -82,14 +82,21 @@ class ResidualCodec:
         n_centroids: int,
         niter: int = 4,
         seed: int = 0,
-    ) -> tuple[ResidualCodec, np.ndarray, np.ndarray]:
+        codes: bool = True,
+    ) -> tuple[ResidualCodec, np.ndarray | None, np.ndarray]:
         """Fit centroids and buckets on ``vectors``.
+
+        ``codes=False`` when the caller does not want every vector's code (a codec for the
+        run's workers, `codesearch.indexes.plaid.coded.fit_on_sample`): the buckets are then
+        fitted on the residuals of a uniform sample of whole vectors, which alone are
+        assigned. Assigning every vector cost as much as k-means itself (1.26M tokens
+        against 4 passes over 524k at 2^14 centroids), and the run's workers wait for it.
 
         Returns
         -------
         codec : ResidualCodec
-        codes : np.ndarray
-            Nearest centroid of every vector.
+        codes : np.ndarray or None
+            Nearest centroid of every vector (None with ``codes=False``).
         held_out : np.ndarray
             Positions of vectors k-means did not train on: their reconstruction error is
             the honest baseline for later additions (training points fit their centroids
@@ -118,14 +125,23 @@ class ResidualCodec:
         )
         kmeans.train(vectors[np.sort(order[:n_train])])
         centroids = _normalise(kmeans.centroids.astype(np.float32))
-        codes = _assign(centroids, vectors)
         dim = vectors.shape[1]
-        if n * dim > 4_000_000:  # quantiles of a few million residual values are plenty
+        if not codes:
+            # quantiles of a few million residual values are plenty: whole rows, so that
+            # only they are assigned (drawn apart from k-means's points, which `order` put first:
+            # reusing it made 39% of them training points, whose residuals are smaller)
+            rows = np.sort(np.random.default_rng(seed + 1).permutation(n)[: max(1, 4_000_000 // dim)])
+            part = vectors[rows]
+            sample = (part - centroids[_assign(centroids, part)]).reshape(-1)
+            assigned = None
+        elif n * dim > 4_000_000:  # quantiles of a few million residual values are plenty
+            assigned = _assign(centroids, vectors)
             at = np.random.default_rng(seed).integers(0, n * dim, 4_000_000)
             rows, cols = np.divmod(at, dim)
-            sample = vectors[rows, cols] - centroids[codes[rows], cols]
+            sample = vectors[rows, cols] - centroids[assigned[rows], cols]
         else:
-            sample = (vectors - centroids[codes]).reshape(-1)
+            assigned = _assign(centroids, vectors)
+            sample = (vectors - centroids[assigned]).reshape(-1)
         n_buckets = 1 << nbits
         cutoffs = np.quantile(sample, np.arange(1, n_buckets) / n_buckets).astype(np.float32)
         buckets = np.searchsorted(cutoffs, sample, side="right")
@@ -136,7 +152,7 @@ class ResidualCodec:
         weights = np.where(counts > 0, sums / np.maximum(counts, 1), edges).astype(np.float32)
         codec = cls(centroids, cutoffs, weights, nbits)
         held_out = np.sort(order[n_train:]) if n_train < n else np.arange(n)
-        return codec, codes.astype(codec.code_dtype), held_out
+        return codec, None if assigned is None else assigned.astype(codec.code_dtype), held_out
 
     def assign(self, vectors: np.ndarray) -> np.ndarray:
         """Nearest centroid (by inner product) of each vector."""

@@ -18,7 +18,7 @@ import numpy as np
 
 from codesearch.indexes.plaid.codec import DocCodes, ResidualCodec, compress_documents
 
-__all__ = ["CodeBook", "Coded", "DocCodes", "compress_documents", "train_on_sample"]
+__all__ = ["CodeBook", "Coded", "DocCodes", "compress_documents", "fit_on_sample", "held_out_error", "train_on_sample"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,17 +46,40 @@ def train_on_sample(
     collection's was 0.17, BENCHMARKS session 10), and the drift check would trust a sample
     that did not stand for the collection.
     """
-    docs = [np.asarray(d, np.float32).astype(np.float16).astype(np.float32) for d in docs if len(d)]  # as stored
-    order = np.random.default_rng(seed).permutation(len(docs))
-    n_out = len(docs) // 5 if len(docs) >= 5 else 0
-    held, train = order[:n_out], order[n_out:]
+    codec, held = fit_on_sample(docs, nbits=nbits, n_centroids=n_centroids, niter=niter, seed=seed)
+    return codec, held_out_error(compress_documents(codec, docs), held)
+
+
+def fit_on_sample(
+    docs: Sequence[np.ndarray], *, nbits: int, n_centroids: int, niter: int = 4, seed: int = 0
+) -> tuple[ResidualCodec, np.ndarray]:
+    """The first half of :func:`train_on_sample`: the codec, and which of ``docs`` it was not
+    trained on (a bool per document). A run's workers need only the codec, so they wait
+    for this half alone; the sample's own codes, which give the held-out error
+    (:func:`held_out_error`), are made while they encode.
+    """
+    whole = [i for i, d in enumerate(docs) if len(d)]
+    order = np.random.default_rng(seed).permutation(len(whole))
+    n_out = len(whole) // 5 if len(whole) >= 5 else 0
+    train = order[n_out:]
     codec, _, _ = ResidualCodec.train(
-        np.concatenate([docs[i] for i in np.sort(train)]), nbits=nbits, n_centroids=n_centroids, niter=niter,
-        seed=seed,
+        np.concatenate([_as_stored(docs[whole[i]]) for i in np.sort(train)]), nbits=nbits,
+        n_centroids=n_centroids, niter=niter, seed=seed, codes=False,
     )
-    check = np.concatenate([docs[i] for i in np.sort(held if n_out else train)])
-    codes, packed = codec.compress(check)
-    return codec, float(codec.error(check, codes, packed).mean())
+    held = np.zeros(len(docs), dtype=bool)
+    held[[whole[i] for i in (order[:n_out] if n_out else train)]] = True
+    return codec, held
+
+
+def held_out_error(codes: Sequence[DocCodes], held: np.ndarray) -> float:
+    """Mean reconstruction error per token of the documents ``held`` marks, from their codes."""
+    picked = [d for d, h in zip(codes, held) if h]
+    tokens = sum(len(d.codes) for d in picked)
+    return float(sum(d.error for d in picked) / tokens) if tokens else 0.0
+
+
+def _as_stored(doc: np.ndarray) -> np.ndarray:
+    return np.asarray(doc, np.float32).astype(np.float16).astype(np.float32)
 
 
 class CodeBook:
@@ -95,7 +118,8 @@ class CodeBook:
 
     def put(self, fingerprint: str | None, items: Iterable[tuple[str, DocCodes]]) -> int:
         """Keep codes made under the codec of ``fingerprint`` (others are ignored); returns how many."""
-        if self.codec is None or fingerprint != self.codec.fingerprint:
+        codec = self.codec  # (one read: a failed training sets it back to None)
+        if codec is None or fingerprint != codec.fingerprint:
             return 0
         items = list(items)
         with self._lock:

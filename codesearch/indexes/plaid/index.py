@@ -219,7 +219,9 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
             raise ValueError("ids passed to add() must be unique")
         if not len(ids):
             return
-        docs = [np.asarray(v, dtype=np.float32) for v in vectors]
+        # (As given, float16 from the store: a float32 copy of every token is made only where
+        # the index computes codes, not for the documents the workers coded.)
+        docs = [np.asarray(v) for v in vectors]
         docs = [d if d.size else np.empty((0, self._dim or 0), np.float32) for d in docs]
         if self._dim is None:
             self._dim = next((d.shape[1] for d in docs if d.size), None)
@@ -238,22 +240,16 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
                 coded = Coded(coded.codec, coded.error, [None] * len(old_docs) + list(coded.docs))
             self._build(np.concatenate([old_ids, ids]), old_docs + docs, coded)
             return
-        flat = (
-            np.concatenate([d for d in docs if len(d)])
-            if lens.sum()
-            else np.empty((0, self._dim), np.float32)
-        )
-
         base = len(self._codes) if self._codec is not None else self._payload_len()
         if self._codec is not None:
-            codes, packed, err_sum = self._compress(flat, lens, coded)
+            codes, packed, err_sum = self._compress(docs, lens, coded)
             self._added_error_sum += err_sum
-            self._added_tokens += len(flat)
+            self._added_tokens += int(lens.sum())
             self._codes = np.concatenate([self._codes, codes])
             self._residuals = np.concatenate([self._residuals, packed])
             self._ivf = None
         else:
-            new = flat.astype(np.float16)
+            new = _flat(docs, self._dim).astype(np.float16)
             self._vectors = new if self._vectors is None else np.concatenate([self._vectors, new])
         first = len(self._ids)
         self._ids = np.concatenate([self._ids, ids])
@@ -384,19 +380,14 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         """Train the codec on ``docs`` and store them compressed (replaces the contents);
         with ``coded``, take its codec (trained on a sample, elsewhere) and its codes."""
         lens = np.array([len(d) for d in docs], dtype=np.int64)
-        dim = next(d.shape[1] for d in docs if len(d))
-        if coded is not None and coded.codec.nbits == self.nbits and coded.codec.dim == dim:
+        if coded is not None and coded.codec.nbits == self.nbits and coded.codec.dim == self._dim:
             self._codec = coded.codec
-            # Every document coded (a copy whose codes came from the user's cache): no flat
-            # copy of the vectors, which nothing reads then (~0.5 GB at 2.5M tokens).
-            whole = all(d is not None and len(d.codes) == n for d, n in zip(coded.docs, lens.tolist()))
-            flat = None if whole else np.concatenate([d for d in docs if len(d)], dtype=np.float32)
-            codes, packed, _ = self._compress(flat, lens, coded)
+            codes, packed, _ = self._compress(docs, lens, coded)
             # The codec's error on sampled documents k-means did not see (`train_on_sample`):
             # what the index's drift check compares later additions with.
             build_error = coded.error
         else:
-            flat = np.concatenate([d for d in docs if len(d)], dtype=np.float32)
+            flat = _flat(docs, self._dim)
             codec, codes, held_out = ResidualCodec.train(
                 flat,
                 nbits=self.nbits,
@@ -420,29 +411,30 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         self._dead_tokens = 0
 
     def _compress(
-        self, flat: np.ndarray | None, lens: np.ndarray, coded: Coded | None
+        self, docs: Sequence[np.ndarray], lens: np.ndarray, coded: Coded | None
     ) -> tuple[np.ndarray, np.ndarray, float]:
-        """Codes, packed residuals and summed reconstruction error of ``flat`` (the documents
-        of ``lens``, concatenated) under this index's codec: taken from ``coded`` for the
-        documents it has codes for under that codec, computed here for the rest (``flat``
-        may be None when ``coded`` has them all)."""
+        """Codes, packed residuals and summed reconstruction error of the documents ``docs``
+        (``lens`` tokens each), concatenated, under this index's codec: taken from ``coded``
+        for the documents it has codes for under that codec, computed here for the rest."""
         codec = self._codec
-        docs = coded.docs if coded is not None and coded.codec.fingerprint == codec.fingerprint else ()
-        if not any(d is not None for d in docs):
+        given = coded.docs if coded is not None and coded.codec.fingerprint == codec.fingerprint else ()
+        missing = [i for i in range(len(docs)) if i >= len(given) or given[i] is None or len(given[i].codes) != lens[i]]
+        if len(missing) == len(docs):
+            flat = _flat(docs, self._dim)
             codes, packed = codec.compress(flat)
             return codes, packed, float(codec.error(flat, codes, packed).sum(dtype=np.float64))
         starts = _segment_starts(lens)
-        missing = [i for i, d in enumerate(docs) if d is None or len(d.codes) != lens[i]]
-        rest = _token_index(starts[missing], lens[missing]) if missing else np.empty(0, np.int64)
         total = int(lens.sum())
         codes = np.empty(total, codec.code_dtype)
         packed = np.empty((total, codec.packed_dim), np.uint8)
         err_sum = 0.0
+        rest = _token_index(starts[missing], lens[missing]) if missing else np.empty(0, np.int64)
         if len(rest):
-            codes[rest], packed[rest] = codec.compress(flat[rest])
-            err_sum += float(codec.error(flat[rest], codes[rest], packed[rest]).sum(dtype=np.float64))
+            flat = _flat([docs[i] for i in missing], self._dim)
+            codes[rest], packed[rest] = codec.compress(flat)
+            err_sum += float(codec.error(flat, codes[rest], packed[rest]).sum(dtype=np.float64))
         skip = set(missing)
-        for i, d in enumerate(docs):
+        for i, d in enumerate(given):
             if i not in skip and lens[i]:
                 codes[starts[i] : starts[i] + lens[i]] = d.codes
                 packed[starts[i] : starts[i] + lens[i]] = d.packed
@@ -465,3 +457,9 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         self._pos = {int(i): p for p, i in enumerate(self._ids.tolist())}
         self._dead_tokens = 0
         self._ivf = None
+
+
+def _flat(docs: Sequence[np.ndarray], dim: int) -> np.ndarray:
+    """The documents' token vectors, concatenated, as float32."""
+    parts = [d for d in docs if len(d)]
+    return np.concatenate(parts, dtype=np.float32) if parts else np.empty((0, dim), np.float32)
