@@ -12,6 +12,7 @@ import contextlib
 import os
 import sqlite3
 import threading
+import weakref
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -96,12 +97,15 @@ class Connection:
         )
         self._cursors = 0  # iter_vectors generators under way (their snapshots need segments)
         self._open_keys: list[object] = []
+        self._opened: weakref.finalize | None = None
         if not memory:
             if readonly and not Path(self.path).exists():
                 raise schema.corrupt(self.path, "file does not exist")
             # Counted before SQLite opens the file, so no other thread's header check
-            # closes a descriptor of it while this connection holds a lock.
+            # closes a descriptor of it while this connection holds a lock; uncounted on
+            # close, or when a connection nobody closed is collected.
             self._open_keys = _register(self.path, check=True)
+            self._opened = weakref.finalize(self, _release, self._open_keys)
         try:
             if readonly and not memory:
                 self.conn = self._connect_readonly()
@@ -123,8 +127,8 @@ class Connection:
             if not memory and len(self._open_keys) == 1:
                 # A new file: its inode is known only now that SQLite has made it.
                 inode = _register(self.path, check=False)
-                _release(self._open_keys)
-                self._open_keys = inode
+                _release(list(self._open_keys))
+                self._open_keys[:] = inode
         except BaseException as exc:
             with contextlib.suppress(Exception):
                 self.conn.close()
@@ -165,9 +169,8 @@ class Connection:
             self.segments.close()
 
     def _release_file(self) -> None:
-        keys, self._open_keys = self._open_keys, []
-        if keys:
-            _release(keys)
+        if self._opened is not None:
+            self._opened()  # runs once
 
     def __enter__(self: _C) -> _C:
         return self

@@ -12,6 +12,7 @@ a real second process for the exclusive lock.
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import threading
@@ -124,3 +125,15 @@ def test_a_damaged_file_is_still_refused_while_another_store_is_open(tmp_path):
     other.write_bytes(b"not a database at all" * 10)
     with Store(path), pytest.raises(IndexCorruptError, match="not an SQLite database"):
         Store(other, readonly=True)
+
+
+def test_a_store_nobody_closed_no_longer_counts_once_collected(tmp_path):
+    path = tmp_path / "store.sqlite"
+    store = Store(path)
+    store.set_meta("a", "1")
+    del store
+    gc.collect()
+    path.write_bytes(b"not a database at all" * 10)
+    # The header check runs again (SQLite's own error would say "file is not a database").
+    with pytest.raises(IndexCorruptError, match="not an SQLite database"):
+        Store(path, readonly=True)
