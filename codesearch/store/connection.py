@@ -11,6 +11,9 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import threading
+import weakref
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -22,6 +25,44 @@ from codesearch.store.rows import from_db, to_db
 from codesearch.store.segments import SEGMENT_BYTES, Segments
 
 _C = TypeVar("_C", bound="Connection")
+
+# The database files this process has a connection on, by resolved path and by
+# (st_dev, st_ino). SQLite locks them with POSIX locks, and POSIX drops *every* lock a
+# process holds on a file when it closes any descriptor of that file: the header check's
+# own open and close would release the shared lock an open connection holds for its whole
+# life in WAL mode, and another process could then take the file out of WAL mode, deleting
+# the WAL (and the commits in it) under that connection. So the check reads the file only
+# when no connection of this process has it open; the first open checked it already.
+_OPEN_LOCK = threading.Lock()
+_OPEN: Counter[object] = Counter()
+
+
+def _file_keys(path: str) -> list[object]:
+    """The keys of ``path`` in `_OPEN`: its resolved path and, once it exists, its inode."""
+    keys: list[object] = [os.path.realpath(path)]
+    with contextlib.suppress(OSError):
+        st = os.stat(path)
+        keys.append((st.st_dev, st.st_ino))
+    return keys
+
+
+def _register(path: str, *, check: bool) -> list[object]:
+    """Count a connection on ``path`` as open, after `schema.check_header` when ``check`` and
+    no other connection of this process has the file open. Returns the keys to release."""
+    with _OPEN_LOCK:
+        keys = _file_keys(path)
+        if check and not any(_OPEN[k] for k in keys):
+            schema.check_header(Path(path))
+        _OPEN.update(keys)
+    return keys
+
+
+def _release(keys: list[object]) -> None:
+    with _OPEN_LOCK:
+        _OPEN.subtract(keys)
+        for k in keys:
+            if _OPEN[k] <= 0:
+                del _OPEN[k]
 
 
 class Connection:
@@ -55,10 +96,16 @@ class Connection:
             else Segments(Path(self.path + ".vectors"), readonly=readonly, max_bytes=self.SEGMENT_MAX_BYTES)
         )
         self._cursors = 0  # iter_vectors generators under way (their snapshots need segments)
+        self._open_keys: list[object] = []
+        self._opened: weakref.finalize | None = None
         if not memory:
-            schema.check_header(Path(self.path))
             if readonly and not Path(self.path).exists():
                 raise schema.corrupt(self.path, "file does not exist")
+            # Counted before SQLite opens the file, so no other thread's header check
+            # closes a descriptor of it while this connection holds a lock; uncounted on
+            # close, or when a connection nobody closed is collected.
+            self._open_keys = _register(self.path, check=True)
+            self._opened = weakref.finalize(self, _release, self._open_keys)
         try:
             if readonly and not memory:
                 self.conn = self._connect_readonly()
@@ -77,10 +124,18 @@ class Connection:
                 # power loss can drop the last commits, never corrupt the file.
                 self.conn.execute("PRAGMA synchronous = NORMAL")
             self._migrate()
-        except sqlite3.DatabaseError as exc:
+            if not memory and len(self._open_keys) == 1:
+                # A new file: its inode is known only now that SQLite has made it.
+                inode = _register(self.path, check=False)
+                _release(list(self._open_keys))
+                self._open_keys[:] = inode
+        except BaseException as exc:
             with contextlib.suppress(Exception):
                 self.conn.close()
-            raise (schema.refused(self.path, exc) or schema.corrupt(self.path, exc)) from exc
+            self._release_file()
+            if isinstance(exc, sqlite3.DatabaseError):
+                raise (schema.refused(self.path, exc) or schema.corrupt(self.path, exc)) from exc
+            raise
 
     def _connect_readonly(self) -> sqlite3.Connection:
         """A read-only connection; on a full disk, one that needs no space, when it can.
@@ -109,8 +164,13 @@ class Connection:
         """Close the connection and the segment files (idempotent)."""
         with contextlib.suppress(Exception):
             self.conn.close()
+        self._release_file()
         if self.segments is not None:
             self.segments.close()
+
+    def _release_file(self) -> None:
+        if self._opened is not None:
+            self._opened()  # runs once
 
     def __enter__(self: _C) -> _C:
         return self

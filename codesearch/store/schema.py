@@ -138,7 +138,12 @@ def corrupt(path: str, detail: object) -> IndexCorruptError:
 
 
 def check_header(path: Path) -> None:
-    """Refuse a file that is not SQLite or is shorter than its header says (truncated)."""
+    """Refuse a file that is not SQLite or is shorter than its header says (truncated).
+
+    Reads the file with its own descriptor, and closing that drops every POSIX lock this
+    process holds on the file: call it only when no connection of this process has the file
+    open (`codesearch.store.connection` keeps that count).
+    """
     try:
         size = path.stat().st_size
     except FileNotFoundError:
