@@ -202,3 +202,28 @@ def test_coded_only_marks_exactly_the_documents_an_add_does_not_read(docs, sampl
         other = Coded(train_on_sample(docs[:50], nbits=4, n_centroids=16)[0], error, given)
         assert not index.coded_only(IDS[:5], lens[:5], other).any()
         assert index.coded_only(IDS[:5], lens[:5], coded).tolist() == [False, False, True, True, False]
+
+
+@pytest.mark.parametrize("crosses", [True, False])
+def test_coded_only_counts_the_documents_an_add_replaces(docs, sampled, crosses):
+    """An exact index that an add makes PLAID takes the codes; whether it crosses the
+    threshold counts the tokens of the documents the add replaces once."""
+    codec, error = sampled
+    lens = np.array([len(d) for d in docs])
+    new = slice(100, None)
+    after = int(lens.sum())  # the replaced 100..149 counted once
+    threshold = after if crosses else after + 1
+    given = [None if i % 3 == 0 else d for i, d in enumerate(compress_documents(codec, docs[new]))]
+    coded = Coded(codec, error, given)
+    index, full = (PlaidIndex(DIM, exact_threshold=threshold) for _ in range(2))
+    for x in (index, full):
+        x.add(IDS[:150], docs[:150])
+        assert x.kind == "exact"
+    taken = index.coded_only(IDS[new], lens[new], coded)
+    assert taken.any() == crosses
+    full.add(IDS[new], docs[new], coded=coded)
+    index.add(IDS[new], _stand_ins(docs[new], taken), coded=coded)
+    assert index.kind == full.kind == ("plaid" if crosses else "exact")
+    for attr in ("_ids", "_doclens", "_codes", "_residuals", "_vectors"):
+        a, b = getattr(index, attr), getattr(full, attr)
+        assert (a is None and b is None) or np.array_equal(a, b), attr
