@@ -177,6 +177,11 @@ class CodeKeeper:
             self.cached.update(h for h, *_ in items)
             self._pending.append((head, items))
 
+    def wants(self, hashes: Sequence[str | None]) -> list[bool]:
+        """Which texts (by the store's hash) this keeper reads the vectors of when called:
+        those whose codes did not come from the cache (it hashes and measures them)."""
+        return [h not in self.taken for h in hashes]
+
     def flush(self) -> None:
         """Write what was gathered (on the run's writer thread); never fails the run."""
         with self._lock:

@@ -317,6 +317,33 @@ class VectorCache(SegmentArrays):
         keep = [i for i in ids if i in found]
         return np.asarray(keep, dtype=np.int64), [found[i] for i in keep]
 
+    def vector_lengths(self, kind: str, ids: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, rows)`` int64 of the chunks (or files) with a vector of ``kind`` for the
+        recorded model, and each array's rows (a ColBERT text's tokens), read from the rows
+        alone: no array is read. In the order of ``ids``, or by id when None: the order of
+        :meth:`vectors_for` and :meth:`iter_vectors`, which a PLAID add that holds most
+        documents' codes already calls only for the rest."""
+        model = self.model_identity(kind)
+        empty = np.zeros(0, dtype=np.int64)
+        if model is None:
+            return empty, empty.copy()
+        table, col = VECTOR_KINDS[kind].keyed_by
+        # (The joins of iter_vectors and vectors_for, and their plans: see the note in the latter.)
+        sql = "SELECT t.id, v.n FROM {table} t {join} vectors v ON v.text_hash = t.{col} AND v.model = ? AND v.kind = ?"
+        if ids is None:
+            sql = sql.format(table=table, join="JOIN", col=col)
+            found = dict(self._exec(f"{sql} ORDER BY t.id", (model, kind)).fetchall())
+            keep = list(found)
+        else:
+            ids = [int(i) for i in ids]
+            sql = sql.format(table=table, join="CROSS JOIN", col=col)
+            found = {}
+            for part in chunked(ids):
+                marks = ",".join("?" * len(part))
+                found.update(self._exec(f"{sql} WHERE t.id IN ({marks})", (model, kind, *part)).fetchall())
+            keep = [i for i in ids if i in found]
+        return np.asarray(keep, dtype=np.int64), np.asarray([found[i] for i in keep], dtype=np.int64)
+
     def iter_vectors(self, kind: str, batch: int = 4096) -> Iterator[tuple[np.ndarray, list[np.ndarray]]]:
         """Every (id, vector) of ``kind`` for the recorded model, in id order, in batches."""
         model = self.model_identity(kind)

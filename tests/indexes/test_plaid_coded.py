@@ -169,3 +169,61 @@ def test_a_codec_for_the_workers_decodes_as_well_as_one_that_coded_every_vector(
     new = x[-50_000:]
     err = [float(c.error(new, *c.compress(new)).mean()) for c in (every, fitted)]
     assert err[1] == pytest.approx(err[0], rel=0.005)
+
+
+def _stand_ins(docs, taken):
+    """What a caller may pass for the documents ``coded_only`` marks: their shape, no data
+    (NaN: a read of them would show in the codes)."""
+    return [np.full(d.shape, np.nan, np.float32) if t else d for d, t in zip(docs, taken)]
+
+
+@pytest.mark.parametrize("mode, threshold", [("auto", 10**9), ("exact", 0), ("auto", 1), ("plaid", 0)])
+def test_coded_only_marks_exactly_the_documents_an_add_does_not_read(docs, sampled, mode, threshold):
+    codec, error = sampled
+    given = compress_documents(codec, docs)
+    given = [None if i % 4 == 0 else d for i, d in enumerate(given)]
+    given[1] = compress_documents(codec, [docs[1][:-1]])[0]  # codes of another length: not taken
+    coded = Coded(codec, error, given)
+    lens = np.array([len(d) for d in docs])
+    index = PlaidIndex(DIM, mode=mode, exact_threshold=threshold)
+    taken = index.coded_only(IDS, lens, coded)
+    if index._should_be_plaid(int(lens.sum())):
+        assert taken.tolist() == [i % 4 != 0 and i != 1 for i in range(len(docs))]
+    else:  # an exact index holds the vectors themselves
+        assert not taken.any()
+    full = PlaidIndex(DIM, mode=mode, exact_threshold=threshold)
+    full.add(IDS, docs, coded=coded)
+    index.add(IDS, _stand_ins(docs, taken), coded=coded)
+    for attr in ("_ids", "_doclens", "_codes", "_residuals", "_vectors"):
+        a, b = getattr(index, attr), getattr(full, attr)
+        assert (a is None and b is None) or np.array_equal(a, b), attr
+    # An add to a PLAID index under another codec computes every code itself.
+    if index.kind == "plaid":
+        other = Coded(train_on_sample(docs[:50], nbits=4, n_centroids=16)[0], error, given)
+        assert not index.coded_only(IDS[:5], lens[:5], other).any()
+        assert index.coded_only(IDS[:5], lens[:5], coded).tolist() == [False, False, True, True, False]
+
+
+@pytest.mark.parametrize("crosses", [True, False])
+def test_coded_only_counts_the_documents_an_add_replaces(docs, sampled, crosses):
+    """An exact index that an add makes PLAID takes the codes; whether it crosses the
+    threshold counts the tokens of the documents the add replaces once."""
+    codec, error = sampled
+    lens = np.array([len(d) for d in docs])
+    new = slice(100, None)
+    after = int(lens.sum())  # the replaced 100..149 counted once
+    threshold = after if crosses else after + 1
+    given = [None if i % 3 == 0 else d for i, d in enumerate(compress_documents(codec, docs[new]))]
+    coded = Coded(codec, error, given)
+    index, full = (PlaidIndex(DIM, exact_threshold=threshold) for _ in range(2))
+    for x in (index, full):
+        x.add(IDS[:150], docs[:150])
+        assert x.kind == "exact"
+    taken = index.coded_only(IDS[new], lens[new], coded)
+    assert taken.any() == crosses
+    full.add(IDS[new], docs[new], coded=coded)
+    index.add(IDS[new], _stand_ins(docs[new], taken), coded=coded)
+    assert index.kind == full.kind == ("plaid" if crosses else "exact")
+    for attr in ("_ids", "_doclens", "_codes", "_residuals", "_vectors"):
+        a, b = getattr(index, attr), getattr(full, attr)
+        assert (a is None and b is None) or np.array_equal(a, b), attr

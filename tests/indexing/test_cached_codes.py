@@ -147,3 +147,71 @@ def test_deleting_the_cache_after_adoption_breaks_no_search(repo, tmp_path, colb
     index = _plaid(second)
     q = [np.ones((3, index.dim), np.float32) / np.sqrt(index.dim)]
     assert len(index.search(q, 3)[0][0]) == 3
+
+
+@pytest.fixture
+def arrays_read(monkeypatch):
+    """How many vector arrays the stores of this process decode (from rows or segments)."""
+    from codesearch.store.vectors import VectorCache
+
+    count = [0]
+    real = VectorCache._array
+
+    def counted(self, *row):
+        count[0] += 1
+        return real(self, *row)
+
+    monkeypatch.setattr(VectorCache, "_array", counted)
+    return count
+
+
+def test_a_second_copy_reads_back_no_array_it_has_codes_for(repo, tmp_path, colbert_only, arrays_read):
+    """Its PLAID add needs only each document's length and codes (BENCHMARKS session 11):
+    reading every array back was 4.2 of the 4.5 CPU-s of a default-model second worktree."""
+    build_index(repo, encoders=colbert_only)
+    second = _copy(repo, tmp_path / "worktree")
+    arrays_read[0] = 0
+    build_index(second, encoders=colbert_only)
+    assert arrays_read[0] == 0
+    assert _by_hash(second) == _by_hash(repo) == _from_scratch(second, _plaid(repo).codec)
+
+
+def test_an_add_given_most_codes_equals_one_given_every_array(repo, colbert_only, arrays_read):
+    """The registry's add reads only the arrays of texts without codes, and makes the index
+    that every array makes: ids, lengths, codes, residuals, errors and answers."""
+    from codesearch.indexes import registry
+    from codesearch.indexes.plaid.codec import DocCodes
+    from codesearch.indexes.plaid.coded import CodeBook
+
+    build_index(repo, encoders=colbert_only)
+    first = _plaid(repo)
+    with Store(pipeline.default_index_dir(repo) / STORE_FILE, readonly=True) as store:
+        ids, arrays = store.vectors_for(first.ids().tolist(), "colbert")
+        hashes = store.hashes_of_chunks(ids.tolist())
+        book = CodeBook(first.codec, first.build_error)
+        uncoded = set(ids.tolist()[::3])  # a third of the texts are compressed by the add
+        codes = first.doc_codes(ids)
+        book.put(first.codec.fingerprint, [
+            (hashes[i], DocCodes(*codes[i], float(first.codec.error(np.asarray(a, np.float32), *codes[i]).sum())))
+            for i, a in zip(ids.tolist(), arrays) if i not in uncoded
+        ])
+        full = registry._empty_index("plaid", store)
+        full.add(ids, arrays, coded=book.coded([hashes[i] for i in ids.tolist()]))
+        arrays_read[0] = 0
+        lazy = registry._rebuild_index("plaid", store, book)
+        assert arrays_read[0] == len(uncoded)
+        changed = np.asarray(ids.tolist()[1::3])
+        again = store.vectors_for(changed.tolist(), "colbert")
+        for index in (full, lazy):  # an add to an index that is PLAID already (a delta)
+            index.remove(changed)
+        full.add(*again, coded=book.coded([hashes[i] for i in changed.tolist()]))
+        arrays_read[0] = 0
+        registry._add_from_store("plaid", lazy, store, changed.tolist(), book)
+        assert arrays_read[0] == len(set(changed.tolist()) & uncoded)
+    assert full.kind == lazy.kind == "plaid" and lazy.codec.fingerprint == first.codec.fingerprint
+    for attr in ("_ids", "_doclens", "_starts", "_alive", "_codes", "_residuals"):
+        assert np.array_equal(getattr(lazy, attr), getattr(full, attr)), attr
+    assert (lazy.build_error, lazy.added_error) == (full.build_error, full.added_error)
+    q = [np.asarray(np.random.default_rng(2).standard_normal((4, first.dim)), np.float32) for _ in range(3)]
+    for (a_ids, a_s), (b_ids, b_s) in zip(lazy.search(q, 5), full.search(q, 5)):
+        assert a_ids.tolist() == b_ids.tolist() and np.array_equal(a_s, b_s)

@@ -258,6 +258,28 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         self._alive = np.concatenate([self._alive, np.ones(len(ids), dtype=bool)])
         self._pos.update(zip(ids.tolist(), range(first, first + len(ids))))
 
+    def coded_only(self, ids: np.ndarray, lens: np.ndarray, coded: Coded | None) -> np.ndarray:
+        """Which of the documents an :meth:`add` of ``ids`` (``lens`` tokens each) with
+        ``coded`` would take from ``coded`` without reading their vectors (a bool each).
+
+        A caller may pass, for those, any array of shape ``(lens[i], dim)`` (the store's
+        second copy of a repository reads only the few arrays it has no codes for). Exact:
+        the same rule :meth:`add` follows, false wherever it might read the vectors (an
+        exact index, a codec that is trained instead of taken).
+        """
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        lens = np.asarray(lens, dtype=np.int64).reshape(-1)
+        none = np.zeros(len(lens), dtype=bool)
+        if coded is None or self._dim is None or len(ids) != len(lens):
+            return none
+        if self._codec is not None:
+            return _taken(self._codec, lens, coded)
+        replaced = [self._pos[i] for i in ids.tolist() if i in self._pos]
+        after = self.n_tokens - int(self._doclens[replaced].sum()) + int(lens.sum())
+        if self._should_be_plaid(after) and self._takes_codec(coded):
+            return _taken(coded.codec, lens, coded)  # (the documents already held are exact: read from here)
+        return none
+
     def remove(self, ids: np.ndarray) -> None:
         """Remove documents by id; unknown ids are ignored. Storage is compacted lazily."""
         for doc_id in np.asarray(ids, dtype=np.int64).reshape(-1).tolist():
@@ -380,7 +402,7 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         """Train the codec on ``docs`` and store them compressed (replaces the contents);
         with ``coded``, take its codec (trained on a sample, elsewhere) and its codes."""
         lens = np.array([len(d) for d in docs], dtype=np.int64)
-        if coded is not None and coded.codec.nbits == self.nbits and coded.codec.dim == self._dim:
+        if self._takes_codec(coded):
             self._codec = coded.codec
             codes, packed, _ = self._compress(docs, lens, coded)
             # The codec's error on sampled documents k-means did not see (`train_on_sample`):
@@ -417,8 +439,9 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         (``lens`` tokens each), concatenated, under this index's codec: taken from ``coded``
         for the documents it has codes for under that codec, computed here for the rest."""
         codec = self._codec
-        given = coded.docs if coded is not None and coded.codec.fingerprint == codec.fingerprint else ()
-        missing = [i for i in range(len(docs)) if i >= len(given) or given[i] is None or len(given[i].codes) != lens[i]]
+        taken = _taken(codec, lens, coded)
+        given = coded.docs if taken.any() else ()
+        missing = np.flatnonzero(~taken).tolist()
         if len(missing) == len(docs):
             flat = _flat(docs, self._dim)
             codes, packed = codec.compress(flat)
@@ -441,6 +464,10 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
                 err_sum += d.error
         return codes, packed, err_sum
 
+    def _takes_codec(self, coded: Coded | None) -> bool:
+        """Whether a build given ``coded`` takes its codec (and codes) instead of training."""
+        return coded is not None and coded.codec.nbits == self.nbits and coded.codec.dim == self._dim
+
     def _compact(self) -> None:
         """Drop the tokens of removed documents and renumber positions."""
         live = np.flatnonzero(self._alive)
@@ -457,6 +484,16 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         self._pos = {int(i): p for p, i in enumerate(self._ids.tolist())}
         self._dead_tokens = 0
         self._ivf = None
+
+
+def _taken(codec: ResidualCodec, lens: np.ndarray, coded: Coded | None) -> np.ndarray:
+    """Which documents (``lens`` tokens each) take their codes from ``coded`` under ``codec``:
+    those it has codes for, made under that codec, of their length."""
+    given = coded.docs if coded is not None and coded.codec.fingerprint == codec.fingerprint else ()
+    return np.array(
+        [i < len(given) and given[i] is not None and len(given[i].codes) == lens[i] for i in range(len(lens))],
+        dtype=bool,
+    )
 
 
 def _flat(docs: Sequence[np.ndarray], dim: int) -> np.ndarray:
