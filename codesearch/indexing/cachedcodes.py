@@ -55,9 +55,9 @@ log = logging.getLogger(__name__)
 ADOPT_SHARE = 0.9
 
 
-def pack_codes(doc: DocCodes) -> bytes:
+def pack_codes(codes: np.ndarray, packed: np.ndarray) -> bytes:
     """A document's centroid ids then its packed residuals, as the cache keeps them."""
-    return np.ascontiguousarray(doc.codes).tobytes() + np.ascontiguousarray(doc.packed, np.uint8).tobytes()
+    return np.ascontiguousarray(codes).tobytes() + np.ascontiguousarray(packed, np.uint8).tobytes()
 
 
 def unpack_codes(codec: ResidualCodec, n: int, error: float, data: bytes) -> DocCodes | None:
@@ -171,7 +171,7 @@ class CodeKeeper:
         items = []
         for doc_id, (codes, packed) in index.doc_codes(list(fresh)).items():
             error = float(codec.error(fresh[doc_id], codes, packed).sum(dtype=np.float64))
-            items.append((keys[doc_id], len(codes), error, pack_codes(_Doc(codes, packed))))
+            items.append((keys[doc_id], len(codes), error, pack_codes(codes, packed)))
         head = (codec.fingerprint, codec.nbits, (codec.centroids, codec.cutoffs, codec.weights), index.build_error)
         with self._lock:
             self.cached.update(h for h, *_ in items)
@@ -195,13 +195,6 @@ class CodeKeeper:
                 self.kept += cache.put_codes(self.model, fp, items)
         except _CACHE_ERRORS as exc:
             self.reuse._give_up(exc)
-
-
-class _Doc:
-    __slots__ = ("codes", "packed")
-
-    def __init__(self, codes: np.ndarray, packed: np.ndarray) -> None:
-        self.codes, self.packed = codes, packed
 
 
 def book_for(codec: ResidualCodec | None, error: float, docs: dict[str, DocCodes], keep: CodeKeeper) -> CodeBook:

@@ -46,7 +46,9 @@ def _codes_capable(enc: Encoder) -> bool:
     return bool(enc.multivector and enc.offloaded and callable(getattr(enc, "set_codec", None)))
 
 
-def _estimate(text: str, max_length: int) -> int:
+def window_tokens(text: str, max_length: int) -> int:
+    """A text's tokens in the window, before tokenising it: ~4 characters a code token (a
+    central estimate, for sizes and shares; chunking's `estimate_tokens` is conservative)."""
     return max(1, min(len(text) // 4, max_length))  # ~4 characters a code token
 
 
@@ -158,7 +160,7 @@ def plan_codes(idir: Path, enc: Encoder, items: list, known: CodeBook | None = N
         enc.set_codec(stored[0])  # type: ignore[attr-defined]
         return RunCodes(enc, CodeBook(*stored)), items
     multi = [i for i, it in enumerate(items) if it[1] == "colbert"]
-    sizes = np.array([_estimate(items[i][3], int(enc.max_length)) for i in multi], dtype=np.int64)
+    sizes = np.array([window_tokens(items[i][3], int(enc.max_length)) for i in multi], dtype=np.int64)
     total = int(sizes.sum())
     index = PlaidIndex()  # the parameters of the index the registry makes
     if total < index.exact_threshold:

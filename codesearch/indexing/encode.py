@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from codesearch.encoder.base import Encoder, encode_stream
-from codesearch.indexing.codes import plan_codes
+from codesearch.indexing.codes import plan_codes, window_tokens
 from codesearch.indexing.commit import Commits
 from codesearch.indexing.encoders import EMBEDDED_KEY, VECTORS_PENDING_KEY
 from codesearch.indexing.options import Run
@@ -202,7 +202,7 @@ def _cached_codes(run: Run, enc: Encoder, reuse: Reuse, items: list[_Item], arra
     stored = read_codec(run.opts.idir / "plaid")
     try:
         total = sum(run.store.chunk_token_counts(enc.identity, "colbert").values())
-        total += sum(min(len(t) // 4 + 1, int(enc.max_length)) for _, kind, _, t in items if kind == "colbert")
+        total += sum(window_tokens(t, int(enc.max_length)) for _, kind, _, t in items if kind == "colbert")
         found = adopt_codes(reuse.cache, keeper.model, dict(arrays.values()), total, codec=stored,
                             nbits=PlaidIndex().nbits, dim=enc.dim)
     except _CACHE_ERRORS as exc:
