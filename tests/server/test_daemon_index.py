@@ -15,6 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from daemonkit import cli_argv, daemon_env, run_cli
 from fixtures.sample_repo import write_sample_repo
 
@@ -116,6 +117,8 @@ def test_ctrl_c_of_the_cli_cancels_the_daemons_run_in_one_line(tmp_path, single_
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+    if proc.returncode == 0 and "files indexed" in err:  # as tests/test_user_errors.py does
+        pytest.skip("the daemon's run finished before the cancel arrived")
     assert proc.returncode == 130, err
     lines = [line for line in err.splitlines() if line.strip()]
     assert lines[-1] == ("Interrupted: the daemon stopped the index run (the index is intact; run the command "
