@@ -48,6 +48,7 @@ def quality_summary(paths: list[Path]) -> dict:
         for mode in sorted({q["mode"] for q in queries}):
             by_mode.setdefault(mode, [q for q in queries if q["mode"] == mode])
     series = []
+    repos: dict[str, set[str]] = defaultdict(set)
     for mode, label, colour in SERIES:
         rows = by_mode.get(mode)
         if not rows:
@@ -55,12 +56,44 @@ def quality_summary(paths: list[Path]) -> dict:
         langs: dict[str, list[float]] = defaultdict(list)
         for q in rows:
             langs[q["language"]].append(q["ndcg"])
+            repos[q["language"]].add(q["repo"])
         series.append({
             "mode": mode, "label": label, "colour": colour, "queries": len(rows),
             "overall": round(statistics.mean(q["ndcg"] for q in rows), 4),
             "languages": {k: [round(statistics.mean(v), 4), len(v)] for k, v in sorted(langs.items())},
         })
-    return {"metric": "NDCG@10, semble dev split (20 repositories, 401 queries)", "series": series}
+    return {"metric": "NDCG@10, semble dev split (20 repositories, 401 queries)", "series": series,
+            "repos": {k: sorted(v) for k, v in sorted(repos.items())}}
+
+
+def quality_table(summary: dict) -> str:
+    """The plotted figures as a Markdown table, one row per language."""
+    series = summary["series"]
+    lines = ["| language (repository) | queries | " + " | ".join(s["label"] for s in series) + " |",
+             "|---|---:|" + "---:|" * len(series)]
+    first = series[0]["languages"]
+    for lang in sorted(first):
+        cells = " | ".join(f"{s['languages'][lang][0]:.3f}" if lang in s["languages"] else "" for s in series)
+        where = ", ".join(summary.get("repos", {}).get(lang, []))
+        lines.append(f"| {lang} ({where}) | {first[lang][1]} | {cells} |")
+    lines.append("| **all** | " + str(series[0]["queries"]) + " | "
+                 + " | ".join(f"**{s['overall']:.3f}**" for s in series) + " |")
+    return "\n".join(lines)
+
+
+def cost_table(data: dict) -> str:
+    """The plotted figures as a Markdown table, one row per size."""
+    lines = ["| files | MB | chunks | first index: wall / CPU-s / peak RSS | no-op index: wall / CPU-s "
+             "| cold lexical query: wall / CPU-s / peak RSS | index on disk | load |",
+             "|---:|---:|---:|---|---|---|---:|---:|"]
+    for r in data["rows"]:
+        f, n, q = r["first_index"], r["noop_index"], r["cold_query"]
+        lines.append(f"| {r['files']:,} | {r['source_mb']} | {r['chunks']:,} "
+                     f"| {f['wall_s']:.1f} s / {f['cpu_s']:.1f} / {f['peak_rss_mib']:.0f} MiB "
+                     f"| {n['wall_s']:.2f} s / {n['cpu_s']:.2f} "
+                     f"| {q['wall_s']:.2f} s / {q['cpu_s']:.2f} / {q['peak_rss_mib']:.0f} MiB "
+                     f"| {r['index_mib']:.0f} MiB | {f['load']:.1f} |")
+    return "\n".join(lines)
 
 
 def plot_quality(summary: dict, png: Path) -> None:
@@ -136,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quality", type=Path, nargs="*", default=[], help="quality.py / peers.py --json files")
     ap.add_argument("--scaling", type=Path, default=None, help="a scaling.py --json file")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--markdown", action="store_true", help="also print the plotted figures as Markdown tables")
     args = ap.parse_args(argv)
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -147,9 +181,13 @@ def main(argv: list[str] | None = None) -> int:
     if quality_json.exists():
         plot_quality(json.loads(quality_json.read_text()), quality_json.with_suffix(".png"))
         print(f"wrote {quality_json.with_suffix('.png')}")
+        if args.markdown:
+            print(quality_table(json.loads(quality_json.read_text())))
     if cost_json.exists():
         plot_cost(json.loads(cost_json.read_text()), cost_json.with_suffix(".png"))
         print(f"wrote {cost_json.with_suffix('.png')}")
+        if args.markdown:
+            print(cost_table(json.loads(cost_json.read_text())))
     return 0
 
 
