@@ -30,13 +30,13 @@ parent stops them. Servers (`UNGUARDED`) keep their own graceful shutdown, and a
 ignored from the start (a background job) stays ignored, as Python keeps it.
 
 The line is claimed and written under one lock (:func:`_say`), and nothing ends the process
-between the two: the main thread at the end of its clean-up and the watchdog at its deadline
-can get there together, and the one that claimed the line could lose the CPU before writing
-it while the other, finding it claimed, ended the process (exit 130, empty stderr, seen on a
-quiet Zen 4 when the deferred interrupt of a torch import landed at the deadline). Once the
-line is being said no interrupt is raised in the main thread any more (:func:`_on_signal`),
-so the line is never cut by one. For an index run the line says what the run kept, from its
-last progress event (:func:`noting`).
+between the two. The command's clean-up and the watchdog's deadline can end together (a
+clean-up as long as the grace: an interrupt deferred until an import ends, a C call that
+returns late); the thread that had claimed the line could lose the CPU before writing it
+(``isatty`` and the write give up the GIL), and the other, finding it claimed, ended the
+process: exit 130 with an empty stderr, which the random-moment test met once on a quiet
+Zen 4. Once the line is being said, the handler raises nothing in the main thread, so no
+interrupt cuts it. An index run's line says what the run kept (:func:`noting`).
 """
 
 from __future__ import annotations
