@@ -228,35 +228,31 @@ def main() -> None:
         template, dense, colbert = make_inputs(work, args.files)
         repo = work / "repo"
         results, late = [], 0
+
+        def trial(delay: float, hold: tuple[str, int] | None = None) -> None:
+            nonlocal late
+            r = run_trial(repo, dense, colbert, delay, sig, tty=rng.random() < 0.5, limit=args.limit, hold=hold)
+            if not r["trial"]:
+                late += 1
+                return
+            problem = consistent(repo)
+            r["index"] = problem or "consistent"
+            r["ok"] = r["ok"] and problem is None
+            results.append(r)
+            print(json.dumps(r), file=sys.stderr, flush=True)
+
         for stage in STAGES if args.stages else ():
             for _ in range(args.n):
                 shutil.rmtree(repo, ignore_errors=True)
                 shutil.copytree(template, repo)
-                r = run_trial(repo, dense, colbert, 0.0, sig, tty=rng.random() < 0.5, limit=args.limit, hold=stage)
-                if not r["trial"]:
-                    late += 1
-                    continue
-                problem = consistent(repo)
-                r["index"] = problem or "consistent"
-                r["ok"] = r["ok"] and problem is None
-                results.append(r)
-                print(json.dumps(r), file=sys.stderr, flush=True)
+                trial(0.0, stage)  # (a run that ends before its stage counts as landed after the run)
         while not args.stages and len(results) < args.n:
             if not repo.exists() or rng.random() < args.fresh:
                 shutil.rmtree(repo, ignore_errors=True)
                 shutil.copytree(template, repo)
             else:
                 edit_some(repo, rng)
-            r = run_trial(repo, dense, colbert, rng.uniform(0, args.max_delay), sig, tty=rng.random() < 0.5,
-                          limit=args.limit)
-            if not r["trial"]:
-                late += 1
-                continue
-            problem = consistent(repo)
-            r["index"] = problem or "consistent"
-            r["ok"] = r["ok"] and problem is None
-            results.append(r)
-            print(json.dumps(r), file=sys.stderr, flush=True)
+            trial(rng.uniform(0, args.max_delay))
         final = None
         if not args.no_final:
             done = subprocess.run(

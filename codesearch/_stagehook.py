@@ -35,7 +35,7 @@ __all__ = ["VARIABLE", "reached"]
 VARIABLE = "CODESEARCH_STAGE_HOOK"
 
 #: How long a run waits for ``held`` to go (a test that died does not hold a daemon forever).
-HOLD_S = 300.0
+HOLD_S = 600.0
 
 _counts: dict[str, int] = {}
 _target: list[str] = [""]  # the ``at`` file's text the counts belong to
