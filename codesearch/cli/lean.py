@@ -475,7 +475,10 @@ def _index_in_daemon(path: Path, opts: dict[str, object], size: int, device: str
         _notice(f"the codesearch daemon (pid {info.pid}) answered {status}; indexing in this process "
                 "(see 'codesearch daemon logs')")
         return None
-    return _follow_run(info, root, int(doc["target_runs"]), quiet=bool(opts.get("quiet")))
+    try:
+        return _follow_run(info, root, int(doc["target_runs"]), quiet=bool(opts.get("quiet")))
+    except KeyboardInterrupt:  # the run is the daemon's: before the polling began or after it ended
+        return _cancel(info, root)
 
 
 def _follow_run(info: object, root: Path, target: int, *, quiet: bool) -> int | None:
