@@ -1,4 +1,4 @@
-"""Ctrl-C (and SIGTERM) at random moments of a real `codesearch index` (issue 26, item 1).
+"""Ctrl-C (and SIGTERM) at random moments, or at each stage, of a real `codesearch index`.
 
 Each trial starts ``codesearch index`` on a copy of a generated repository with the tiny
 random checkpoints of the tests (tests/fixtures/models.py: a dense and a ColBERT model, so
@@ -16,11 +16,18 @@ line, and the index left behind is consistent (`check_consistent`, as the kill -
 check it). A signal that lands after the run ended is not a trial (counted apart). At the
 end one more run (no signal) must finish the index.
 
+With ``--stages`` the signal comes at each stage boundary instead: the run is held at a
+progress event by the test hook (`codesearch._stagehook`, the events of
+tests/cli/test_interrupts.py) and signalled there, ``-n`` times per stage, each trial from
+a fresh copy of the repository (no index yet, no cached vectors), and the tuning of the tests
+(each batch its own commit, batches of 8 texts, a publication whenever one is due).
+
 Run::
 
     PYTHONPATH=$PWD python benchmarks/interrupts.py                 # 100 SIGINTs
     PYTHONPATH=$PWD python benchmarks/interrupts.py --signal TERM -n 20
     PYTHONPATH=$PWD python benchmarks/interrupts.py --max-delay 6 --seed 2
+    PYTHONPATH=$PWD python benchmarks/interrupts.py --stages -n 3 --files 6 --signal TERM
 
 The output is one JSON document (and a line per trial on stderr). Timings depend on the
 machine's load, which is recorded.
@@ -85,11 +92,30 @@ def edit_some(repo: Path, rng: random.Random, n: int = 3) -> None:
         f.write_text(f.read_text() + f"\n\ndef edited_{rng.randrange(10**9)}(x):\n    return x + 1\n")
 
 
+#: Where ``--stages`` holds a run: (stage, n), the stage's n-th progress event (as the tests).
+STAGES = [("walk", 1), ("walk", 2), ("chunk", 1), ("write", 1), ("write", 2), ("sync", 1), ("searchable", 1),
+          ("encode", 1), ("sync", 5), ("published", 1), ("encode", 2)]
+KNOBS = """
+from codesearch.indexing import commit, encode, publish
+commit.COMMIT_GROUP_S, encode.ENCODE_BATCH, publish.PUBLISH_EVERY_S = 0.0, 8, 0.0
+"""
+
+
 def run_trial(repo: Path, dense: Path, colbert: Path, delay: float, sig: signal.Signals, tty: bool,
-              limit: float, wait_s: float = 120.0) -> dict:
-    cmd = [sys.executable, "-c", CHILD, "index", str(repo), "--model", str(dense), "--multi-model", str(colbert)]
+              limit: float, wait_s: float = 120.0, hold: tuple[str, int] | None = None) -> dict:
+    """One run of ``codesearch index`` signalled ``delay`` s after its start, or once it is
+    held at progress event ``hold``."""
+    child = CHILD
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                COLUMNS="100")
+    if hold is not None:
+        hook = repo.parent / "hook"
+        shutil.rmtree(hook, ignore_errors=True)
+        hook.mkdir()
+        (hook / "at").write_text(f"{hold[0]} {hold[1]}\n")
+        env.update(CODESEARCH_STAGE_HOOK=str(hook), CODESEARCH_CACHE_DIR=str(repo.parent / "cache"))
+        child = CHILD.replace("from codesearch.cli import main", KNOBS + "from codesearch.cli import main")
+    cmd = [sys.executable, "-c", child, "index", str(repo), "--model", str(dense), "--multi-model", str(colbert)]
     chunks: list[bytes] = []
     if tty:
         master, slave = pty.openpty()
@@ -116,7 +142,11 @@ def run_trial(repo: Path, dense: Path, colbert: Path, delay: float, sig: signal.
     proc.stdout.read(1)  # the child's code runs
     threading.Thread(target=proc.stdout.read, daemon=True).start()
     started = time.monotonic()
-    time.sleep(delay)
+    if hold is None:
+        time.sleep(delay)
+    else:
+        while not (hook / "held").exists() and proc.poll() is None and time.monotonic() - started < wait_s:
+            time.sleep(0.01)
     if proc.poll() is not None:
         proc.wait()
         reader.join(5)
@@ -154,6 +184,9 @@ def run_trial(repo: Path, dense: Path, colbert: Path, delay: float, sig: signal.
         "lines_said": len(said), "last_line": lines[-1][:200] if lines else "",
         "stage_s": round(sent - started, 3),
     }
+    if hold is not None:
+        out["stage"] = f"{hold[0]}{hold[1]}"
+        shutil.rmtree(repo.parent / "cache", ignore_errors=True)
     out["ok"] = (proc.returncode == want and gone_s <= limit and not out["traceback"] and len(said) == 1
                  and (tty or lines[-1] == said[0]))
     if not out["ok"]:
@@ -186,6 +219,7 @@ def main() -> None:
     ap.add_argument("--fresh", type=float, default=0.3, help="share of trials that start from no index")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-final", action="store_true", help="skip the final run that must finish the index")
+    ap.add_argument("--stages", action="store_true", help="signal at each stage boundary, -n times each")
     args = ap.parse_args()
     sig = signal.SIGINT if args.signal == "INT" else signal.SIGTERM
     rng = random.Random(args.seed)
@@ -194,22 +228,31 @@ def main() -> None:
         template, dense, colbert = make_inputs(work, args.files)
         repo = work / "repo"
         results, late = [], 0
-        while len(results) < args.n:
-            if not repo.exists() or rng.random() < args.fresh:
-                shutil.rmtree(repo, ignore_errors=True)
-                shutil.copytree(template, repo)
-            else:
-                edit_some(repo, rng)
-            r = run_trial(repo, dense, colbert, rng.uniform(0, args.max_delay), sig, tty=rng.random() < 0.5,
-                          limit=args.limit)
+
+        def trial(delay: float, hold: tuple[str, int] | None = None) -> None:
+            nonlocal late
+            r = run_trial(repo, dense, colbert, delay, sig, tty=rng.random() < 0.5, limit=args.limit, hold=hold)
             if not r["trial"]:
                 late += 1
-                continue
+                return
             problem = consistent(repo)
             r["index"] = problem or "consistent"
             r["ok"] = r["ok"] and problem is None
             results.append(r)
             print(json.dumps(r), file=sys.stderr, flush=True)
+
+        for stage in STAGES if args.stages else ():
+            for _ in range(args.n):
+                shutil.rmtree(repo, ignore_errors=True)
+                shutil.copytree(template, repo)
+                trial(0.0, stage)  # (a run that ends before its stage counts as landed after the run)
+        while not args.stages and len(results) < args.n:
+            if not repo.exists() or rng.random() < args.fresh:
+                shutil.rmtree(repo, ignore_errors=True)
+                shutil.copytree(template, repo)
+            else:
+                edit_some(repo, rng)
+            trial(rng.uniform(0, args.max_delay))
         final = None
         if not args.no_final:
             done = subprocess.run(
@@ -234,6 +277,11 @@ def main() -> None:
             "final_run": final,
             "failures": [r for r in results if not r["ok"]][:10],
             "load_average": os.getloadavg(),
+            **({"by_stage": {
+                f"{st}{n}": {"trials": len(rs), "ok": sum(r["ok"] for r in rs),
+                             "gone_s_max": max(r["group_gone_s"] for r in rs)}
+                for st, n in STAGES if (rs := [r for r in results if r.get("stage") == f"{st}{n}"])
+            }} if args.stages else {}),
         }, indent=2))
     finally:
         shutil.rmtree(work, ignore_errors=True)

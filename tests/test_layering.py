@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("pathnames", "languages", "globs"),
     ("textregex",),  # the --regex filter: stops at the search deadline `globs` holds
     ("types",),
+    ("_stagehook",),  # a test hook on an index run's progress events (`types.ProgressEvent`)
     ("encoder", "store"),
     ("indexes",),
     ("indexing", "search"),

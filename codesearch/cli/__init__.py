@@ -41,7 +41,10 @@ def main() -> None:
             return
     except KeyboardInterrupt:  # at any point, the app's own handler included or not
         pass
-    code = interrupts.say_and_exit()  # the line, unless the command said it already
+    try:
+        code = interrupts.say_and_exit()  # the line, unless the command said it already
+    except KeyboardInterrupt:  # an interrupt deferred from an import landed as the call began
+        code = interrupts.say_and_exit()
     # Interrupted, the command's clean-up done (the writer lock released): end now, not
     # after the interpreter's teardown (seconds with torch loaded, or an atexit join).
     with contextlib.suppress(Exception):

@@ -196,7 +196,7 @@ def index(
         return index_from(from_file, path, rebuild=rebuild, model=model, multi_model=multi_model, quiet=quiet,
                           index_dir=index_dir, device=device.value)
     from codesearch.api import CodeSearch
-    from codesearch.cli import render
+    from codesearch.cli import interrupts, render
 
     with CodeSearch(
         path,
@@ -210,7 +210,8 @@ def index(
         ray=ray_address or ("auto" if ray else None),
     ) as cs:
         with render.IndexProgress(enabled=not quiet) as progress:
-            summary = cs.index(rebuild=rebuild, progress=progress)
+            # Ctrl-C's line says what the run kept (codesearch.cli.interrupts)
+            summary = cs.index(rebuild=rebuild, progress=interrupts.noting(progress))
     if quiet:
         render.notices(summary.notices)
     else:

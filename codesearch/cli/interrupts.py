@@ -28,6 +28,15 @@ whole or not at all, which the kill -9 tests check (tests/indexing/test_pipeline
 Chunking workers ignore both signals (`codesearch.indexing.chunking.parallel`): the
 parent stops them. Servers (`UNGUARDED`) keep their own graceful shutdown, and a signal
 ignored from the start (a background job) stays ignored, as Python keeps it.
+
+The line is claimed and written under one lock (:func:`_say`), and nothing ends the process
+between the two. The command's clean-up and the watchdog's deadline can end together (a
+clean-up as long as the grace: an interrupt deferred until an import ends, a C call that
+returns late); the thread that had claimed the line could lose the CPU before writing it
+(``isatty`` and the write give up the GIL), and the other, finding it claimed, ended the
+process: exit 130 with an empty stderr, which the random-moment test met once on a quiet
+Zen 4. Once the line is being said, the handler raises nothing in the main thread, so no
+interrupt cuts it. An index run's line says what the run kept (:func:`noting`).
 """
 
 from __future__ import annotations
@@ -39,8 +48,10 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
-__all__ = ["GRACE_S", "exit_status", "finished", "install", "say_and_exit", "signalled"]
+__all__ = ["GRACE_S", "exit_status", "finished", "install", "noting", "say_and_exit", "signalled"]
 
 #: Seconds from the first signal to a forced end (the clean path is given this long).
 GRACE_S = 0.8
@@ -48,14 +59,28 @@ GRACE_S = 0.8
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _RERAISE = b"\0"  # on the wake-up pipe: raise the swallowed interrupt again (no signal is 0)
 _START = b"\1"  # on the wake-up pipe: a guarded signal was handled (starts the deadline; SIGHUP is not guarded)
-_lock = threading.Lock()
-_state: dict[str, object] = {"signum": None, "said": False, "reraise": False, "armed": False, "wake": -1}
+#: Seconds the watchdog, ending the process, waits for the main thread to finish writing the
+#: line it claimed (only a stderr nobody reads takes longer).
+SAY_WAIT_S = 1.0
+
+_say_lock = threading.Lock()  # only `_say` takes it; never the signal handler (it runs in the main thread)
+# signum: the first signal as the main thread's handler saw it; woken_by: as the watchdog saw
+# it (the handler may never run: a main thread in C code); ending: the line is being said.
+_state: dict[str, object] = {"signum": None, "woken_by": None, "said": False, "reraise": False, "armed": False,
+                             "ending": False, "wake": -1}
+# What an index run of this process has kept so far, from its progress events (`noting`):
+# committed: None (not begun), "begun" or "done" (the files' one transaction).
+_run: dict[str, object] = {"index": False, "committed": None, "vectors": None}
 
 
 def exit_status(signum: int | None = None) -> int:
     """130 for SIGINT (and when no signal was recorded: a KeyboardInterrupt), 143 for SIGTERM."""
-    signum = signum if signum is not None else _state["signum"]
+    signum = signum if signum is not None else _signum()
     return 128 + int(signum) if signum in (signal.SIGTERM, signal.SIGINT) else 130
+
+
+def _signum() -> object:
+    return _state["signum"] if _state["signum"] is not None else _state["woken_by"]
 
 
 def signalled() -> bool:
@@ -63,30 +88,70 @@ def signalled() -> bool:
     return _state["signum"] is not None
 
 
+def noting(progress: Callable[[Any], None]) -> Callable[[Any], None]:
+    """``progress`` (an index run's callback), which first notes what the run has kept, so
+    that an interrupted run's line says it. Each report follows what it reports, so the line
+    says what was kept at least (a signal between a commit and its report finds one more)."""
+
+    _run["index"] = True
+
+    def note(event: Any) -> None:
+        stage, done, total = event.stage, event.done, event.total
+        if stage in ("searchable", "encode", "published") or (stage == "write" and total and done >= total):
+            _run["committed"] = "done"
+        elif stage == "write" and _run["committed"] is None:
+            _run["committed"] = "begun"
+        if stage == "encode":
+            _run["vectors"] = (done, total)  # reported after each commit
+        progress(event)
+
+    return note
+
+
+def _kept() -> str:
+    if not _run["index"]:
+        return "the index is intact"
+    if _run["committed"] is None:
+        return "nothing of this run was kept: the index is as it was"
+    if _run["committed"] == "begun":
+        return "kept: this run's files if their commit had ended, else the index as it was"
+    if _run["vectors"] is None:
+        return "kept: the files and their lexical index"
+    done, total = _run["vectors"]  # type: ignore[misc]
+    return f"kept: the files and vectors for at least {done:,} of {total:,} texts"
+
+
 def message(signum: int | None = None) -> str:
-    signum = signum if signum is not None else _state["signum"]
+    signum = signum if signum is not None else _signum()
     what = "Terminated" if signum == signal.SIGTERM else "Interrupted"
-    return f"{what} (the index is intact; run the command again to resume)"
+    return f"{what} ({_kept()}; run the command again to resume)"
 
 
 def _say(*, raw: bool, text: str | None = None) -> None:
     """Write the one line, once, whichever thread gets here first: ``raw`` (the watchdog)
     straight to fd 2, as the main thread may hold ``sys.stderr``'s lock; else to
-    ``sys.stderr`` (which a test runner may have replaced)."""
-    with _lock:
+    ``sys.stderr`` (which a test runner may have replaced). Claimed and written under
+    `_say_lock`, so that a thread that finds the line claimed (and then ends the process)
+    finds it written: between the two, the writer can give up the GIL (``isatty``, the
+    write itself) to the other thread, which ended the process in silence."""
+    if not _say_lock.acquire(timeout=SAY_WAIT_S if raw else -1):
+        return  # the main thread is stuck writing it (a stderr nobody reads): end anyway
+    try:
         if _state["said"]:
             return
         _state["said"] = True
-    # On a terminal the line starts after the echoed ^C; in a log it is one line.
-    line = ("\n" if _isatty(2) else "") + (text or message()) + "\n"
-    try:
-        if raw:
-            os.write(2, line.encode())
-        else:
-            sys.stderr.write(line)
-            sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
+        # On a terminal the line starts after the echoed ^C; in a log it is one line.
+        line = ("\n" if _isatty(2) else "") + (text or message()) + "\n"
+        try:
+            if raw:
+                os.write(2, line.encode())
+            else:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+    finally:
+        _say_lock.release()
 
 
 def _isatty(fd: int) -> bool:
@@ -110,22 +175,24 @@ def finished() -> None:
 def say_and_exit(line: str | None = None) -> int:
     """For the command's ``except KeyboardInterrupt``: the line (once; ``line`` instead of the
     usual one, when the command knows better what was left), then the exit status."""
-    with _lock:
-        if _state["signum"] is None:
-            _state["signum"] = signal.SIGINT  # a KeyboardInterrupt raised without the guard
+    _state["ending"] = True  # from here on the handler raises nothing: the line is not cut
+    if _state["signum"] is None:  # a KeyboardInterrupt the guard did not raise (or not yet)
+        _state["signum"] = _state["woken_by"] if _state["woken_by"] is not None else signal.SIGINT
     _say(raw=False, text=line)
     return exit_status()
 
 
 def _on_signal(signum: int, frame: object) -> None:
-    with _lock:
-        first = _state["signum"] is None
-        if first:
-            _state["signum"] = signum
-        again = bool(_state["reraise"])
-        _state["reraise"] = False
+    # Runs in the main thread only, between two bytecodes of whatever it was running: it
+    # takes no lock (the main thread may hold it) and raises nothing once the line is being said.
+    if _state["ending"]:
+        return  # a later signal: the watchdog, which counts it, ends the process
+    first = _state["signum"] is None
     if first:
+        _state["signum"] = signum
         _wake(_START)  # the deadline starts now even if the signal's own byte never came
+    again = bool(_state["reraise"])
+    _state["reraise"] = False
     if first or again:
         if _importing(frame):
             # Not in the middle of an import: it would leave a half-imported module, and torch
@@ -147,8 +214,7 @@ def _importing(frame: object) -> bool:
 
 def _ask_again() -> None:
     """Have the watchdog raise the interrupt again in the main thread shortly."""
-    with _lock:
-        _state["reraise"] = True
+    _state["reraise"] = True
     _wake(_RERAISE)
 
 
@@ -164,7 +230,7 @@ def _unraisable(unraisable: object, *, _previous=sys.unraisablehook) -> None:
     raise it again in the main thread (not from here: it would be raised inside this hook,
     and ignored too), instead of printing a traceback and running on."""
     exc = getattr(unraisable, "exc_value", None)
-    if isinstance(exc, KeyboardInterrupt) and signalled() and _state["armed"]:
+    if isinstance(exc, KeyboardInterrupt) and signalled() and _state["armed"] and not _state["ending"]:
         _ask_again()
         return
     _previous(unraisable)
@@ -189,6 +255,7 @@ def _kill_children() -> None:
 def hard_exit() -> None:
     """The line (once), the pool workers killed, and the process gone without clean-up:
     what a kill -9 leaves, which every index write survives."""
+    _state["ending"] = True
     _say(raw=True)
     _kill_children()
     os._exit(exit_status())
@@ -211,7 +278,7 @@ def _watch(fd: int) -> None:
             return
         for signum in data:
             if signum == _RERAISE[0]:
-                if _state["reraise"]:
+                if _state["reraise"] and not _state["ending"]:
                     import _thread
 
                     time.sleep(0.05)  # out of the finalizer or import, likely; if not, it asks again
@@ -227,6 +294,8 @@ def _watch(fd: int) -> None:
             # Another handler in charge (`serve` installs its own): not ours to end.
             if signum in _SIGNALS and signal.getsignal(signum) is _on_signal:
                 seen += 1
+                if _state["woken_by"] is None:  # the status and word, should the handler never run
+                    _state["woken_by"] = signum
         if (seen or started) and deadline is None:
             deadline = time.monotonic() + GRACE_S
         if seen >= 2:

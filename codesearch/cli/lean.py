@@ -464,6 +464,8 @@ def _index_in_daemon(path: Path, opts: dict[str, object], size: int, device: str
     body = {"root": str(root), "options": options, "rebuild": bool(opts.get("rebuild"))}
     try:
         status, doc = daemon_client.call(info, "POST", "/daemon/index", body, timeout=INDEX_CALL_S)
+    except KeyboardInterrupt:  # the daemon may have taken the run already: it is cancelled too
+        return _cancel(info, root, taken=False)
     except (OSError, ValueError) as exc:
         _notice(f"the codesearch daemon (pid {info.pid}) did not take the run ({exc}); indexing in this process")
         return None
@@ -473,7 +475,10 @@ def _index_in_daemon(path: Path, opts: dict[str, object], size: int, device: str
         _notice(f"the codesearch daemon (pid {info.pid}) answered {status}; indexing in this process "
                 "(see 'codesearch daemon logs')")
         return None
-    return _follow_run(info, root, int(doc["target_runs"]), quiet=bool(opts.get("quiet")))
+    try:
+        return _follow_run(info, root, int(doc["target_runs"]), quiet=bool(opts.get("quiet")))
+    except KeyboardInterrupt:  # the run is the daemon's: before the polling began or after it ended
+        return _cancel(info, root)
 
 
 def _follow_run(info: object, root: Path, target: int, *, quiet: bool) -> int | None:
@@ -518,23 +523,25 @@ def _follow_run(info: object, root: Path, target: int, *, quiet: bool) -> int | 
     return 0
 
 
-def _cancel(info: object, root: Path) -> int:
+def _cancel(info: object, root: Path, *, taken: bool = True) -> int:
     """Ctrl-C while the daemon runs our index: ask it to stop the run (what a user expects of
-    Ctrl-C), then the one line and 130."""
+    Ctrl-C), then the one line and 130. ``taken``: the daemon had answered that it took the
+    run (else it may still be taking it, and start the run after this cancel)."""
     from codesearch.cli import interrupts
     from codesearch.server import daemon_client
 
     try:
-        status, _ = daemon_client.call(info, "POST", "/daemon/cancel", {"root": str(root)},  # type: ignore[arg-type]
-                                       timeout=CANCEL_S)
-        stopped = status == 200
+        status, doc = daemon_client.call(info, "POST", "/daemon/cancel", {"root": str(root)},  # type: ignore[arg-type]
+                                         timeout=CANCEL_S)
     except (OSError, ValueError):
-        stopped = False
+        status, doc = 0, {}
     what = "Terminated" if interrupts.exit_status() == 143 else "Interrupted"
-    if stopped:
+    if status == 200 and doc.get("cancelled") is not False:
         line = f"{what}: the daemon stopped the index run (the index is intact; run the command again to resume)"
-    else:
-        line = (f"{what}; the daemon's index run goes on (it did not answer the cancel; "
+    elif status == 200 and taken:
+        line = f"{what}: the daemon's index run had ended (run the command again to see what it left)"
+    else:  # no answer, or the run not taken yet (the daemon still adding the root: its run may follow)
+        line = (f"{what}; the daemon's index run may go on (it did not take the cancel; "
                 "'codesearch daemon status' shows it, 'codesearch daemon stop' ends it)")
     return interrupts.say_and_exit(line)
 
