@@ -174,7 +174,7 @@ def index(
         typer.Option(
             "--ray",
             help="Embed on a Ray cluster: RAY_ADDRESS, else one ray-started on this machine, else a new local one "
-            "(needs codesearch[ray]).",
+            "(needs codesearch-local[ray]).",
         ),
     ] = False,
     ray_address: Annotated[
