@@ -189,6 +189,12 @@ class RepoWatcher:
         """Start watching (inotify on Linux)."""
         self._observer.start()
 
+    @property
+    def alive(self) -> bool:
+        """Whether events still come: the observer thread runs (it ends when the watched
+        folder itself is deleted, or on an error of the operating system's watch)."""
+        return self._observer.is_alive()
+
     def stop(self) -> None:
         """Stop watching and drop any pending burst."""
         if self._observer.is_alive():
