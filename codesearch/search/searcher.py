@@ -61,6 +61,12 @@ _UNSEARCHABLE = {
 }
 
 
+#: How to add vectors to an index that has none, which works offline too: a plain
+#: 'codesearch index' downloads the default model, or fails to (offline) and stays lexical.
+ADD_VECTORS = ("online, 'codesearch index' adds them; offline, 'codesearch index --model PATH' does, PATH a "
+               "local model folder (--multi-model PATH for a ColBERT one)")
+
+
 def _unsearchable(spec: IndexSpec, built: bool) -> str:
     loaded, absent = _UNSEARCHABLE.get(spec.signal, (
         f"{spec.signal} search needs the index's {spec.role()} model to encode the query and it is not loaded "
@@ -206,7 +212,7 @@ class Searcher:
             # built the index): the answer is not the hybrid one the query asked for.
             notices.append(
                 "lexical index only: this index has no semantic vectors, so BM25 alone ranked this hybrid query "
-                "('codesearch index' adds them; --mode lexical asks for BM25 without this notice)"
+                f"({ADD_VECTORS}; --mode lexical asks for BM25 without this notice)"
             )
         elif mode == "hybrid" and not searched and built_any:
             # Said only when this query lost vectors the index has: an index built lexical-only

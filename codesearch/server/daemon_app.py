@@ -349,16 +349,19 @@ class Registry:
         The watcher would get there too, a quarter second after the last save; a query made
         right after an edit (an agent's, or a ``git checkout``) must not answer from before
         it. A run of another process is followed (`ServedRepo.catch_up`), not waited for.
-        While the watcher has seen no event since a check that found the index current, no
-        file is looked at (a stat of every file costs seconds at 100,000 files); the
-        generation committed is still checked (one read of the store).
+        While the watcher has seen no event since a check that found the index current (its
+        events caught up to this moment: `RepoWatcher.caught_up`), no file is looked at (a
+        stat of every file costs seconds at 100,000 files); the generation committed is
+        still checked (one read of the store).
         """
         served.catch_up()
         served.follow_models()
         seen = served.events_seen()
-        if seen is not None and seen == served.current_at_events:
-            served.follow_committed()
-            return []
+        if seen is not None and seen == served.current_at_events and served.watch_caught_up():
+            if served.events_seen() == seen:  # no event was still on its way
+                served.follow_committed()
+                return []
+            seen = served.events_seen()
         try:
             recorded = Recorded.read(served.index_dir, 1_000_000)
             stale = stale_files(served.root, served.index_dir, recorded)

@@ -47,6 +47,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("codesearch.server")
 
+#: How long a search waits for the watcher to show it has every event queued so far
+#: (milliseconds when the machine is not overloaded); past it, the files are looked at.
+WATCH_CATCH_UP_S = 0.5
 LOCKED_RETRY_S = 1.0  # another process holds the index lock: try the run again after this
 #: A root searched this recently gets each generation a run commits as it comes (opened on the
 #: run's thread); for one not searched since, its next search opens it, if one comes mid-run.
@@ -461,6 +464,12 @@ class ServedRepo:
             log.warning("could not open %s with its models as they are now: %s", self.root, exc)
             return False
         return True
+
+    def watch_caught_up(self) -> bool:
+        """Whether the watcher has handled every file event queued until now (see
+        `RepoWatcher.caught_up`); False when not watching or not known in time."""
+        watcher = self.watcher
+        return watcher is not None and watcher.caught_up(WATCH_CATCH_UP_S)
 
     def events_seen(self) -> int | None:
         """Relevant file events the watcher has seen so far; None when nothing watches the

@@ -178,3 +178,97 @@ def test_a_lexical_query_of_a_big_index_is_the_daemons(tmp_path):
         assert [r["root"] for r in _status(env)["roots"]] == [str(root)]
     finally:
         stop_all(runtime)
+
+
+# -- a query right after a change --------------------------------------------------------------
+
+_ADDED = "\n\ndef vanishing_helper_xyz():\n    return 42\n"
+
+
+def _finds(result) -> bool:
+    return any("vanishing_helper_xyz" in (hit.text or "") for hit in result.hits)
+
+
+def test_a_search_never_answers_from_the_generation_before_a_commit(tmp_path, monkeypatch):
+    """A run commits the files as they are, then opens that generation for searches, which
+    takes a moment (here held for a second, on the run's thread, so that the moment is
+    certain); a search in between must answer from the committed generation, not the one
+    before (which still holds a function the revert removed)."""
+    import threading
+
+    from codesearch.api import CodeSearch
+    from codesearch.server.daemon_app import Registry
+    from codesearch.store import Store
+
+    root = write_sample_repo(tmp_path / "repo")
+    target = root / "src" / "http_client.py"
+    original = target.read_text()
+    with CodeSearch(root, model=None, multi_model=None) as cs:
+        cs.index()
+    registry = Registry(watch=True, debounce_s=0.05)
+    gate = threading.Event()
+    try:
+        served = registry.repo(root)
+        target.write_text(original + _ADDED)
+
+        def edited_is_found() -> bool:
+            registry.refresh(served)
+            return _finds(served.query("vanishing_helper_xyz", 3, mode="lexical"))
+
+        assert _wait(edited_is_found)
+        swap = served._live.swap
+
+        def slow_swap(**kwargs):  # the run's open of its new generation takes a second
+            if threading.current_thread().name.startswith("codesearch-index"):
+                gate.wait(10)
+            return swap(**kwargs)
+
+        monkeypatch.setattr(served._live, "swap", slow_swap)
+
+        def committed() -> int:
+            with Store(root / ".codesearch" / "store.sqlite", readonly=True) as store:
+                return store.generation
+
+        before = committed()
+        target.write_text(original)  # what `git checkout` of the file does
+        assert _wait(lambda: committed() > before)  # the run committed; its swap waits on the gate
+        threading.Timer(1.0, gate.set).start()
+        notices = registry.refresh(served)
+        result = served.query("vanishing_helper_xyz", 3, mode="lexical")
+        assert not _finds(result) or notices, (notices, [h.path for h in result.hits])
+    finally:
+        gate.set()
+        registry.close(10.0)
+
+
+def test_queries_right_after_git_checkout_reflect_the_files_or_say_so(shared, tmp_path):
+    """Through a real daemon: a function added, searched, then removed by ``git checkout``
+    and searched at once, several times over; each answer has it only with a notice that
+    the index is being brought up to date."""
+    import subprocess
+
+    _, env = shared
+    root = write_sample_repo(tmp_path / "repo")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(root)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "sample"], check=True)
+    run_cli(["index", str(root), "--model", "none", "--multi-model", "none", "--quiet"], env)
+    query = ["query", "vanishing_helper_xyz", "-p", str(root), "-k", "3", "--json",
+             "--mode", "lexical"]
+    daemon_env_ = {**env, "CODESEARCH_LEXICAL_DAEMON_CHUNKS": "1"}  # lexical queries go to the daemon
+    run_cli(["query", "warm up", "-p", str(root), "--json"], daemon_env_)
+    target = root / "src" / "http_client.py"
+    for _ in range(5):
+        with open(target, "a") as fh:
+            fh.write(_ADDED)
+        added = json.loads(run_cli(query, daemon_env_).stdout)
+        assert any("vanishing_helper_xyz" in h["text"] for h in added["results"]), added
+        subprocess.run([*git, "checkout", "-q", "--", "src/http_client.py"], check=True)
+        after = json.loads(run_cli(query, daemon_env_).stdout)
+        stale = any("vanishing_helper_xyz" in h["text"] for h in after["results"])
+        assert not stale or after["notices"], after
+    # Nothing changed since: the daemon answers without looking at the files (the watcher
+    # caught up), and from the files as they are.
+    again = json.loads(run_cli(query, daemon_env_).stdout)
+    assert not any("vanishing_helper_xyz" in h["text"] for h in again["results"]) and not again["notices"]
