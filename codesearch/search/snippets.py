@@ -132,11 +132,12 @@ def fit(result: SearchResult, request: SearchRequest) -> SearchResult:
     In order: hits under ``min_score`` go; snippets are cut to ``max_lines``, from the
     first line a ``regex`` matches (or emptied by ``no_snippet`` or ``files_only``); then
     hits are taken best first while the estimated tokens of the answer fit ``budget``, the
-    first one that does not fit cut to the budget left when a useful part of it fits. The result's ``left_out`` counts the ranked hits not returned
-    (None when no ``min_score`` or ``budget`` was asked for), and a notice says when the
-    budget left hits out; with a ``regex``, each hit says which of its lines match
-    (``match_lines``). Context lines (``request.context``) are added before this, by the
-    caller that can read the files (`with_context`).
+    first one that does not fit cut to the budget left when a useful part of it fits. The
+    result's ``left_out`` counts the ranked hits not returned (None when no ``min_score``
+    or ``budget`` was asked for), and a notice says when the budget left hits out; with a
+    ``regex``, each hit says which of its lines match (``match_lines``). Context lines
+    (``request.context``) are added before this, by the caller that can read the files
+    (`with_context`).
     """
     hits = list(result.hits)
     ranked = len(hits)
