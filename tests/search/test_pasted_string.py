@@ -1,0 +1,99 @@
+"""A string pasted from the code (an error message) finds its chunk first whatever the
+models, in hybrid and lexical mode alike; and the chunks of a repository do not depend on
+the models its index has.
+
+The repository mimics what made it fail: an exact error message raised once inside a long
+method, and short functions elsewhere that repeat its words (BM25 favours them: they hold
+a larger share of the query's words).
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from codesearch.api import CodeSearch
+
+MESSAGE = "Negative chunk length not allowed"
+
+
+def _serving() -> str:
+    """A long request handler, the message raised once in its middle."""
+    steps = "\n".join(f"        self.buffer_{i} = self.read_block({i}, size)" for i in range(40))
+    return textwrap.dedent('''\
+        class ChunkedReader:
+            """Reads a chunked request body."""
+
+            def read_chunk(self, size):
+                """Read one chunk of the body."""
+        ''') + steps + textwrap.dedent(f'''
+                length = self.parse_length()
+                if length < 0:
+                    raise OSError("{MESSAGE}")
+                return self.read_exactly(length)
+
+            def close(self):
+                self.stream.close()
+        ''').replace("\n        ", "\n        ", 1)
+
+
+def _noise(i: int) -> str:
+    return textwrap.dedent(f'''\
+        def check_chunk_length_{i}(length):
+            """A negative chunk length is not allowed; chunk length must be positive."""
+            if length < 0:
+                raise ValueError("negative chunk length")
+            return length
+        ''')
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("pasted") / "repo"
+    (root / "server").mkdir(parents=True)
+    (root / "server" / "serving.py").write_text(_serving())
+    for i in range(6):
+        (root / f"check_{i}.py").write_text(_noise(i))
+    return root
+
+
+def _copy(repo: Path, dest: Path) -> Path:
+    import shutil
+
+    shutil.copytree(repo, dest, ignore=shutil.ignore_patterns(".codesearch"))
+    return dest
+
+
+def _chunks(root: Path) -> set[tuple[str, int, int]]:
+    from codesearch.store import Store
+
+    with Store(root / ".codesearch" / "store.sqlite", readonly=True) as store:
+        return {(r.chunk.path, r.chunk.start_line, r.chunk.end_line) for r in store.iter_chunk_records()}
+
+
+@pytest.mark.parametrize("with_model", [False, True])
+def test_a_pasted_error_message_finds_its_chunk_first(repo, tmp_path, single_vector_dir, with_model):
+    root = _copy(repo, tmp_path / "repo")
+    model = str(single_vector_dir) if with_model else None
+    with CodeSearch(root, model=model, multi_model=None) as cs:
+        cs.index()
+        for mode in ("lexical", "hybrid"):
+            for query in (MESSAGE, f'"{MESSAGE}"'):
+                hits = cs.search(query, k=5, mode=mode)
+                assert hits and MESSAGE in hits[0].text, (mode, query, [(h.path, h.start_line) for h in hits])
+                assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+            # -k stays exact: the first hits of a longer list are the shorter list
+            assert [h.chunk_id for h in cs.search(MESSAGE, k=2)] == [h.chunk_id for h in cs.search(MESSAGE, k=5)][:2]
+
+
+def test_the_chunks_do_not_depend_on_a_single_vector_model(repo, tmp_path, single_vector_dir):
+    plain = _copy(repo, tmp_path / "plain")
+    dense = _copy(repo, tmp_path / "dense")
+    with CodeSearch(plain, model=None, multi_model=None) as cs:
+        cs.index()
+    with CodeSearch(dense, model=str(single_vector_dir), multi_model=None) as cs:
+        cs.index()
+    assert _chunks(plain) == _chunks(dense)
+    assert any(start < 20 < end for path, start, end in _chunks(plain) if path == "server/serving.py")
