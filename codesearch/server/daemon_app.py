@@ -289,13 +289,13 @@ class Registry:
         """After each run of a root: one whose first run failed, leaving no index (an empty
         folder, a model that cannot load), is not served on (its watcher would run it again
         on every save, its error stay in ``daemon status`` for the daemon's life); the next
-        request for it adds it again."""
+        request for it adds it again. A root of an agent session stays."""
         state = served.run_state
         if state.last_error is None or state.state != "idle" or served.indexed:
             return
         with self._lock:
-            if served not in self.repos:
-                return
+            if served not in self.repos or any(served.root in s.roots for s in self.sessions.values()):
+                return  # (an agent session's root stays: its watcher indexes the first files that come)
             self.dropped[served.root] = state.to_dict()
             while len(self.dropped) > _DROPPED_KEPT:
                 self.dropped.pop(next(iter(self.dropped)))

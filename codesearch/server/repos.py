@@ -414,16 +414,19 @@ class ServedRepo:
         would not see either. Only between runs of this root; True when it swapped."""
         if self.run_state.state != "idle" or not self.indexed:
             return False
-        pinned = self._live.generation
-        try:
-            with Store(self.index_dir / STORE_FILE, readonly=True) as store:
-                committed = store.generation
-        except CodeSearchError:
-            return False
-        if pinned is not None and committed == pinned and not self._live.replaced:
+        pinned, committed = self._live.generation, self._committed()
+        if committed is None or (pinned is not None and committed == pinned and not self._live.replaced):
             return False
         self._swap_reader()
         return True
+
+    def _committed(self) -> int | None:
+        """The generation the store holds now (None when it cannot be read)."""
+        try:
+            with Store(self.index_dir / STORE_FILE, readonly=True) as store:
+                return store.generation
+        except CodeSearchError:
+            return None
 
     def follow_committed(self) -> bool:
         """Move searches to the generation committed now, if they are behind it: a run of
@@ -432,13 +435,8 @@ class ServedRepo:
         one of a root nobody searched lately (opened by the next search), would answer from
         the generation before, without a word. Waits for a swap going on; True when it swapped."""
         with self._swap_lock:
-            pinned = self._live.generation
-            try:
-                with Store(self.index_dir / STORE_FILE, readonly=True) as store:
-                    committed = store.generation
-            except CodeSearchError:
-                return False
-            if pinned is not None and committed <= pinned:
+            pinned, committed = self._live.generation, self._committed()
+            if committed is None or (pinned is not None and committed <= pinned):
                 return False
         try:
             self._swap_reader(warm=False)  # (the search about to run is its warm-up)
