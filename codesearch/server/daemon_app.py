@@ -83,12 +83,11 @@ class CountingPool(EncoderPool):
     def load(self, name: str, *, device: str = "auto") -> Encoder:
         before = {id(e) for e in self.loaded()}
         t0 = time.perf_counter()
-        with self.meter.measure() as grown:
+        with self.meter.model_load() as grown:
             encoder = super().load(name, device=device)
         if id(encoder) not in before:
             seconds = round(time.perf_counter() - t0, 3)
-            heap = max(0, grown[0]) if grown else None
-            self.meter.models_bytes += heap or 0
+            heap = grown[0] if grown else None
             self.loads.append({"name": str(encoder.name), "device": device, "seconds": seconds, "heap_bytes": heap})
             log.info("loaded model %s on %s in %.1fs", encoder.name, device, seconds)
         return encoder

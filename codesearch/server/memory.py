@@ -63,9 +63,8 @@ def trim_heap() -> None:
 class Meter:
     """Measures the heap that opens add (see the module's notes); one per daemon.
 
-    ``models_bytes`` counts what model loads added (the daemon's pool measures each load with
-    `measure` and adds it), so that an open that loaded a model leaves that out of the root's
-    figure.
+    ``models_bytes`` counts what model loads added (`model_load`), so that an open that
+    loaded a model leaves that out of the root's figure.
     """
 
     def __init__(self) -> None:
@@ -87,6 +86,21 @@ class Meter:
                 after = anon_bytes()
                 if before is not None and after is not None:
                     out.append(after - before - (self.models_bytes - models))
+
+    @contextmanager
+    def model_load(self) -> Iterator[list[int]]:
+        """Measure a model load: the list it yields gets the heap it added, also counted in
+        `models_bytes`. Without the lock: a load runs under the locks of whoever asked for
+        it (a run's models, the pool), which an open that holds the lock may be waiting for."""
+        out: list[int] = []
+        before = anon_bytes()
+        try:
+            yield out
+        finally:
+            after = anon_bytes()
+            if before is not None and after is not None:
+                out.append(max(0, after - before))
+                self.models_bytes += out[0]
 
 
 def mapped_bytes(folders: Iterable[Path]) -> dict[Path, int] | None:
