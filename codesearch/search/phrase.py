@@ -10,7 +10,9 @@ third in an index whose chunk around it was 60 lines long). No weight of a signa
 
 The rule: a query of at least `MIN_WORDS` words (whitespace apart, once any quotes around
 it are taken off) that occurs, whitespace aside and case kept, in at most `MAX_HOLDERS` of
-the `CANDIDATES` best-ranked chunks moves those chunks first, in their ranked order, each
+the `CANDIDATES` best-ranked chunks of source files (not tests, docs or benchmarks:
+`codesearch.types.path_kind`; a README quoting a query is not where it was pasted from,
+and a test that checks a message is not where it is raised) moves those chunks first, in their ranked order, each
 scored a step above the best score (so scores still fall down the list). A phrase held
 by more of them is a common phrase of the code ("return self.value"), which says nothing
 about which chunk is meant: the ranking stays as it is. Only the best `CANDIDATES` are read,
@@ -20,6 +22,8 @@ whatever ``k`` asks, so the hits of ``-k 5`` stay the first five of ``-k 10``'s.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+
+from codesearch.types import path_kind
 
 __all__ = ["CANDIDATES", "MAX_HOLDERS", "MIN_WORDS", "exact_first", "pasted_phrase"]
 
@@ -44,15 +48,16 @@ def pasted_phrase(query: str) -> str | None:
 
 
 def exact_first(
-    picked: Sequence[tuple[int, float]], phrase: str, texts: Callable[[list[int]], Sequence[str]]
+    picked: Sequence[tuple[int, float]], phrase: str, texts: Callable[[list[int]], Sequence[tuple[str, str]]]
 ) -> list[tuple[int, float]]:
     """``picked`` (rows and scores, best first) with the rows among the first `CANDIDATES`
     whose text holds ``phrase`` moved first (see the module's rule). ``texts`` reads the
-    text of rows, in order."""
+    path and the text of rows, in order."""
     head = list(picked[:CANDIDATES])
     if not head:
         return list(picked)
-    holders = [i for i, text in enumerate(texts([row for row, _ in head])) if phrase in " ".join(text.split())]
+    holders = [i for i, (path, text) in enumerate(texts([row for row, _ in head]))
+               if path_kind(path) == 0 and phrase in " ".join(text.split())]
     if not holders or len(holders) > MAX_HOLDERS or holders == list(range(len(holders))):
         return list(picked)
     held = set(holders)

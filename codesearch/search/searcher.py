@@ -477,12 +477,12 @@ class Searcher:
             del batch
         return keep
 
-    def _chunk_texts(self, rows: list[int]) -> list[str]:
-        """The code of the chunks at ``rows`` of the ranker's corpus, in order."""
+    def _chunk_texts(self, rows: list[int]) -> list[tuple[str, str]]:
+        """(path, code) of the chunks at ``rows`` of the ranker's corpus, in order."""
         ids = [int(self._ranker.corpus.ids[r]) for r in rows]
         with self._lock:
-            stored = {r.id: r.chunk.text for r in self._store.chunk_records(ids)}
-        return [stored.get(i, "") for i in ids]
+            stored = {r.id: (r.chunk.path, r.chunk.text) for r in self._store.chunk_records(ids)}
+        return [stored.get(i, ("", "")) for i in ids]
 
     def _hits(self, picked: list[tuple[int, float]], sources: dict[str, np.ndarray]) -> list[SearchHit]:
         c = self._ranker.corpus
