@@ -56,6 +56,12 @@ def repo(tmp_path_factory) -> Path:
     (root / "server" / "serving.py").write_text(_serving())
     for i in range(6):
         (root / f"check_{i}.py").write_text(_noise(i))
+    # Where the message is quoted, not raised: a README, a test. Not what a paste points to.
+    (root / "README.md").write_text(f"# Reader\n\nA bad body fails with:\n\n```\nOSError: {MESSAGE}\n```\n")
+    (root / "tests").mkdir()
+    (root / "tests" / "test_reader.py").write_text(
+        f"import pytest\n\n\ndef test_negative():\n    with pytest.raises(OSError, match='{MESSAGE}'):\n"
+        "        ChunkedReader().read_chunk(-1)\n")
     return root
 
 
@@ -82,7 +88,8 @@ def test_a_pasted_error_message_finds_its_chunk_first(repo, tmp_path, single_vec
         for mode in ("lexical", "hybrid"):
             for query in (MESSAGE, f'"{MESSAGE}"'):
                 hits = cs.search(query, k=5, mode=mode)
-                assert hits and MESSAGE in hits[0].text, (mode, query, [(h.path, h.start_line) for h in hits])
+                assert hits and hits[0].path == "server/serving.py" and MESSAGE in hits[0].text, (
+                    mode, query, [(h.path, h.start_line) for h in hits])
                 assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
             # -k stays exact: the first hits of a longer list are the shorter list
             assert [h.chunk_id for h in cs.search(MESSAGE, k=2)] == [h.chunk_id for h in cs.search(MESSAGE, k=5)][:2]
