@@ -21,7 +21,7 @@ MESSAGE = "Negative chunk length not allowed"
 
 def _serving() -> str:
     """A long request handler, the message raised once in its middle."""
-    steps = "\n".join(f"        self.buffer_{i} = self.read_block({i}, size)" for i in range(40))
+    steps = "\n".join(f"        self.buffer_{i} = self.read_block({i}, size)" for i in range(25))
     return textwrap.dedent('''\
         class ChunkedReader:
             """Reads a chunked request body."""
