@@ -243,12 +243,10 @@ class Models:
 
     def index_lexically_first(self, models: ModelArgs, *, indexed: bool) -> bool:
         """Whether an index run may index lexically before loading ``models``: they chunk by
-        the byte estimate (`chunk_budget`), i.e. a wide-window ColBERT model alone. (A dense
-        model beside it chunks by the estimate too, but loads first, as it always did: a
-        lexical pass before it has not been measured.) A narrow-window ColBERT model sizes
-        chunks in its tokens, and a lexical pass would be chunked again (new chunk ids) once
-        it is loaded. Decided from the checkpoint's JSON files; anything unknown says no (the
-        model loads first)."""
+        the byte estimate (`chunk_budget`), i.e. a wide-window ColBERT model alone. With any
+        other model the chunks are sized in its tokens, and a lexical pass would be chunked
+        again (new chunk ids) once the model is loaded. Decided from the checkpoint's JSON
+        files; anything unknown says no (the model loads first)."""
         from codesearch.encoder import DEFAULT_MULTI_MODEL
         from codesearch.encoder.loading import colbert_window
         from codesearch.indexing.encoders import MAX_CHUNK_TOKENS, default_models, holds_estimated_chunks

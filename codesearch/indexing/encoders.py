@@ -233,38 +233,41 @@ def holds_estimated_chunks(window: int, budget: int) -> bool:
 
 
 def chunk_budget(encoders: Encoders, chunk_tokens: int | None) -> tuple[int, TokenCounter | None, str]:
-    """(max tokens per chunk, token counter or None, the counter's identity).
-
-    Chunks are sized by the byte estimate (bytes / 3, headers included) whatever the models,
-    so a repository is cut at the same lines in every index of it: a lexical search, or a
-    string pasted from an error message, finds the same chunk whichever models an index has
-    (it did not: MiniLM's WordPiece count made a 60-line chunk of werkzeug's ``serving.py``
-    where the estimate makes a 20-line one, and an exact error message ranked third there,
-    first here), the user's chunk cache serves every model, and chunking needs no tokenizer
-    (a 50k BPE runs at ~0.7 MB/s per core here: 16 of numpy's 27 CPU-s to searchable).
-
-    One model changes that: a multi-vector one whose window is narrower than the estimate
-    allows (`holds_estimated_chunks`). It truncates, and a token it drops cannot match, so
-    its window caps the chunk and its tokenizer counts. A single-vector model's window does
-    not cap (MiniLM reads 256 tokens of a 512-token chunk); chunks in its own tokens scored
-    0.913 against 0.907 with estimated ones in one hybrid measurement on 8 dev repositories,
-    a difference of a query or two, not worth a chunking per model.
-    """
+    """(max tokens per chunk, token counter or None, the counter's identity)."""
     encs = encoders.present()
     if chunk_tokens is not None:
         if chunk_tokens < 16:
             raise CodeSearchError(f"chunk size {chunk_tokens} tokens is too small (use 64 or more)")
         budget = int(chunk_tokens)
     else:
-        # 512: retrieval wants units of about a function or two (`MAX_CHUNK_TOKENS`). (Reading
-        # a long chunk as the mean of its windows' vectors was measured too: hybrid 0.875 ->
-        # 0.868 for 1.5x the encoding, BENCHMARKS.md.)
+        # A multi-vector model truncates, and a token it drops cannot match: its window caps
+        # the chunk. A single-vector model's window does not (MiniLM reads 256 tokens of a
+        # 512-token chunk): on the benchmark, hybrid NDCG was the same with 256- and
+        # 512-token chunks, lexical better with 512, and 512 halves the texts to encode.
+        # (Reading a long chunk as the mean of its windows' vectors was measured too: hybrid
+        # 0.875 -> 0.868 for 1.5x the encoding, BENCHMARKS.md.)
         budget = min([MAX_CHUNK_TOKENS, *(int(e.max_length) for e in encs if e.multivector)])
-    narrow = [e for e in encs if e.multivector and not holds_estimated_chunks(int(e.max_length), budget)]
-    if not narrow:
+    if not encs:
+        return budget, None, "approx"
+    # A multi-vector model alone needs exact counts only to see each chunk whole. The byte
+    # estimate (bytes / 3, headers included) bounds a chunk at about 3 * budget bytes, and no
+    # tokenizer makes more tokens than bytes, so a window of 3 * budget (plus special tokens)
+    # holds any chunk the estimate allows (LateOn-Code-edge reads 2048 tokens): then chunking
+    # skips the tokenizer, which cost 16 of numpy's 27 CPU-s to searchable (a 50k BPE runs at
+    # ~0.7 MB/s per core here). With a single-vector model, chunks sized in its own tokens
+    # scored better: MiniLM hybrid 0.913 against 0.907 with estimated chunks (8 dev repos),
+    # and again on the whole dev split, 0.8812 against 0.8731 (401 queries, both halves
+    # lower; lexical 0.8606 against 0.8634, 13,426 chunks against 14,706: MiniLM reads 256
+    # tokens, and the estimate makes fewer, longer chunks). So chunks depend on the model,
+    # and one lexical query can rank differently in two indexes of a repository; a string
+    # pasted from the code finds its chunk first in either (codesearch.search.phrase).
+    # Count with the model whose window must hold the chunk whole (the multi-vector one).
+    counter = next((e for e in encs if e.multivector), encs[0])
+    wide = counter.multivector and holds_estimated_chunks(int(counter.max_length), budget)
+    if wide and len(encs) == 1:
         return budget, None, "approx"
     # picklable (tokenizer path + extra tokens), so chunking can run in worker processes
-    return budget, narrow[0].token_counter(), narrow[0].identity
+    return budget, counter.token_counter(), counter.identity
 
 
 # -- device-aware defaults ----------------------------------------------------------------

@@ -391,10 +391,6 @@ def _walk_and_read(run: Run) -> None:
     # makes a chunk too long for a window that does not need exact counts).
     run.plan.rechunk_all = bool(old_files) and (
         old_budget != str(budget) or (not degraded and counter_id != "approx" and old_counter != counter_id)
-        # chunks a single-vector model counted (before chunking stopped depending on it): cut
-        # once more as every index is, the model present (kept ids and vectors where the text
-        # is the same)
-        or (not degraded and counter_id == "approx" and old_counter not in (None, "approx"))
         # chunks from another release's chunker (kept ids and vectors where the text is the same)
         or (not degraded and store.get_meta("chunker_version") != str(CHUNKER_VERSION))
     )

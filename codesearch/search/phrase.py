@@ -1,19 +1,22 @@
 """A pasted string finds its chunk first: a query that is a piece of the code itself (an
 error message from a log, a line copied from a stack trace) ranks the chunks that hold it,
-word for word, above those that only share its words.
+word for word, above those that only share its words, whatever the models of the index.
 
 Why a step of its own, after ranking: BM25 scores a chunk's share of the query's words, so a
 long chunk that holds the exact message can lose to shorter ones that repeat some of its
-words ("Negative chunk length not allowed", raised in werkzeug's ``serving.py``, ranked
-third in an index whose chunk around it was 60 lines long). No weight of a signal says
-"this text occurs here"; reading the text of the best candidates does, in a millisecond.
+words. Chunks are sized in a single-vector model's tokens (`codesearch.indexing.encoders.
+chunk_budget`: that scores better in hybrid search), so the chunk around a message differs
+between indexes: "Negative chunk length not allowed", raised in werkzeug's ``serving.py``,
+ranked first in the default index (a 20-line chunk) and third in a MiniLM one (60 lines).
+No weight of a signal says "this text occurs here"; reading the text of the best candidates
+does, in a millisecond.
 
 The rule: a query of at least `MIN_WORDS` words (whitespace apart, once any quotes around
 it are taken off) that occurs, whitespace aside and case kept, in at most `MAX_HOLDERS` of
-the `CANDIDATES` best-ranked chunks of source files (not tests, docs or benchmarks:
-`codesearch.types.path_kind`; a README quoting a query is not where it was pasted from,
-and a test that checks a message is not where it is raised) moves those chunks first, in their ranked order, each
-scored a step above the best score (so scores still fall down the list). A phrase held
+the `CANDIDATES` best-ranked chunks of source files moves those chunks first, in their
+ranked order, each scored a step above the best score (so scores still fall down the list).
+Source files only (`codesearch.types.path_kind`): a README quoting a query is not where it
+was pasted from, and a test that checks a message is not where it is raised. A phrase held
 by more of them is a common phrase of the code ("return self.value"), which says nothing
 about which chunk is meant: the ranking stays as it is. Only the best `CANDIDATES` are read,
 whatever ``k`` asks, so the hits of ``-k 5`` stay the first five of ``-k 10``'s.

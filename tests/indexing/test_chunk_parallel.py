@@ -73,23 +73,22 @@ def test_pipeline_chunks_the_same_in_parallel(tmp_path, monkeypatch):
     assert serial == parallel and len(serial) > 6
 
 
-def test_a_single_vector_model_does_not_change_the_chunks(single_vector_dir):
-    """A single-vector model's window does not cap the chunk (it reads the chunk's start):
-    chunks are sized by the byte estimate, as without a model."""
+def test_pipeline_counts_with_a_picklable_tokenizer(single_vector_dir):
+    """With a model, the pipeline's token count is the encoder's, in a form workers can rebuild."""
     enc = load(single_vector_dir, device="cpu", dtype="float32")
-    assert chunk_budget(Encoders(dense=enc), None) == chunk_budget(Encoders(), None) == (MAX_CHUNK_TOKENS, None,
-                                                                                        "approx")
+    budget, counter, identity = chunk_budget(Encoders(dense=enc), None)
+    # A single-vector model's window does not cap the chunk (it reads the chunk's start).
+    assert identity == enc.identity and budget == MAX_CHUNK_TOKENS
+    text = "def f(x):\n    return x + 1\n"
+    assert pickle.loads(pickle.dumps(counter))(text) == enc.count_tokens([text])[0]
 
 
 def test_a_multi_vector_models_window_caps_the_chunk(single_vector_dir, colbert_dir):
-    """A narrow multi-vector window counts in its tokens, in a form workers can rebuild."""
     dense = load(single_vector_dir, device="cpu", dtype="float32")
     multi = load(colbert_dir, device="cpu", dtype="float32")
     assert multi.max_length < MAX_CHUNK_TOKENS
-    budget, counter, identity = chunk_budget(Encoders(dense=dense, multi=multi), None)
+    budget, _counter, identity = chunk_budget(Encoders(dense=dense, multi=multi), None)
     assert budget == multi.max_length and identity == multi.identity  # counted in its tokens
-    text = "def f(x):\n    return x + 1\n"
-    assert pickle.loads(pickle.dumps(counter))(text) == multi.count_tokens([text])[0]
     assert chunk_budget(Encoders(dense=dense, multi=multi), 300)[0] == 300
 
 
@@ -109,8 +108,8 @@ def test_a_wide_window_chunks_by_estimate_and_sees_every_chunk_whole(tmp_path):
     wide = load(make_colbert(tmp_path / "wide", document_length=2048, max_position_embeddings=2048), device="cpu")
     assert wide.max_length == 2048
     assert chunk_budget(Encoders(multi=wide), None) == (MAX_CHUNK_TOKENS, None, "approx")
-    # with a single-vector model too: it never changes where chunks end
-    assert chunk_budget(Encoders(dense=wide_dense(tmp_path), multi=wide), None) == (MAX_CHUNK_TOKENS, None, "approx")
+    # with a single-vector model too, chunks are sized in tokens (they scored better for it)
+    assert chunk_budget(Encoders(dense=wide_dense(tmp_path), multi=wide), None)[2] == wide.identity
     # dense code: digits and punctuation are the tokens-per-byte worst case of a BPE
     repo = tmp_path / "repo"
     repo.mkdir()
