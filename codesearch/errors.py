@@ -6,6 +6,17 @@ Each message names the offending value and the way out, on one line, so the CLI 
 
 from __future__ import annotations
 
+#: The name to install codesearch by (``pip install codesearch-local``): the import package
+#: and the command stay ``codesearch``, but PyPI's ``codesearch`` is another project (a
+#: Tantivy-based search), which an install line naming it would install instead.
+DISTRIBUTION = "codesearch-local"
+
+
+def install_line(extra: str | None = None) -> str:
+    """The ``pip install`` command of this package, with an extra (``server``, ``ray``, ...):
+    what an error about a missing optional dependency tells the user to run."""
+    return f'pip install "{DISTRIBUTION}[{extra}]"' if extra else f"pip install {DISTRIBUTION}"
+
 
 class CodeSearchError(Exception):
     """Base class of every error codesearch raises on purpose (user-facing, one line)."""

@@ -21,6 +21,7 @@ at: `globs.glob_deadline`): both are filters whose cost the request chooses.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import time
 from collections.abc import Iterable, Iterator
@@ -70,6 +71,25 @@ class TextRegex:
 
     pattern: str
     _search: Any
+    _finditer: Any = None
+
+    def match_lines(self, text: str) -> list[int]:
+        """The lines of ``text`` (0-based) that a match of the pattern touches, as ripgrep
+        prints them: each line a match starts on, and every line a match across lines spans
+        (a pattern with ``\\n`` or ``(?s)``)."""
+        data = text.encode("utf-8", "surrogateescape")
+        starts = [0]
+        at = data.find(b"\n")
+        while at != -1:
+            starts.append(at + 1)
+            at = data.find(b"\n", at + 1)
+        found: set[int] = set()
+        for m in self._finditer(data):
+            begin, end = m.span()
+            first = bisect.bisect_right(starts, begin) - 1
+            last = bisect.bisect_right(starts, max(begin, end - 1)) - 1
+            found.update(range(first, last + 1))
+        return sorted(line for line in found if line < len(starts) and (starts[line] < len(data) or line == 0))
 
     def match(self, text: str) -> bool:
         """Whether the pattern matches anywhere in ``text``."""
@@ -147,7 +167,7 @@ def _compile(pattern: str, limits: RegexLimits) -> TextRegex:
             f"the regex compiles to {compiled.programsize:,} instructions, over the limit of {limits.program:,} "
             "per search (use smaller counted repeats such as {n} or fewer alternatives)"
         )
-    return TextRegex(pattern, compiled.search)
+    return TextRegex(pattern, compiled.search, compiled.finditer)
 
 
 def _reason(exc: Exception) -> str:

@@ -234,7 +234,8 @@ class SearchRequest:
     @property
     def shapes_output(self) -> bool:
         """True when an output control (context, max_lines, no_snippet, min_score, budget) is
-        set, or `files_only` (which returns no snippets)."""
+        set, `files_only` (which returns no snippets), or a regex (whose matching lines each
+        hit marks)."""
         return bool(
             self.files_only
             or self.context
@@ -242,6 +243,7 @@ class SearchRequest:
             or self.no_snippet
             or self.min_score is not None
             or self.budget is not None
+            or self.regex is not None
         )
 
     def without_output(self) -> SearchRequest:
@@ -405,6 +407,7 @@ class SearchHit:
     ``more_lines`` counts the chunk's lines after ``end_line`` that an output control
     (``max_lines``, ``budget``) cut off: ``text`` is always exactly the source of
     ``start_line..end_line``, and the chunk itself ends at ``end_line + more_lines``.
+    ``match_lines``: with a ``regex``, the lines of ``text`` (file line numbers) it matches.
     """
 
     path: str
@@ -419,6 +422,7 @@ class SearchHit:
     chunk_id: int
     sources: tuple[str, ...] = ()
     more_lines: int = 0
+    match_lines: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, chunk: Chunk, *, chunk_id: int, score: float, sources: tuple[str, ...] = ()) -> SearchHit:
@@ -446,6 +450,7 @@ class SearchHit:
             "chunk_id": self.chunk_id,
             "sources": list(self.sources),
             "more_lines": self.more_lines,
+            "match_lines": list(self.match_lines),
         }
 
 
@@ -524,7 +529,8 @@ class IndexSummary:
 def hit_document(hit: SearchHit) -> JSONDict:
     """One hit as the stable JSON schema: path (relative to the indexed root), start_line,
     end_line (1-based, inclusive), score, language, symbol, kind, text (exactly those lines),
-    and ``more_lines`` only when an output control cut the snippet short."""
+    ``more_lines`` only when an output control cut the snippet short, and ``match_lines``
+    only with a regex (the file's line numbers, within the snippet, that it matches)."""
     doc: JSONDict = {
         "path": text_name(hit.path),  # JSON is UTF-8 text: a name that is not has its bytes as \xNN
         "start_line": hit.start_line,
@@ -537,6 +543,8 @@ def hit_document(hit: SearchHit) -> JSONDict:
     }
     if hit.more_lines:
         doc["more_lines"] = hit.more_lines  # the chunk goes on for this many lines past end_line
+    if hit.match_lines:
+        doc["match_lines"] = list(hit.match_lines)  # with a regex: the lines of text it matches
     return doc
 
 

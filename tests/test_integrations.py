@@ -106,4 +106,4 @@ def test_missing_extra_names_the_pip_command(module, blocked, extra):
         "    print(exc)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert f'pip install "codesearch[{extra}]"' in out
+    assert f'pip install "codesearch-local[{extra}]"' in out

@@ -8,6 +8,7 @@ A lexical search never gets here, so it never imports torch.
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import threading
 from dataclasses import dataclass
@@ -31,8 +32,12 @@ class EncoderPool:
 
     A process that keeps several `CodeSearch` objects (a server: one per repository) passes
     one pool to all of them, so a model named by several of them, or recorded by several
-    indexes, is loaded once. Models are keyed by the name they were loaded by (hub id or
-    folder; for `DEFAULT`, the name the index records) and the device. Thread-safe.
+    indexes, is loaded once. Models are keyed by name (a hub id; for `DEFAULT`, the name the
+    index records) and device; a local folder by its resolved path, so that two spellings
+    of one folder (``venv/lib/m`` and ``venv/bin/../lib/m``, a symlink) are one load. A
+    folder's files are checked (names, sizes, mtimes) when it is asked for again: a folder
+    moved away or changed in place is loaded anew, or fails to load as it would in a fresh
+    process, rather than answering from what was read before. Thread-safe.
 
     Examples
     --------
@@ -43,7 +48,10 @@ class EncoderPool:
 
     def __init__(self) -> None:
         self._loaded: dict[tuple[str, str], Encoder] = {}
+        self._files: dict[tuple[str, str], tuple | None] = {}  # a local folder's files when loaded
+        self._keys: dict[int, tuple[str, str]] = {}  # id of each encoder handed out -> its key
         self._lock = threading.Lock()
+        self.dropped = 0  # models let go of because their folder moved or changed (see `sweep`)
 
     def load(self, name: str, *, device: str = "auto") -> Encoder:
         """The encoder for ``name`` on ``device``, loading it on first use.
@@ -51,18 +59,46 @@ class EncoderPool:
         Raises
         ------
         ModelError
-            The model cannot be loaded (not cached offline, a bad checkpoint).
+            The model cannot be loaded (not cached offline, a bad checkpoint, a folder that
+            is gone).
         """
         from codesearch.encoder import load
 
-        key = (str(name), device)
+        key = (model_key(name), device)
         # One lock for every load: two threads asking for the same model load it once, and
         # distinct models would only compete for the same cores.
         with self._lock:
             encoder = self._loaded.get(key)
+            if encoder is not None and self._files[key] != folder_files(key[0]):
+                self._drop(key)
+                encoder = None
             if encoder is None:
-                encoder = self._loaded[key] = load(name, device=device)
+                encoder = load(key[0], device=device)
+                self._loaded[key], self._files[key] = encoder, folder_files(key[0])
+                self._keys[id(encoder)] = key
             return encoder
+
+    def current(self, encoder: Encoder) -> bool:
+        """False when ``encoder`` came from this pool and was let go of since (`sweep`), or
+        from a local folder that has since moved or changed (its next `load` reads the folder
+        again); True otherwise (an encoder of another pool, or of none)."""
+        with self._lock:
+            key = self._keys.get(id(encoder))
+            if key is None:
+                return True
+            return self._loaded.get(key) is encoder and self._files[key] == folder_files(key[0])
+
+    def sweep(self) -> int:
+        """Let go of every model whose folder moved or changed since it was loaded; returns
+        `dropped`, the count so far (a holder that saw another count re-resolves its models)."""
+        with self._lock:
+            for key in [k for k in self._loaded if self._files[k] != folder_files(k[0])]:
+                self._drop(key)
+            return self.dropped
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        del self._loaded[key], self._files[key]
+        self.dropped += 1
 
     def loaded(self) -> list[Encoder]:
         """The encoders loaded so far, in loading order."""
@@ -73,6 +109,47 @@ class EncoderPool:
         """Forget every loaded encoder (their memory frees once no searcher holds them)."""
         with self._lock:
             self._loaded.clear()
+            self._files.clear()
+            self._keys.clear()
+
+
+def model_key(name: str) -> str:
+    """How the pool knows a model: a local folder by its resolved path (symlinks and ``..``
+    followed), anything else (a hub id) as named."""
+    path = Path(str(name)).expanduser()
+    return str(path.resolve()) if path.is_dir() else str(name)
+
+
+#: How deep `folder_files` looks: a sentence-transformers folder keeps its pooling and
+#: projection settings one level down (``1_Pooling/``, ``1_Dense/``).
+_FOLDER_DEPTH = 2
+
+
+def folder_files(key: str) -> tuple | None:
+    """The files of a local model folder as (relative path, size, mtime in ns), sorted; None
+    for a folder that is not there (a moved model, or a hub id). Stats only, no reads."""
+    root = Path(key)
+    if not root.is_dir():
+        return None
+    found = []
+    folders = [(root, 1)]
+    while folders:
+        folder, depth = folders.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.is_dir():
+                    if depth < _FOLDER_DEPTH:
+                        folders.append((Path(entry.path), depth + 1))
+                    continue
+                st = entry.stat()
+            except OSError:
+                continue
+            found.append((os.path.relpath(entry.path, root), st.st_size, st.st_mtime_ns))
+    return tuple(sorted(found))
 
 
 class Models:
@@ -122,6 +199,8 @@ class Models:
         """
         with self._lock:
             cached = self._resolved.get(models)
+            if cached is not None and not all(self.pool.current(e) for e in cached[0].present()):
+                cached = None  # a model folder moved or changed: resolve as a fresh process would
             if cached is None:
                 if models == (None, None):
                     # Nothing to load; both roles are switched off, as resolving would record.

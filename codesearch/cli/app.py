@@ -174,7 +174,7 @@ def index(
         typer.Option(
             "--ray",
             help="Embed on a Ray cluster: RAY_ADDRESS, else one ray-started on this machine, else a new local one "
-            "(needs codesearch[ray]).",
+            "(needs codesearch-local[ray]).",
         ),
     ] = False,
     ray_address: Annotated[
@@ -316,11 +316,12 @@ def query_command(
     with CodeSearch(root or Path("."), index_dir=index_dir) as cs:
         if not cs.indexed:
             # As ck, ColGREP and semble do: build it rather than refuse. Lexical only, so
-            # the answer comes in seconds; a plain 'codesearch index' adds the vectors.
+            # the answer comes in seconds; an index run with a model adds the vectors.
             render.notices(
                 [
-                    f"no index yet: indexing {cs.root} first "
-                    f"(lexical only; 'codesearch index {cs.root}' adds semantic vectors)"
+                    f"no index yet: indexing {cs.root} first (lexical only; to add semantic vectors: online, "
+                    f"'codesearch index {cs.root}'; offline, 'codesearch index {cs.root} --model PATH', PATH a "
+                    "local model folder)"
                 ]
             )
             render.notices(cs.index(lexical_only=True).notices)

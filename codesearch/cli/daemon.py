@@ -66,18 +66,55 @@ def status(json_out: Annotated[bool, typer.Option("--json", help="One JSON docum
     typer.echo(f"codesearch daemon {doc['version']} (pid {doc['pid']}) at {info.url}, up {doc['uptime_s']:.0f}s, "
                f"idle {doc['idle_s']:.0f}s of {doc['idle_timeout_s']:.0f}s, memory {_mib(doc.get('rss_bytes'))}")
     models = doc.get("models") or []
-    typer.echo("models: " + (", ".join(escape_controls(m["name"]) for m in models) if models else "none loaded"))
+    typer.echo("models: " + (", ".join(f"{escape_controls(m['name'])} ({_mib(m.get('heap_bytes'))})" for m in models)
+                             if models else "none loaded"))
     roots = doc.get("roots") or []
     typer.echo(f"roots: {len(roots)}" + ("" if roots else " (none yet)"))
     for r in roots:
-        state = r["state"] + (f" ({r['progress']})" if r.get("progress") and r["state"] != "idle" else "")
-        error = f"; last error: {escape_controls(r['last_error'])}" if r.get("last_error") else ""
-        typer.echo(f"  {escape_controls(r['root'])}: {state}, {r['runs']} run(s), "
-                   f"{'watching' if r['watching'] else 'not watching'}{error}")
+        typer.echo(f"  {escape_controls(r['root'])}: {escape_controls(root_line(r))}")
     sessions = doc.get("sessions") or []
     if sessions:
         typer.echo(f"agent sessions: {len(sessions)}")
     _say_others(others)
+
+
+#: The unit of ``done``/``total`` in each stage's progress (see `codesearch.types.ProgressEvent`).
+_UNITS = {"walk": "files", "chunk": "files", "write": "files", "sync": "indexes", "encode": "texts"}
+
+
+def progress_text(progress: dict) -> str:
+    """A run's progress for people, as the index progress shows it:
+    ``encode 77/200 texts, 1,234 files, 5,678 chunks, 2,552 tok/s``."""
+    stage, done, total = progress.get("stage", "?"), int(progress.get("done") or 0), int(progress.get("total") or 0)
+    unit = _UNITS.get(stage, "")
+    parts = [f"{stage} {done:,}/{total:,} {unit}".rstrip() if total else f"{stage} {done:,} {unit}".rstrip()]
+    for key in ("files", "chunks"):
+        if progress.get(key):
+            parts.append(f"{int(progress[key]):,} {key}")
+    message = str(progress.get("message") or "")
+    if message.startswith("ray "):
+        parts.append(message)
+    elif progress.get("tokens_per_s"):
+        parts.append(f"{float(progress['tokens_per_s']):,.0f} tok/s")
+    return ", ".join(parts)
+
+
+def root_line(root: dict) -> str:
+    """One served root for people: its run state, runs, watcher, memory, last error."""
+    state = root["state"]
+    if root.get("progress") and state != "idle":
+        state += f" ({progress_text(root['progress'])})"
+    runs = root.get("runs", 0)
+    bits = [state, f"{runs} run{'' if runs == 1 else 's'}", "watching" if root.get("watching") else "not watching"]
+    memory = root.get("memory") or {}
+    heap, mapped = memory.get("heap_bytes"), memory.get("mapped_bytes")
+    if heap is not None or mapped is not None:
+        total = (heap or 0) + (mapped or 0)
+        bits.append(f"memory {_mib(total)} (heap {_mib(heap)}, mapped index files {_mib(mapped)})")
+    line = ", ".join(bits)
+    if root.get("last_error"):
+        line += f"; last error: {root['last_error']}"
+    return line
 
 
 def _say_others(others: list[dict], *, err: bool = False) -> None:

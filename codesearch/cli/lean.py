@@ -158,10 +158,11 @@ def _query(argv: list[str]) -> int | None:
         if not lexical:
             return None
         info = None
-    if info is None and lexical:
+    big = lexical and info is None and policy == daemon_client.START and _is_big(index_dir)
+    if info is None and lexical and not big:
         return _query_here(root, index_dir, request, opts)
     if info is None:
-        if policy != daemon_client.START or not _records_models(index_dir):
+        if policy != daemon_client.START or not (big or _records_models(index_dir)):
             return None  # needs no model: this process answers without torch
         try:
             info = daemon_client.ensure(start=True, say=_notice)
@@ -176,9 +177,10 @@ def _query(argv: list[str]) -> int | None:
         status, doc = daemon_client.call(info, "POST", "/daemon/search", body, timeout=SEARCH_TIMEOUT_S)
     except (OSError, ValueError):  # no daemon after all, or a broken exchange
         return None
+    if status in (400, USER_ERROR) and doc.get("detail"):
+        return _error(str(doc["detail"]))  # the one line this process would say (a bad glob, a model)
     if status != 200 or doc.get("schema_version") != 1 or not isinstance(doc.get("results"), list):
-        # The Typer path gives the error its own words and exit status (a bad glob, ...).
-        return None
+        return None  # the Typer path searches here and says what it finds
     _print_result(doc, root, as_json=bool(opts.get("json")), as_jsonl=bool(opts.get("jsonl")),
                   files_only=bool(opts.get("files_only")))
     return 0
@@ -266,6 +268,36 @@ def _indexing(path: object, index_dir: object) -> tuple[Path, Path] | None:
         return None
     running = status == 200 and (doc.get("indexing") or {}).get("state") != "idle"
     return (root, root / ".codesearch") if running else None
+
+
+#: A lexical query of an index this big goes to the daemon (started when none runs), which
+#: keeps the index open: opening it costs every new process time and memory that grow with
+#: the repository, and a warm daemon answers in a round trip. Below it, the query is
+#: searched here (no daemon started for it), as fast as the round trip plus the start.
+#: ``CODESEARCH_LEXICAL_DAEMON_CHUNKS`` sets another count (0: never).
+LEXICAL_DAEMON_CHUNKS = 20_000
+LEXICAL_DAEMON_ENV = "CODESEARCH_LEXICAL_DAEMON_CHUNKS"
+#: The HTTP status the daemon gives a user's error that a server would answer 500 to
+#: (`codesearch.server.daemon_app.USER_ERROR`; not imported: this module stays light).
+USER_ERROR = 422
+
+
+def _is_big(index_dir: Path) -> bool:
+    """Whether the index holds `LEXICAL_DAEMON_CHUNKS` chunks or more (False when the store
+    cannot tell: this process then searches it, as it always did)."""
+    import sqlite3
+
+    threshold = _int(os.environ.get(LEXICAL_DAEMON_ENV) or LEXICAL_DAEMON_CHUNKS, 0)
+    if not threshold:
+        return False
+    try:
+        conn = sqlite3.connect(f"file:{index_dir / 'store.sqlite'}?mode=ro", uri=True, timeout=1.0)
+        try:
+            return conn.execute("SELECT count(*) FROM chunks").fetchone()[0] >= threshold
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return False
 
 
 def _records_models(index_dir: Path) -> bool:
@@ -375,11 +407,17 @@ def _size(value: str) -> int | None:
 
 
 def _model(value: object) -> str | None:
+    """A ``--model`` value as the daemon must get it: DEFAULT, None for 'none', a local
+    folder as an absolute path (the daemon works in a folder of its own), else as given."""
     from codesearch.types import DEFAULT
 
     if value is None:
         return DEFAULT
-    return None if str(value).strip().lower() == "none" else str(value)
+    text = str(value)
+    if text.strip().lower() == "none":
+        return None
+    folder = Path(text).expanduser()
+    return str(folder.resolve()) if folder.is_dir() else text
 
 
 def _index(argv: list[str]) -> int | None:

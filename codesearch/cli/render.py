@@ -141,6 +141,7 @@ def _rich_hit(console: Console, hit: Any, root: Path) -> None:
             lexer,
             line_numbers=True,
             start_line=hit.start_line,
+            highlight_lines=set(getattr(hit, "match_lines", ())),  # the lines a --regex matches
             word_wrap=False,
             background_color="default",
         )

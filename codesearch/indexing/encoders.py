@@ -255,7 +255,12 @@ def chunk_budget(encoders: Encoders, chunk_tokens: int | None) -> tuple[int, Tok
     # holds any chunk the estimate allows (LateOn-Code-edge reads 2048 tokens): then chunking
     # skips the tokenizer, which cost 16 of numpy's 27 CPU-s to searchable (a 50k BPE runs at
     # ~0.7 MB/s per core here). With a single-vector model, chunks sized in its own tokens
-    # scored better: MiniLM hybrid 0.913 against 0.907 with estimated chunks (8 dev repos).
+    # scored better: MiniLM hybrid 0.913 against 0.907 with estimated chunks (8 dev repos),
+    # and again on the whole dev split, 0.8812 against 0.8731 (401 queries, both halves
+    # lower; lexical 0.8606 against 0.8634, 13,426 chunks against 14,706: MiniLM reads 256
+    # tokens, and the estimate makes fewer, longer chunks). So chunks depend on the model,
+    # and one lexical query can rank differently in two indexes of a repository; a string
+    # pasted from the code finds its chunk first in either (codesearch.search.phrase).
     # Count with the model whose window must hold the chunk whole (the multi-vector one).
     counter = next((e for e in encs if e.multivector), encs[0])
     wide = counter.multivector and holds_estimated_chunks(int(counter.max_length), budget)

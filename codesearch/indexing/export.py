@@ -296,8 +296,10 @@ def _version() -> str:
     # (Not `codesearch.__version__`: the package root reaches up to the API, a circle.)
     from importlib.metadata import PackageNotFoundError, version
 
+    from codesearch.errors import DISTRIBUTION
+
     try:
-        return version("codesearch")
+        return version(DISTRIBUTION)
     except PackageNotFoundError:
         return "unknown"
 

@@ -1,7 +1,7 @@
 """Retriever adapters for RAG frameworks, each behind its own optional extra.
 
-- `codesearch.integrations.langchain.CodeSearchRetriever` (``pip install "codesearch[langchain]"``)
-- `codesearch.integrations.llamaindex.CodeSearchRetriever` (``pip install "codesearch[llamaindex]"``)
+- `codesearch.integrations.langchain.CodeSearchRetriever` (``pip install "codesearch-local[langchain]"``)
+- `codesearch.integrations.llamaindex.CodeSearchRetriever` (``pip install "codesearch-local[llamaindex]"``)
 
 Both wrap a `codesearch.CodeSearch` and put the same metadata on every result (see
 `hit_metadata`), so a prompt can cite ``path:start-end`` whichever framework built it.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from codesearch.errors import MissingDependencyError
+from codesearch.errors import MissingDependencyError, install_line
 
 if TYPE_CHECKING:  # pragma: no cover
     from codesearch.types import JSONDict, SearchHit
@@ -34,6 +34,5 @@ def hit_metadata(hit: SearchHit) -> JSONDict:
 def missing(extra: str, module: str) -> MissingDependencyError:
     """The error raised when an adapter's framework is not installed."""
     return MissingDependencyError(
-        f"the {extra} retriever needs {module!r}, which is not installed "
-        f'(pip install "codesearch[{extra}]")'
+        f"the {extra} retriever needs {module!r}, which is not installed ({install_line(extra)})"
     )

@@ -1,4 +1,4 @@
-"""A LangChain retriever over a codesearch index (``pip install "codesearch[langchain]"``).
+"""A LangChain retriever over a codesearch index (``pip install "codesearch-local[langchain]"``).
 
 Example
 -------

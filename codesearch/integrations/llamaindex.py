@@ -1,4 +1,4 @@
-"""A LlamaIndex retriever over a codesearch index (``pip install "codesearch[llamaindex]"``).
+"""A LlamaIndex retriever over a codesearch index (``pip install "codesearch-local[llamaindex]"``).
 
 Example
 -------

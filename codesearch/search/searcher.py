@@ -27,6 +27,7 @@ from codesearch.indexes.lexical import (
 )
 from codesearch.indexes.registry import DERIVED, IndexSpec, load_derived
 from codesearch.search.corpus import CENTRALITY_VERSION, Corpus
+from codesearch.search.phrase import CANDIDATES, exact_first, pasted_phrase
 from codesearch.search.query import analyse
 from codesearch.search.ranking import FILE_VECTOR_MIN_TOKENS, Candidates, Ranker, RankingParams
 from codesearch.store import IndexLock, Store, atomic_write
@@ -59,6 +60,12 @@ _UNSEARCHABLE = {
         "this index has no multi-vector index (index with a ColBERT model: 'codesearch index --multi-model ID')",
     ),
 }
+
+
+#: How to add vectors to an index that has none, which works offline too: a plain
+#: 'codesearch index' downloads the default model, or fails to (offline) and stays lexical.
+ADD_VECTORS = ("online, 'codesearch index' adds them; offline, 'codesearch index --model PATH' does, PATH a "
+               "local model folder (--multi-model PATH for a ColBERT one)")
 
 
 def _unsearchable(spec: IndexSpec, built: bool) -> str:
@@ -206,7 +213,7 @@ class Searcher:
             # built the index): the answer is not the hybrid one the query asked for.
             notices.append(
                 "lexical index only: this index has no semantic vectors, so BM25 alone ranked this hybrid query "
-                "('codesearch index' adds them; --mode lexical asks for BM25 without this notice)"
+                f"({ADD_VECTORS}; --mode lexical asks for BM25 without this notice)"
             )
         elif mode == "hybrid" and not searched and built_any:
             # Said only when this query lost vectors the index has: an index built lexical-only
@@ -253,7 +260,11 @@ class Searcher:
             # Every chunk the regex keeps can be ranked, the ones no signal scores last (by
             # row): a regex match is itself a reason to show it, as grep would.
             total = np.where(mask, np.maximum(total, _MATCHED_FLOOR), 0.0).astype(np.float32)
-        picked = self._ranker.select(total, k, files_only=request.files_only)
+        # A pasted piece of code finds the chunks that hold it first (codesearch.search.phrase).
+        phrase = pasted_phrase(query) if use_lex else None
+        picked = self._ranker.select(total, max(k, CANDIDATES) if phrase else k, files_only=request.files_only)
+        if phrase is not None:
+            picked = exact_first(picked, phrase, self._chunk_texts)[:k]
         hits = self._hits(picked, sources)
         return SearchResult(query=query, mode=mode, hits=hits, indexes_used=tuple(used), notices=notices)
 
@@ -465,6 +476,13 @@ class Searcher:
             keep[rows[start + np.searchsorted(part, found[hits])]] = True
             del batch
         return keep
+
+    def _chunk_texts(self, rows: list[int]) -> list[tuple[str, str]]:
+        """(path, code) of the chunks at ``rows`` of the ranker's corpus, in order."""
+        ids = [int(self._ranker.corpus.ids[r]) for r in rows]
+        with self._lock:
+            stored = {r.id: (r.chunk.path, r.chunk.text) for r in self._store.chunk_records(ids)}
+        return [stored.get(i, ("", "")) for i in ids]
 
     def _hits(self, picked: list[tuple[int, float]], sources: dict[str, np.ndarray]) -> list[SearchHit]:
         c = self._ranker.corpus

@@ -14,6 +14,7 @@ import sqlite3
 from pathlib import Path
 
 from codesearch.store.files import decode_source, hash_bytes, read_inside, split_lines
+from codesearch.textregex import TextRegex, compile_regex
 from codesearch.types import STORE_FILE, SearchHit, SearchRequest, SearchResult, default_index_dir
 
 __all__ = ["CHARS_PER_TOKEN", "HIT_TOKENS", "approx_tokens", "fit", "hit_tokens", "shape", "with_context"]
@@ -128,22 +129,27 @@ def _cut_to_tokens(hit: SearchHit, tokens: int) -> SearchHit | None:
 def fit(result: SearchResult, request: SearchRequest) -> SearchResult:
     """Apply ``request``'s output controls to a ranked `SearchResult`.
 
-    In order: hits under ``min_score`` go; snippets are cut to ``max_lines`` (or emptied
-    by ``no_snippet`` or ``files_only``); then hits are taken best first while the estimated tokens of the
-    answer fit ``budget``, the first one that does not fit cut to the budget left when a
-    useful part of it fits. The result's ``left_out`` counts the ranked hits not returned
-    (None when no ``min_score`` or ``budget`` was asked for), and a notice says when the
-    budget left hits out. Context lines (``request.context``) are added before this, by
-    the caller that can read the files (`with_context`).
+    In order: hits under ``min_score`` go; snippets are cut to ``max_lines``, from the
+    first line a ``regex`` matches (or emptied by ``no_snippet`` or ``files_only``); then
+    hits are taken best first while the estimated tokens of the answer fit ``budget``, the
+    first one that does not fit cut to the budget left when a useful part of it fits. The
+    result's ``left_out`` counts the ranked hits not returned (None when no ``min_score``
+    or ``budget`` was asked for), and a notice says when the budget left hits out; with a
+    ``regex``, each hit says which of its lines match (``match_lines``). Context lines
+    (``request.context``) are added before this, by the caller that can read the files
+    (`with_context`).
     """
     hits = list(result.hits)
     ranked = len(hits)
+    regex = compile_regex(request.regex) if request.regex is not None else None
     if request.min_score is not None:
         hits = [h for h in hits if h.score >= request.min_score]
     if request.no_snippet or request.files_only:
         # File names only means no code: an agent pays for every character of it.
         hits = [dataclasses.replace(h, text="") for h in hits]
     elif request.max_lines is not None:
+        if regex is not None:
+            hits = [_from_first_match(h, regex, request.max_lines) for h in hits]
         hits = [_cut(h, request.max_lines) for h in hits]
     notices = list(result.notices)
     if request.budget is not None:
@@ -166,8 +172,28 @@ def fit(result: SearchResult, request: SearchRequest) -> SearchResult:
                 "(raise the budget, or ask for fewer lines per hit)"
             )
         hits = kept
+    if regex is not None:
+        hits = [_mark_matches(h, regex) for h in hits]
     left_out = ranked - len(hits) if request.min_score is not None or request.budget is not None else None
     return dataclasses.replace(result, hits=hits, notices=notices, left_out=left_out)
+
+
+def _from_first_match(hit: SearchHit, regex: TextRegex, n_lines: int) -> SearchHit:
+    """With a regex, a snippet cut to ``n_lines`` shows the lines that match, as ripgrep
+    does: when the first match lies below the first ``n_lines`` lines, the snippet starts
+    at it (``start_line`` moves down with ``text``), else it is left for `_cut`."""
+    matched = regex.match_lines(hit.text)
+    if not matched or matched[0] < n_lines:
+        return hit
+    lines = split_lines(hit.text)
+    return dataclasses.replace(hit, text="".join(lines[matched[0]:]), start_line=hit.start_line + matched[0])
+
+
+def _mark_matches(hit: SearchHit, regex: TextRegex) -> SearchHit:
+    """The hit with ``match_lines``: the file lines of its snippet the regex matches."""
+    if not hit.text:
+        return hit
+    return dataclasses.replace(hit, match_lines=tuple(hit.start_line + i for i in regex.match_lines(hit.text)))
 
 
 def shape(

@@ -187,6 +187,7 @@ def result_from_document(doc: JSONDict) -> SearchResult:
             path=h["path"], start_line=int(h["start_line"]), end_line=int(h["end_line"]), score=float(h["score"]),
             language=h["language"], symbol=h.get("symbol"), kind=h["kind"], scope=None, text=h["text"],
             chunk_id=-1, more_lines=int(h.get("more_lines") or 0),
+            match_lines=tuple(int(n) for n in h.get("match_lines") or ()),
         )
         for h in doc["results"]
     ]

@@ -90,6 +90,14 @@ def serve(
     ] = False,
 ) -> None:
     """Serve indexed repositories over HTTP (JSON API + MCP at /mcp) or MCP over stdio."""
+    from codesearch.server.daemon_client import missing_server_module
+
+    missing = missing_server_module()
+    if missing is not None:
+        from codesearch.errors import MissingDependencyError, install_line
+
+        raise MissingDependencyError(f"codesearch serve needs {missing!r}, which is not installed "
+                                     f"({install_line('server')})")
     from codesearch.server.repos import RepoOptions
     from codesearch.server.runner import ServeOptions
     from codesearch.server.runner import serve as run_server

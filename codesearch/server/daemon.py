@@ -25,6 +25,7 @@ from pathlib import Path
 
 from codesearch import __version__
 from codesearch.server.daemon_client import DEFAULT_IDLE_S, parse_seconds
+from codesearch.server.memory import trim_heap
 from codesearch.server.runtime_dir import (
     DAEMON_LOCK,
     PROTOCOL,
@@ -64,21 +65,10 @@ def _hold_lock(folder: Path) -> int | None:
 TRIM_AFTER_S = 2.0
 
 
-def _trim_heap() -> None:
-    """Give freed heap pages back to the system (glibc's ``malloc_trim``; nothing elsewhere).
-
-    Why: after a burst of queries or an index run, tens of MiB of freed memory stay resident
-    in glibc's arenas; the daemon lives for hours, so it returns them when it goes quiet.
-    The process's own symbols are looked up (``CDLL(None)``), not libc by name:
-    `ctypes.util.find_library` would run ``ldconfig`` in a subprocess each time."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
-        pass
+#: Give freed heap pages back to the system (glibc's ``malloc_trim``; nothing elsewhere).
+#: Why: after a burst of queries or an index run, tens of MiB of freed memory stay resident
+#: in glibc's arenas; the daemon lives for hours, so it returns them when it goes quiet.
+_trim_heap = trim_heap
 
 
 def _watch_idle(server, registry, idle_timeout_s: float) -> None:
@@ -156,7 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         idle = parse_seconds(args.idle_timeout)
     except ValueError:
         parser.error(f"--idle-timeout {args.idle_timeout!r} is not a time (use 1200, 90s, 20m or 1h)")
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # What a user reads in `codesearch daemon logs`: codesearch's own lines (models loaded,
+    # roots served, runs, errors) and other libraries' warnings, not their start-up chatter
+    # (faiss lists each CPU build it tried, with a ModuleNotFoundError for each it lacks).
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("codesearch").setLevel(logging.INFO)
     from codesearch.errors import CodeSearchError
 

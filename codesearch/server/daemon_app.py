@@ -49,6 +49,7 @@ from codesearch.errors import CodeSearchError, NotIndexedError, PathError
 from codesearch.server.app import BearerAuth, BodyLimit, HostGuard, create_app, status_for
 from codesearch.server.app import SearchRequest as SearchBody
 from codesearch.server.discovery import pid_alive
+from codesearch.server.memory import Meter, mapped_bytes, rss_bytes
 from codesearch.server.repos import RepoOptions, RepoSet, ServedRepo, _labels
 from codesearch.server.runtime_dir import PROTOCOL
 from codesearch.server.service import DaemonPool, Limits, Service
@@ -57,29 +58,38 @@ from codesearch.types import JSONDict
 
 log = logging.getLogger("codesearch.daemon")
 
+#: How many dropped roots' last run states `Registry.dropped` keeps.
+_DROPPED_KEPT = 64
+
 #: How long a query waits for the run that indexes what changed on disk (its own refresh)
 #: and, when a run was going already, for that one (it may be a first index, embedding for
 #: minutes: the query then answers from what is ready).
 REFRESH_WAIT_S = 30.0
 REFRESH_WAIT_BUSY_S = 2.0
+#: The HTTP status of a user's error that `serve` would answer 500 (see `daemon_routes`).
+USER_ERROR = 422
 
 
 class CountingPool(EncoderPool):
     """The encoder pool, logging each model load (``codesearch daemon logs`` shows them) and
-    counting them (``daemon status``: one load per model, whoever asks)."""
+    counting them (``daemon status``: one load per model, whoever asks), each with the heap
+    it added (`codesearch.server.memory`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, meter: Meter | None = None) -> None:
         super().__init__()
+        self.meter = meter if meter is not None else Meter()
         self.loads: list[dict[str, Any]] = []
 
     def load(self, name: str, *, device: str = "auto") -> Encoder:
-        before = len(self.loaded())
+        before = {id(e) for e in self.loaded()}
         t0 = time.perf_counter()
-        encoder = super().load(name, device=device)
-        if len(self.loaded()) > before:
+        with self.meter.model_load() as grown:
+            encoder = super().load(name, device=device)
+        if id(encoder) not in before:
             seconds = round(time.perf_counter() - t0, 3)
-            self.loads.append({"name": str(name), "device": device, "seconds": seconds})
-            log.info("loaded model %s on %s in %.1fs", name, device, seconds)
+            heap = grown[0] if grown else None
+            self.loads.append({"name": str(encoder.name), "device": device, "seconds": seconds, "heap_bytes": heap})
+            log.info("loaded model %s on %s in %.1fs", encoder.name, device, seconds)
         return encoder
 
 
@@ -151,12 +161,16 @@ class Registry:
         self.debounce_s = debounce_s
         self.query_batching = query_batching
         self.host = host
-        self.pool = CountingPool()
+        self.meter = Meter()
+        self.pool = CountingPool(self.meter)
         self.search_pool = DaemonPool(limits.workers, "codesearch-search")
         self.run_lock = threading.Lock()  # one index run at a time, across every root
         self.repos: list[ServedRepo] = []  # the global view's list: it grows in place
         self.everything = Service(RepoSet.of(self.repos, self.pool), limits, pool=self.search_pool)
         self.sessions: dict[str, Session] = {}
+        #: The last run state of roots no longer served because their first index run failed
+        #: (an empty folder): the ``codesearch index`` that asked for the run reads it there.
+        self.dropped: dict[Path, JSONDict] = {}
         self._ready: dict[Path, threading.Event] = {}
         self._views: dict[tuple[Path, ...], Service] = {}
         self._mcp: dict[tuple[Path, ...], McpScope] = {}
@@ -212,7 +226,8 @@ class Registry:
                 log.info("options of %s changed: %s", path, options)
                 self._remove(served, wait=True)  # its writer must be gone before the new one runs
             added = ServedRepo(path, options, encoder_pool=self.pool, run_lock=self.run_lock,
-                               query_batching=self.query_batching, name=path.name)
+                               query_batching=self.query_batching, name=path.name, meter=self.meter,
+                               after_run=self._after_run)
             try:
                 added.start(index_now=index_now, watch=self.watch, quiet_s=self.debounce_s)
             except BaseException:
@@ -220,6 +235,7 @@ class Registry:
                 raise
             with self._lock:
                 self.repos.append(added)
+                self.dropped.pop(path, None)
                 self._relabel()
             log.info("serving %s (index %s)", path, added.index_dir)
             return added, True
@@ -268,6 +284,32 @@ class Registry:
         if wait:
             closer.join(30.0)
 
+    def _after_run(self, served: ServedRepo) -> None:
+        """After each run of a root: one whose first run failed, leaving no index (an empty
+        folder, a model that cannot load), is not served on (its watcher would run it again
+        on every save, its error stay in ``daemon status`` for the daemon's life); the next
+        request for it adds it again. A root of an agent session stays."""
+        state = served.run_state
+        if state.last_error is None or state.state != "idle" or served.indexed:
+            return
+        with self._lock:
+            if served not in self.repos or any(served.root in s.roots for s in self.sessions.values()):
+                return  # (an agent session's root stays: its watcher indexes the first files that come)
+            self.dropped[served.root] = state.to_dict()
+            while len(self.dropped) > _DROPPED_KEPT:
+                self.dropped.pop(next(iter(self.dropped)))
+        log.info("stopped serving %s: its first index run failed (%s)", served.root, state.last_error)
+        self._remove(served)
+
+    def drop_gone(self) -> list[Path]:
+        """Stop serving the roots whose folder no longer exists (deleted, or moved away: a
+        path is what a request names); returns them."""
+        gone = [served for served in list(self.repos) if not served.root.is_dir()]
+        for served in gone:
+            log.info("stopped serving %s: the folder is gone", served.root)
+            self._remove(served)
+        return [served.root for served in gone]
+
     def _relabel(self) -> None:
         """Each root's name, as the global view's hits and ``repo`` use it (unique)."""
         for served, name in zip(self.repos, _labels([r.root for r in self.repos])):
@@ -300,19 +342,35 @@ class Registry:
 
     def refresh(self, served: ServedRepo) -> list[str]:
         """What ``codesearch query`` does in its own process before searching, done by the
-        writer of the root: index what changed on disk, and say so.
+        writer of the root: index what changed on disk, and say so; then search the index
+        as committed, never a generation behind it.
 
         The watcher would get there too, a quarter second after the last save; a query made
-        right after an edit (an agent's) must not answer from before it. A run of another
-        process is followed (`ServedRepo.catch_up`), not waited for.
+        right after an edit (an agent's, or a ``git checkout``) must not answer from before
+        it. A run of another process is followed (`ServedRepo.catch_up`), not waited for.
+        While the watcher has seen no event since a check that found the index current (its
+        events caught up to this moment: `RepoWatcher.caught_up`), no file is looked at (a
+        stat of every file costs seconds at 100,000 files); the generation committed is
+        still checked (one read of the store).
         """
         served.catch_up()
+        served.follow_models()
+        seen = served.events_seen()
+        if seen is not None and seen == served.current_at_events and served.watch_caught_up():
+            if served.events_seen() == seen:  # no event was still on its way
+                served.follow_committed()
+                return []
+            seen = served.events_seen()
         try:
             recorded = Recorded.read(served.index_dir, 1_000_000)
             stale = stale_files(served.root, served.index_dir, recorded)
         except (CodeSearchError, OSError):
             return []
         if not stale.stale:
+            # The store holds the files as they are: searches must read that generation. A
+            # run may have committed it a moment ago and still be opening it for searches.
+            served.follow_committed()
+            served.current_at_events = seen
             return []
         n = len(stale.added) + len(stale.changed) + len(stale.removed)
         busy = served.run_state.state != "idle"
@@ -328,8 +386,10 @@ class Registry:
         if error:
             return [f"{n} file(s) changed since the last run, but the index could not be updated ({error}); "
                     "searched the current index"]
+        served.follow_committed()
+        summary = served.run_state.last_summary or {}
         return [f"index refreshed: {n} file(s) added, changed or removed since the last run "
-                f"({time.perf_counter() - t0:.1f}s)"]
+                f"({time.perf_counter() - t0:.1f}s)", *summary.get("notices", ())]
 
     # -- sessions, activity, status -----------------------------------------------------------
 
@@ -352,14 +412,20 @@ class Registry:
             return len(self.sessions)
 
     def busy(self) -> bool:
-        """Anything that must keep the daemon up: a request, an index run, an agent session."""
+        """Anything that must keep the daemon up: a request, an index run, an agent session.
+        (Asked every second by the idle watch, which is also when roots whose folder is gone
+        are let go: `drop_gone`.)"""
+        self.drop_gone()
         return bool(self.in_flight or self.live_sessions()
                     or any(r.run_state.state != "idle" for r in list(self.repos)))
 
     def info(self, idle_timeout_s: float) -> JSONDict:
         """``GET /daemon/info``: what ``codesearch daemon status`` shows."""
+        self.drop_gone()
+        served_now = list(self.repos)
+        mapped = mapped_bytes(r.index_dir for r in served_now) or {}
         roots = []
-        for served in list(self.repos):
+        for served in served_now:
             state = served.run_state.to_dict()
             roots.append({
                 "root": str(served.root), "index_dir": str(served.index_dir), "ready": served.ready,
@@ -367,6 +433,9 @@ class Registry:
                 "generation": state["generation"], "progress": state["progress"],
                 "last_error": state["last_error"], "finished_at": state["finished_at"],
                 "last_summary": state["last_summary"],
+                # See codesearch.server.memory: the heap its opens added, the resident pages of
+                # its mapped index files.
+                "memory": {"heap_bytes": served.heap_bytes, "mapped_bytes": mapped.get(served.index_dir)},
             })
         return {
             "schema_version": 1,
@@ -378,13 +447,18 @@ class Registry:
             "idle_s": round(time.monotonic() - self.last_activity, 1),
             "idle_timeout_s": idle_timeout_s,
             "rss_bytes": rss_bytes(),
-            "models": [{"name": e.name, "identity": e.identity, "dim": int(e.dim), "multivector": bool(e.multivector)}
+            "models": [{"name": e.name, "identity": e.identity, "dim": int(e.dim), "multivector": bool(e.multivector),
+                        "heap_bytes": self._model_heap(e)}
                        for e in self.pool.loaded()],
             "model_loads": list(self.pool.loads),
             "roots": roots,
             "sessions": [{"id": s.id, "pid": s.pid, "roots": [str(r) for r in s.roots]}
                          for s in list(self.sessions.values())],
         }
+
+    def _model_heap(self, encoder: Encoder) -> int | None:
+        """The heap the load of ``encoder`` added (its last load's, by name)."""
+        return next((load["heap_bytes"] for load in reversed(self.pool.loads) if load["name"] == encoder.name), None)
 
     def close(self, timeout: float = 10.0) -> None:
         with self._lock:
@@ -443,18 +517,6 @@ def not_ready_document(served: ServedRepo, request: SearchBody) -> JSONDict:
     mode = getattr(request.mode, "value", request.mode)
     return {"schema_version": SCHEMA_VERSION, "query": request.query, "mode": str(mode), "indexes_used": [],
             "notices": [notice], "results": []}
-
-
-def rss_bytes() -> int | None:
-    """This process's resident memory, from ``/proc`` (None elsewhere)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return None
 
 
 # -- the /daemon routes -------------------------------------------------------------------
@@ -521,8 +583,15 @@ def daemon_routes(registry: Registry, *, idle_timeout_s: float, on_stop: Callabl
     app = FastAPI(title="codesearch daemon", version=__version__, openapi_url=None, docs_url=None, redoc_url=None)
 
     @app.exception_handler(CodeSearchError)
-    async def _codesearch_error(_request: Request, exc: CodeSearchError) -> JSONResponse:
-        return JSONResponse({"error": type(exc).__name__, "detail": str(exc)}, status_code=status_for(exc))
+    async def _codesearch_error(request: Request, exc: CodeSearchError) -> JSONResponse:
+        # Every CodeSearchError is a user's one-line error with its way out (a model that
+        # cannot load, a folder that is gone): the CLI prints it and exits 1, as it would
+        # have in its own process. `serve` answers 500 to some, as the server's own failures
+        # there; here the daemon is the user's own process.
+        log.warning("%s %s: %s", request.method, request.url.path, exc)
+        status = status_for(exc)
+        return JSONResponse({"error": type(exc).__name__, "detail": str(exc)},
+                            status_code=USER_ERROR if status == 500 else status)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -560,6 +629,9 @@ def daemon_routes(registry: Registry, *, idle_timeout_s: float, on_stop: Callabl
 
     @app.get("/daemon/run")
     def run(root: str = Query(...)) -> dict[str, Any]:
+        dropped = registry.dropped.get(_absolute(root)) if registry.served(root) is None else None
+        if dropped is not None:  # its first run failed: the root is not served on, the run's state stays
+            return {"root": str(_absolute(root)), "indexing": dropped}
         served = served_at(root)
         return {"root": str(served.root), "indexing": served.run_state.to_dict()}
 

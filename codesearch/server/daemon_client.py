@@ -59,6 +59,22 @@ STARTED = "started the codesearch daemon (pid {pid}) to keep models loaded; `cod
 
 OFF, USE, START = "off", "use", "start"
 
+#: What a server (the daemon, ``codesearch serve``) imports beyond the core: the ``server`` extra.
+SERVER_MODULES = ("fastapi", "uvicorn", "mcp", "watchdog")
+
+
+def missing_server_module() -> str | None:
+    """The first module of the ``server`` extra this Python lacks, or None (found, not imported)."""
+    import importlib.util
+
+    for name in SERVER_MODULES:
+        try:
+            if importlib.util.find_spec(name) is None:
+                return name
+        except (ImportError, ValueError):  # a finder that refuses it; a module stubbed out as None
+            return name
+    return None
+
 
 class DaemonError(ServerError):
     """The daemon could not be started, reached or stopped (the message says why and how on)."""
@@ -351,6 +367,12 @@ def ensure(*, start: bool, say: Callable[[str], None] | None = None, folder: Pat
         return probe(info)
     if not start:
         return None
+    missing = missing_server_module()
+    if missing is not None:
+        from codesearch.errors import install_line
+
+        raise DaemonError(f"the codesearch daemon needs {missing!r}, which is not installed "
+                          f"({install_line('server')}, or pass --no-daemon)")
     base = ensure_runtime_dir(runtime_dir() if folder is None else folder)
     folder = ensure_runtime_dir(daemon_dir(base))
     with _start_lock(folder, START_TIMEOUT_S):

@@ -30,7 +30,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
@@ -42,10 +42,14 @@ from codesearch.store import Store
 from codesearch.types import STORE_FILE, JSONDict, Mode, ProgressEvent, SearchRequest, SearchResult
 
 if TYPE_CHECKING:  # pragma: no cover
+    from codesearch.server.memory import Meter
     from codesearch.server.watch import RepoWatcher
 
 log = logging.getLogger("codesearch.server")
 
+#: How long a search waits for the watcher to show it has every event queued so far
+#: (milliseconds when the machine is not overloaded); past it, the files are looked at.
+WATCH_CATCH_UP_S = 0.5
 LOCKED_RETRY_S = 1.0  # another process holds the index lock: try the run again after this
 #: A root searched this recently gets each generation a run commits as it comes (opened on the
 #: run's thread); for one not searched since, its next search opens it, if one comes mid-run.
@@ -158,9 +162,13 @@ class ServedRepo:
         run_lock: threading.Lock | None = None,
         query_batching: bool = True,
         name: str | None = None,
+        meter: Meter | None = None,
+        after_run: Callable[[ServedRepo], None] | None = None,
     ):
         self.options = options
         self._writer = CodeSearch(root, **options.kwargs(), encoder_pool=encoder_pool)
+        self._pool = encoder_pool
+        self._pool_dropped = encoder_pool.dropped if encoder_pool is not None else 0
         self.root: Path = self._writer.root
         self.index_dir: Path = self._writer.index_dir
         self.name = name or self.root.name  # how requests and hits name this root
@@ -188,6 +196,12 @@ class ServedRepo:
         self.run_state = IndexRunState()
         self.watcher: RepoWatcher | None = None  # set by start()
         self.watch_error: str | None = None
+        #: The watcher's event count read before the last check that found the index current
+        #: (`Registry.refresh`): while it has seen no event since, nothing needs a stat walk.
+        self.current_at_events: int | None = None
+        self._meter = meter
+        self.heap_bytes = 0  # what this root's opens added to the heap (see codesearch.server.memory)
+        self._after_run = after_run
         self._thread = threading.Thread(target=self._index_loop, name=f"codesearch-index-{self.root.name}", daemon=True)
 
     # -- life cycle --------------------------------------------------------------------
@@ -315,7 +329,12 @@ class ServedRepo:
         with self._swap_lock:
             newer, self._newer = self._newer, False  # (this opens what is committed now)
             try:
-                self._live.swap(warm=warm)
+                if self._meter is None:
+                    self._live.swap(warm=warm)
+                else:
+                    with self._meter.measure() as grown:
+                        self._live.swap(warm=warm)
+                    self.heap_bytes = max(0, self.heap_bytes + (grown[0] if grown else 0))
             except BaseException:
                 self._newer = self._newer or newer  # (a run may have flagged a newer one meanwhile)
                 raise
@@ -395,16 +414,66 @@ class ServedRepo:
         would not see either. Only between runs of this root; True when it swapped."""
         if self.run_state.state != "idle" or not self.indexed:
             return False
-        pinned = self._live.generation
-        try:
-            with Store(self.index_dir / STORE_FILE, readonly=True) as store:
-                committed = store.generation
-        except CodeSearchError:
-            return False
-        if pinned is not None and committed == pinned and not self._live.replaced:
+        pinned, committed = self._live.generation, self._committed()
+        if committed is None or (pinned is not None and committed == pinned and not self._live.replaced):
             return False
         self._swap_reader()
         return True
+
+    def _committed(self) -> int | None:
+        """The generation the store holds now (None when it cannot be read)."""
+        try:
+            with Store(self.index_dir / STORE_FILE, readonly=True) as store:
+                return store.generation
+        except CodeSearchError:
+            return None
+
+    def follow_committed(self) -> bool:
+        """Move searches to the generation committed now, if they are behind it: a run of
+        this root commits a stage (the lexical one first) and then opens it for searches,
+        which takes a moment (its indexes are read, then warmed up); a search in between, or
+        one of a root nobody searched lately (opened by the next search), would answer from
+        the generation before, without a word. Waits for a swap going on; True when it swapped."""
+        with self._swap_lock:
+            pinned, committed = self._live.generation, self._committed()
+            if committed is None or (pinned is not None and committed <= pinned):
+                return False
+        try:
+            self._swap_reader(warm=False)  # (the search about to run is its warm-up)
+        except CodeSearchError as exc:
+            log.warning("could not open the new generation of %s yet: %s", self.root, exc)
+            return False
+        return True
+
+    def follow_models(self) -> bool:
+        """Let go of models whose folder moved or changed since they were loaded, and open
+        the index again with what its models are now (loaded anew, or left out with the
+        notice a fresh process gives): a search must not answer from a model folder that is
+        gone. True when it swapped."""
+        if self._pool is None or not self.indexed:
+            return False
+        dropped = self._pool.sweep()
+        if dropped == self._pool_dropped:
+            return False
+        self._pool_dropped = dropped
+        try:
+            self._swap_reader(warm=False)
+        except CodeSearchError as exc:
+            log.warning("could not open %s with its models as they are now: %s", self.root, exc)
+            return False
+        return True
+
+    def watch_caught_up(self) -> bool:
+        """Whether the watcher has handled every file event queued until now (see
+        `RepoWatcher.caught_up`); False when not watching or not known in time."""
+        watcher = self.watcher
+        return watcher is not None and watcher.caught_up(WATCH_CATCH_UP_S)
+
+    def events_seen(self) -> int | None:
+        """Relevant file events the watcher has seen so far; None when nothing watches the
+        root (any change can then have happened)."""
+        watcher = self.watcher
+        return watcher.events_seen if watcher is not None and watcher.alive else None
 
     def _follow_replaced(self) -> None:
         """Swap to the store that replaced the served one (``codesearch import --force``
@@ -474,6 +543,8 @@ class ServedRepo:
                 self.run_state.finished_at = time.time()
                 self.run_state.state = "queued" if self._requested else "idle"
                 self._cond.notify_all()
+            if self._after_run is not None:
+                self._after_run(self)
             if retry and not self._stopping:
                 timer = threading.Timer(LOCKED_RETRY_S, self.request_index, kwargs={"rebuild": rebuild})
                 timer.daemon = True  # never holds up shutdown

@@ -12,6 +12,7 @@ does that, so a missed or spurious event costs at most one cheap run, never a wr
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -31,6 +32,8 @@ MAX_DELAY_S = 5.0
 _IGNORED_EVENT_TYPES = frozenset({"opened", "closed_no_write", "attrib"})
 _IGNORED_PARTS = frozenset({".git", "__pycache__", ".hg", ".svn"})
 _IGNORED_SUFFIXES = (".pyc", ".swp", ".swx", "~", ".tmp")
+#: The name `RepoWatcher.caught_up` gives its marker files (then the pid and a number).
+_MARK = ".watch-mark-"
 
 
 def _wanted() -> list[type]:
@@ -148,11 +151,16 @@ class RepoWatcher:
         self.debouncer = Debouncer(on_change, quiet_s=quiet_s, max_delay_s=max_delay_s)
         self.events_seen = 0  # relevant events (each pokes the debouncer)
         self.events_delivered = 0  # every event the observer handed to this process's handler
+        self._marks = threading.Condition()
+        self._marks_sent = 0
+        self._marks_seen = 0
         watcher = self
 
         class _Handler(FileSystemEventHandler):
             def on_any_event(self, event) -> None:  # event: watchdog's FileSystemEvent
                 watcher.events_delivered += 1
+                if watcher._mark_seen(event.src_path):
+                    return
                 if event.event_type in _IGNORED_EVENT_TYPES:
                     return
                 if event.is_directory and event.event_type == "modified":
@@ -188,6 +196,54 @@ class RepoWatcher:
     def start(self) -> None:
         """Start watching (inotify on Linux)."""
         self._observer.start()
+
+    def caught_up(self, timeout: float) -> bool:
+        """Return True once every file event the operating system queued before this call
+        has reached this watcher (and `events_seen` counts the relevant ones); False when
+        that cannot be known within ``timeout`` (then anything may have changed).
+
+        How: a marker file is created in the index folder and this waits for its own event.
+        The kernel queues a watch's events in order, so the events of every change made
+        before it have been handled when it arrives. Only for an index folder inside the
+        watched root (a marker elsewhere would be a file in the user's repository)."""
+        if self.root not in self.index_dir.parents or not self.alive:
+            return False
+        with self._marks:
+            self._marks_sent += 1
+            number = self._marks_sent
+        marker = self.index_dir / f"{_MARK}{os.getpid()}-{number}"
+        try:
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        except OSError:
+            return False
+        os.close(fd)
+        try:
+            with self._marks:
+                return self._marks.wait_for(lambda: self._marks_seen >= number, timeout)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(marker)
+
+    def _mark_seen(self, path: str | bytes) -> bool:
+        """Whether ``path`` is one of `caught_up`'s markers (noted as arrived)."""
+        name = os.path.basename(os.fsdecode(path))
+        if not name.startswith(f"{_MARK}{os.getpid()}-"):
+            return False
+        try:
+            number = int(name.rsplit("-", 1)[1])
+        except ValueError:
+            return True
+        with self._marks:
+            if number > self._marks_seen:
+                self._marks_seen = number
+                self._marks.notify_all()
+        return True
+
+    @property
+    def alive(self) -> bool:
+        """Whether events still come: the observer thread runs (it ends when the watched
+        folder itself is deleted, or on an error of the operating system's watch)."""
+        return self._observer.is_alive()
 
     def stop(self) -> None:
         """Stop watching and drop any pending burst."""

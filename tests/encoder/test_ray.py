@@ -52,12 +52,12 @@ def test_missing_extra_is_a_one_line_error_naming_it(no_ray, tmp_path):
     from codesearch.cli.app import app
 
     repo = write_sample_repo(tmp_path / "repo")
-    with pytest.raises(MissingDependencyError, match=r'pip install "codesearch\[ray\]"'):
+    with pytest.raises(MissingDependencyError, match=r'pip install "codesearch-local\[ray\]"'):
         CodeSearch(repo, ray="auto")
     result = CliRunner().invoke(app, ["index", str(repo), "--ray", "--quiet"])
     assert result.exit_code == 1
     assert result.stderr.startswith("Error: ") and result.stderr.count("\n") == 1
-    assert 'pip install "codesearch[ray]"' in result.stderr
+    assert 'pip install "codesearch-local[ray]"' in result.stderr
     assert not (repo / ".codesearch").exists()  # failed before any work
 
 

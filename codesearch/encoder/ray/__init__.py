@@ -2,7 +2,7 @@
 
 An index run's texts go to a pool of Ray actors, each holding the models once; everything
 else (walking, chunking, the store, the indexes) stays in the driver. ``ray`` itself is
-imported only when a cluster is used (``pip install "codesearch[ray]"``).
+imported only when a cluster is used (``pip install "codesearch-local[ray]"``).
 
 Modules: `cluster` (connect, notice a lost head), `pool` (the actors), `backend`
 (`RayEncoder`, the protocol on the pool; `RayEncoders`, what an API object keeps).

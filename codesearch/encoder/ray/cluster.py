@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from codesearch.errors import ClusterError, MissingDependencyError
+from codesearch.errors import ClusterError, MissingDependencyError, install_line
 
 
 def require_ray() -> ModuleType:
@@ -32,8 +32,7 @@ def require_ray() -> ModuleType:
         import ray
     except ImportError:
         raise MissingDependencyError(
-            'embedding on a Ray cluster (--ray) needs Ray, which is not installed '
-            '(pip install "codesearch[ray]")'
+            f"embedding on a Ray cluster (--ray) needs Ray, which is not installed ({install_line('ray')})"
         ) from None
     return ray
 
