@@ -368,22 +368,28 @@ class ExportStore:
 
 
 class _Text:
-    """One file of the working tree as the chunker saw it: its text's UTF-8 bytes, where each
-    line starts, and its words."""
+    """One file of the working tree as the chunker saw it: its text, that text's UTF-8
+    bytes, where each line starts, and its words."""
 
     def __init__(self, data: bytes) -> None:
-        self.data = decode_source(data).encode("utf-8", "surrogatepass")
+        self.text = decode_source(data)
+        self.data = self.text.encode("utf-8", "surrogatepass")
         lines = self.data.split(b"\n")
         # line i (0-based) spans bytes [starts[i], starts[i + 1] - 1), as `Doc.line_bytes`
         self.starts = [0, *accumulate(len(raw) + 1 for raw in lines)]
         self.n_lines = len(lines) - (1 if not lines[-1] else 0)
         self._words: set[str] | None = None
+        self._said: dict[str, bool] = {}  # (the chunks of one definition share its scope)
 
-    @property
-    def words(self) -> set[str]:
-        if self._words is None:
-            self._words = set(_WORD.findall(self.data.decode("utf-8", "surrogatepass")))
-        return self._words
+    def says(self, label: str) -> bool:
+        """Every word of ``label`` is in this file (a word cut short where a long signature
+        was cut is a part of one)."""
+        said = self._said.get(label)
+        if said is None:
+            if self._words is None:
+                self._words = set(_WORD.findall(self.text))
+            said = self._said[label] = all(w in self._words or w in self.text for w in _WORD.findall(label))
+        return said
 
     def holds(self, row: tuple, f: _File, header_path: str) -> bool:
         """Whether the chunk ``row`` is this file's text at its lines, and says so of itself."""
@@ -405,7 +411,7 @@ class _Text:
             return False
         # The labels a hit shows (symbol, scope) are words of this file: no word of the
         # export's choosing is served as this file's.
-        return all(set(_WORD.findall(x)) <= self.words for x in labels)
+        return all(self.says(x) for x in labels)
 
 
 @dataclass
