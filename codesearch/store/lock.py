@@ -42,9 +42,24 @@ def _live_writer(index_dir: str | os.PathLike[str]) -> str | None:
         os.kill(int(pid), 0)
     except ProcessLookupError:
         return None
-    except (PermissionError, ValueError):
+    except (PermissionError, ValueError, OverflowError):
         return pid
-    return pid
+    return None if _zombie(pid) else pid
+
+
+def _zombie(pid: str) -> bool:
+    """Whether ``pid`` has died and waits for its parent to reap it (``kill(pid, 0)`` still
+    succeeds then). A daemon killed with -9 stays one while the CLI that started it runs:
+    its lock was released with its files, and the CLI's fallback, indexing in its own
+    process, was refused as if the dead daemon still wrote (Linux: ``/proc``; elsewhere
+    a live pid is taken as live)."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as fh:
+            stat = fh.read()
+    except (OSError, ValueError):
+        return False
+    # "pid (comm) state ...": the name may hold spaces and parentheses, the state follows the last ")".
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] in (b"Z", b"X")
 
 
 def _locked(index_dir: Path, pid: str) -> IndexLockedError:

@@ -382,6 +382,9 @@ class VectorCache(SegmentArrays):
     def _array(self, n: int, dim: int, data: bytes, seg: int | None, off: int | None, crc: int | None) -> np.ndarray:
         """The float32 array of one vectors row, from the row or from its segment."""
         if seg is None or self.segments is None:  # (an in-memory store never writes segments)
+            if not isinstance(data, bytes) or len(data) != n * dim * 2:
+                got = len(data) if isinstance(data, bytes) else 0
+                raise schema.corrupt(self.path, f"a vector of {got} bytes where its shape says {n}x{dim}")
             return decode_array(n, dim, data)
         try:
             return decode_array(n, dim, self.segments.read(seg, off, n * dim * 2, crc))
