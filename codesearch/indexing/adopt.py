@@ -125,7 +125,7 @@ def _safe_path(value: object) -> str | None:
 
 def _json(value: str) -> object:
     if len(value) > MAX_META:
-        raise ValueError(f"{len(value):,} characters")
+        raise ValueError(f"{len(value):,} characters, more than {MAX_META:,}")
     return json.loads(value)
 
 

@@ -68,6 +68,9 @@ MANIFEST_SUM = "manifest.sha256"
 CARRIED = (STORE_FILE + ".vectors", DERIVED["plaid"].filename)
 _TEMP = re.compile(r"^\..*\.tmp-\d+$")  # `atomic_write`'s temp files
 _SAFE = re.compile(r"^[A-Za-z0-9._-]+$")
+#: The manifest names a store, its segments and the PLAID files: a few KB. (A manifest of
+#: 100,000 ``[`` was a RecursionError traceback; one of 64 MB would cost far more to parse.)
+MANIFEST_MAX_BYTES = 1 << 20
 _BLOCK = 1 << 20
 
 
@@ -360,8 +363,9 @@ def _parse_manifest(file: Path, body: bytes) -> Manifest:
             chunks=int(doc["chunks"]),
             members=members,
         )
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise _damaged(file, f"its manifest cannot be read ({exc})") from exc
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        why = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+        raise _damaged(file, f"its manifest cannot be read ({why})") from None
 
 
 def _open(file: Path) -> tarfile.TarFile:
@@ -392,7 +396,7 @@ def _read_manifest(file: Path, tar: tarfile.TarFile) -> Manifest:
         return data
 
     try:
-        body = member_bytes(MANIFEST, 64 << 20)
+        body = member_bytes(MANIFEST, MANIFEST_MAX_BYTES)
         digest = member_bytes(MANIFEST_SUM, 1024).decode(errors="replace").strip()
     except (tarfile.TarError, EOFError) as exc:
         raise _damaged(file, f"cannot read its manifest ({exc})") from exc
