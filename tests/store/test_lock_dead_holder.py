@@ -56,3 +56,29 @@ def test_a_live_writer_is_still_one(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_killed_writers_forked_children_do_not_keep_its_lock(tmp_path):
+    """A worker the writer forked (the chunking pool forks when the process has one thread)
+    shared its lock: once the writer was killed, the lock stayed held by the orphan, under
+    the dead writer's pid, until the worker exited."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import os, time; from codesearch.store import IndexLock; "
+         f"IndexLock({str(tmp_path)!r}).acquire()\n"
+         "if os.fork() == 0:\n    time.sleep(600)\n"
+         "print('held', flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        orphan = next(int(p) for p in open(f"/proc/{proc.pid}/task/{proc.pid}/children").read().split())
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        try:
+            with IndexLock(tmp_path):
+                pass
+        finally:
+            os.kill(orphan, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
