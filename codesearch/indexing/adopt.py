@@ -255,7 +255,7 @@ class ExportStore:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         with Store(":memory:") as ours:
             if version != ours.schema_version:
-                raise self.damaged(f"schema version {version}, the manifest says {ours.schema_version}")
+                raise self.damaged(f"schema version {version} where this codesearch reads {ours.schema_version}")
             expected = dict(ours.conn.execute(
                 "SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
             ).fetchall())

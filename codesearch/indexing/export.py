@@ -364,8 +364,8 @@ def _parse_manifest(file: Path, body: bytes) -> Manifest:
             members=members,
         )
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-        why = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
-        raise _damaged(file, f"its manifest cannot be read ({why})") from None
+        why = f"no field {exc}" if isinstance(exc, KeyError) else (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise _damaged(file, f"its manifest cannot be read ({why[:120]})") from None
 
 
 def _open(file: Path) -> tarfile.TarFile:

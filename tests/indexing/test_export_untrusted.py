@@ -279,7 +279,7 @@ def test_a_manifest_nested_past_the_recursion_limit_is_one_line(exported, tmp_pa
     ("DROP TABLE models", "no table 'models'"),
     ("ALTER TABLE chunks ADD COLUMN extra TEXT", "'chunks' is a table of another schema"),
     ("CREATE VIRTUAL TABLE evil USING fts5(x)", None),  # a table not ours: ignored
-    ("PRAGMA user_version = 2", "schema version 2"),
+    ("PRAGMA user_version = 2", "schema version 2 where this codesearch reads"),
     ("UPDATE vectors SET data = x'0000', seg = NULL WHERE id = (SELECT min(id) FROM vectors WHERE kind = 'dense')",
      "holds 2 bytes"),
     ("UPDATE vectors SET n = 100000 WHERE kind = 'dense'", "rows (a dense vector has 1 to 1)"),
