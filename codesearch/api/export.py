@@ -1,12 +1,15 @@
 """Prebuilt indexes: `export_index` writes an index to one file, `import_index` adopts such a
 file for a checkout of the same repository (the file format: `codesearch.indexing.export`).
 
-Why the adoption runs an index run before anything is in place: the export is unpacked into
-a temp folder beside the index folder, checked, then brought up to date with the checkout by
-an ordinary incremental run (files whose content hash matches the export cost a read;
-changed files are re-chunked and re-embedded), and only then renamed into place. A damaged
-file, another model, another repository or a failed run therefore leaves the index that was
-there (or none) as it was, never half of an import.
+An export is someone else's file, so an import takes from it only what the checkout confirms
+(`codesearch.indexing.adopt`): files and chunks whose text is the working tree's, vectors of
+the working tree's texts, and derived indexes built here from that store. Why the adoption
+runs an index run before anything is in place: the export is unpacked into a temp folder
+beside the index folder, checked, then brought up to date with the checkout by an ordinary
+incremental run (files the check left out are chunked from the working tree; changed texts
+are re-embedded), and only then renamed into place. A damaged or crafted file, another
+model, another repository or a failed run therefore leaves the index that was there (or
+none) as it was, never half of an import.
 """
 
 from __future__ import annotations
