@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from fixtures.disks import fill, tmpfs
+from fixtures.exports import clone, git, git_repo
 from fixtures.pipeline_helpers import check_consistent, function_source, make_repo, module_source
 from typer.testing import CliRunner
 
@@ -29,21 +30,6 @@ from codesearch.types import STORE_FILE
 QUERIES = ["compute mod2_fn1 of x", "mod0_fn2_helper value", "fixture repository README"]
 
 
-def git(root: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t", *args],
-        check=True, capture_output=True, text=True,
-    ).stdout.strip()
-
-
-def git_repo(root: Path, **kw) -> Path:
-    make_repo(root, **kw)
-    git(root, "init", "-q")
-    git(root, "add", "-A")
-    git(root, "commit", "-qm", "init")
-    return root
-
-
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory, single_vector_dir, colbert_dir):
     """(repo, the export file, the models) of a fully indexed repository."""
@@ -54,11 +40,6 @@ def exported(tmp_path_factory, single_vector_dir, colbert_dir):
         cs.index()
         cs.export(base / "index.tar")
     return repo, base / "index.tar", models
-
-
-def clone(repo: Path, dest: Path) -> Path:
-    subprocess.run(["git", "clone", "-q", str(repo), str(dest)], check=True)
-    return dest
 
 
 def results(root: Path, models: dict, *, ties: bool = True) -> dict:
