@@ -35,6 +35,7 @@ Every refusal is an `ExportError` in one line that names the member and row that
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -69,8 +70,8 @@ log = logging.getLogger(__name__)
 
 #: Rows an export may hold: well past a 114k-file monorepo (600k chunks), far below what
 #: would hold this process's memory (each chunk costs ~100 bytes here until it is checked).
-MAX_FILES = 2_000_000
-MAX_CHUNKS = 20_000_000
+MAX_FILES = 1_000_000
+MAX_CHUNKS = 5_000_000
 MAX_VECTORS = 50_000_000
 #: Tokens of one multi-vector array (the longest context of any checkpoint is 8192), and
 #: values of one vector.
@@ -203,6 +204,8 @@ class ExportStore:
 
     def __init__(self, path: Path, file: Path, member: str = STORE_FILE) -> None:
         self.file, self.member = file, member
+        if not path.is_file():
+            raise self.damaged("the export holds no store")
         size_mb = path.stat().st_size / 1e6
         self.budget_s = READ_BUDGET_S + READ_S_PER_MB * size_mb
         self._conn: sqlite3.Connection | None = None
@@ -227,25 +230,17 @@ class ExportStore:
             "again, or run 'codesearch index' to build the index here)"
         )
 
-    class _Reading:
-        def __init__(self, store: ExportStore, what: str) -> None:
-            self.store, self.what = store, what
-
-        def __enter__(self) -> None:
-            return None
-
-        def __exit__(self, kind: type | None, exc: BaseException | None, _tb: object) -> bool:
-            if isinstance(exc, sqlite3.DatabaseError):
-                if "interrupted" in str(exc):
-                    raise self.store.damaged(f"reading it took longer than {self.store.budget_s:.0f} s") from None
-                raise self.store.damaged(f"{self.what} ({exc})") from None
-            if isinstance(exc, (MemoryError, RecursionError, OverflowError)):
-                raise self.store.damaged(f"{self.what} ({type(exc).__name__})") from None
-            return False
-
-    def _reading(self, what: str) -> ExportStore._Reading:
+    @contextlib.contextmanager
+    def _reading(self, what: str) -> Iterator[None]:
         """Within the block, SQLite's errors (damage, the time budget, a limit) are one line."""
-        return self._Reading(self, what)
+        try:
+            yield
+        except sqlite3.DatabaseError as exc:
+            if "interrupted" in str(exc):
+                raise self.damaged(f"reading it took longer than {self.budget_s:.0f} s") from None
+            raise self.damaged(f"{what} ({exc})") from None
+        except (MemoryError, RecursionError, OverflowError) as exc:
+            raise self.damaged(f"{what} ({type(exc).__name__})") from None
 
     def _check_schema(self) -> None:
         """Refuse a store whose tables are not this version's tables: anything else named
@@ -343,6 +338,18 @@ class ExportStore:
                     raise self.damaged(f"chunks row {seen} has no id or file id")
                 out.setdefault(fid, []).append(cid)
         return out
+
+    def chunk_ranges(self, ids: list[int]) -> list[tuple]:
+        """``(id, start_byte, end_byte, bytes of its text)`` of the chunks of ``ids``: what a
+        chunk claims to hold, and its text's size, without its text."""
+        rows: list[tuple] = []
+        with self._reading("its chunks table cannot be read"):
+            assert self._conn is not None
+            for part in chunked(ids):
+                rows += self._conn.execute(
+                    "SELECT id, start_byte, end_byte, length(CAST(text AS BLOB)) FROM main.chunks NOT INDEXED"
+                    f" WHERE id IN ({','.join('?' * len(part))})", tuple(part)).fetchall()
+        return rows
 
     def chunks(self, ids: list[int]) -> list[tuple]:
         """The rows (`TABLES['chunks']`'s columns) of ``ids``, by id."""
@@ -484,7 +491,9 @@ def _adopt_file(export: ExportStore, store: Store, f: _File, ids: list[int], dat
     if hash_bytes(data) != f.hash:
         return None  # changed since the export: the run chunks it
     text = _Text(data)
-    rows = export.chunks(ids)
+    if not _fits(export.chunk_ranges(ids), len(ids), text):
+        return None
+    rows = export.chunks(ids)  # (each text of its range's size, together at most the file's)
     header_path = text_name(f.path)
     if len(rows) != len(ids) or not all(text.holds(row, f, header_path) for row in rows):
         log.info("%s: its chunks are not the file's text; chunking it from the working tree", f.path)
@@ -496,6 +505,22 @@ def _adopt_file(export: ExportStore, store: Store, f: _File, ids: list[int], dat
         chunk = Chunk(f.path, start, end, start_byte, end_byte, language, symbol, kind, scope, body, header)
         store.insert_chunk(fid, chunk, text_hash)
     return {row[0]: row[-1] for row in rows}
+
+
+def _fits(ranges: list[tuple], expected: int, text: _Text) -> bool:
+    """Whether chunks of these ``(id, start_byte, end_byte, text bytes)`` can be pieces of
+    ``text``: one per id, at most one a line, in its bounds, apart, each text of its range's
+    size. Checked before any text is read: a chunk's text is read only if it can match."""
+    if len(ranges) != expected or expected > text.n_lines:
+        return False
+    if not all(_is_int(start) and _is_int(end) and _is_int(size) for _, start, end, size in ranges):
+        return False
+    after = 0  # where the chunks so far end
+    for start, end, size in sorted(r[1:] for r in ranges):
+        if start < after or end > len(text.data) or size != end - start:
+            return False
+        after = end
+    return True
 
 
 def _adopt_vectors(export: ExportStore, store: Store, models: dict[str, tuple[str, str, int]],
