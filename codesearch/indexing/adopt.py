@@ -225,9 +225,10 @@ class ExportStore:
         self.close()
 
     def damaged(self, why: str) -> ExportError:
+        why = " ".join(why.split())  # (SQLite's messages quote the file's own SQL, line breaks and all)
         return ExportError(
-            f"{self.file} is damaged: {self.member}: {why}; nothing was imported (copy or download the export "
-            "again, or run 'codesearch index' to build the index here)"
+            f"{self.file} is damaged: {self.member}: {why[:300]}; nothing was imported (copy or download the "
+            "export again, or run 'codesearch index' to build the index here)"
         )
 
     @contextlib.contextmanager
@@ -239,6 +240,8 @@ class ExportStore:
             if "interrupted" in str(exc):
                 raise self.damaged(f"reading it took longer than {self.budget_s:.0f} s") from None
             raise self.damaged(f"{what} ({exc})") from None
+        except UnicodeDecodeError:  # (an error message of SQLite's quoting bytes of the file that are not UTF-8)
+            raise self.damaged(f"{what} (text that is not UTF-8)") from None
         except (MemoryError, RecursionError, OverflowError) as exc:
             raise self.damaged(f"{what} ({type(exc).__name__})") from None
 

@@ -322,12 +322,14 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 
 def _not_export(file: Path, why: str) -> ExportError:
+    why = " ".join(why.split())[:300]
     return ExportError(f"{file} is not a codesearch export ({why}; make one with 'codesearch export FILE')")
 
 
 def _damaged(file: Path, why: str) -> ExportError:
+    why = " ".join(why.split())  # (one line, whatever a library's message held)
     return ExportError(
-        f"{file} is damaged: {why}; nothing was imported (copy or download the export again, "
+        f"{file} is damaged: {why[:300]}; nothing was imported (copy or download the export again, "
         "or run 'codesearch index' to build the index here)"
     )
 

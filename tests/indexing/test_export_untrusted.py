@@ -306,6 +306,21 @@ def test_a_store_row_that_is_not_what_its_table_holds_is_one_line(exported, tmp_
         refused(file, other, "store.sqlite", needle)
 
 
+@pytest.mark.parametrize("byte", [b"\xc5", b"\x00", b"'"])
+def test_a_schema_whose_sql_is_damaged_is_one_line(exported, tmp_path, byte):
+    """Found by the fuzz benchmark: a byte of the store's own schema SQL made SQLite's error
+    quote that SQL (line breaks and all: a message of 9 lines), or quote bytes that are not
+    UTF-8 (a UnicodeDecodeError traceback)."""
+    _, file, _, _ = exported
+    doc, found = read_export(file)
+    data = bytearray(found[STORE_FILE])
+    at = data.find(b"end_byte INTEGER NOT NULL")
+    data[at + 2 : at + 3] = byte
+    found[STORE_FILE] = bytes(data)
+    bad = write_export(tmp_path / "schema.tar", doc, found)
+    refused(bad, clone(exported[0], tmp_path / "checkout"), "store.sqlite", "cannot be opened")
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_random_bytes_in_a_page_of_the_store_are_success_or_one_line(exported, tmp_path, seed):
     """A page of the store overwritten with random bytes (checksums made to match)."""
