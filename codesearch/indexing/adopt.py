@@ -388,17 +388,14 @@ class _Text:
         # line i (0-based) spans bytes [starts[i], starts[i + 1] - 1), as `Doc.line_bytes`
         self.starts = [0, *accumulate(len(raw) + 1 for raw in lines)]
         self.n_lines = len(lines) - (1 if not lines[-1] else 0)
-        self._words: set[str] | None = None
         self._said: dict[str, bool] = {}  # (the chunks of one definition share its scope)
 
     def says(self, label: str) -> bool:
-        """Every word of ``label`` is in this file (a word cut short where a long signature
-        was cut is a part of one)."""
+        """Every word of ``label`` is in this file's text (a word cut short where a long
+        signature was cut is a part of one)."""
         said = self._said.get(label)
         if said is None:
-            if self._words is None:
-                self._words = set(_WORD.findall(self.text))
-            said = self._said[label] = all(w in self._words or w in self.text for w in _WORD.findall(label))
+            said = self._said[label] = all(w in self.text for w in _WORD.findall(label))
         return said
 
     def holds(self, row: tuple, f: _File, header_path: str) -> bool:
@@ -528,10 +525,13 @@ def _fits(ranges: list[tuple], expected: int, text: _Text) -> bool:
 
 def _adopt_vectors(export: ExportStore, store: Store, models: dict[str, tuple[str, str, int]],
                    segments: Segments | None) -> int:
-    """Copy every vector of a model ``models`` names whose array is of that model's size and
-    finite; returns how many. (The run's prune drops those of texts the index does not hold.)"""
+    """Take every vector of a model ``models`` names whose array is of that model's size and
+    finite; returns how many. An array in the row is copied; one in a segment (``segments``:
+    the export's, now the new store's own) is recorded where it lies, once read there and
+    checked. (The run's prune drops those of texts the index does not hold.)"""
     dims = {identity: (role, dim) for role, (_, identity, dim) in models.items()}
     batch: dict[tuple[str, str], list[tuple[str, int, int, bytes]]] = {}
+    placed: dict[tuple[str, str], list[tuple[str, int, int, int, int, int]]] = {}
     taken = 0
     for n, (_vid, model, kind, text_hash, dim, rows, data, seg, off, crc) in enumerate(export.vectors(), 1):
         where = f"vectors row {n}"
@@ -547,11 +547,18 @@ def _adopt_vectors(export: ExportStore, store: Store, models: dict[str, tuple[st
         values = np.frombuffer(blob, dtype=np.float16)
         if not bool(np.isfinite(values).all()):
             raise export.damaged(f"{where} holds values that are not finite numbers")
-        batch.setdefault((model, kind), []).append((text_hash, rows, dim, blob))
-        if len(batch[(model, kind)]) >= 256:
-            taken += store.put_encoded(model, kind, batch.pop((model, kind)))
-    for (model, kind), items in batch.items():
-        taken += store.put_encoded(model, kind, items)
+        if seg is None:  # (copied, in batches: the arrays are in memory meanwhile)
+            pending = batch.setdefault((model, kind), [])
+            pending.append((text_hash, rows, dim, blob))
+            if len(pending) >= 256:
+                taken += store.put_encoded(model, kind, batch.pop((model, kind)))
+        else:
+            pending = placed.setdefault((model, kind), [])
+            pending.append((text_hash, rows, dim, seg, off, crc))
+            if len(pending) >= 4096:
+                taken += store.put_placed(model, kind, placed.pop((model, kind)))
+    taken += sum(store.put_encoded(m, k, items) for (m, k), items in batch.items())
+    taken += sum(store.put_placed(m, k, items) for (m, k), items in placed.items())
     return taken
 
 
@@ -577,8 +584,14 @@ def adopt_into(unpacked: Path, index_dir: Path, root: Path, manifest: Manifest, 
     after the repository check, and every derived index built from it (the multi-vector one
     with the export's codes, when they check: `export_codes`)."""
     models = {role: (m.get("name"), m.get("identity"), m.get("dim")) for role, m in manifest.models.items()}
+    vectors = STORE_FILE + ".vectors"
+    if (unpacked / vectors).is_dir():
+        # The export's segment files become the new store's: an array is recorded where it
+        # lies once checked there (what no row records is dead space, reclaimed by the run's
+        # prune), not copied (240 MB of ColBERT vectors written and synced again).
+        os.replace(unpacked / vectors, index_dir / vectors)
     with ExportStore(unpacked / STORE_FILE, file) as export, Store(index_dir / STORE_FILE) as store:
-        segments = Segments(unpacked / (STORE_FILE + ".vectors"), readonly=True)
+        segments = Segments(index_dir / vectors, readonly=True)
         try:
             adoption = adopt_export(export, store, root, models=models, segments=segments,
                                     check_paths=lambda paths: check_repository(manifest, paths, root, file))
