@@ -12,8 +12,9 @@ read again. Only where a name is shown does it change:
   other name is shown as it is. So one hit is one line, no name can drive the terminal,
   and an unquoted name is exactly the file's.
 - `text_name` for JSON and for the texts an index stores (chunk headers, what the encoder
-  reads): the name as valid Unicode, each byte that is not UTF-8 written ``\\xNN``; a
-  control character stays itself (JSON escapes it).
+  reads): the name as valid Unicode, each byte that is not UTF-8 written ``\\xNN`` (and a
+  backslash that would read as such an escape written ``\\x5c``, so no two names show the
+  same); a control character stays itself (JSON escapes it).
 
 >>> quote_name("src/a.py"), quote_name("a\\nb.py"), quote_name("caf\\udce9.py")
 ('src/a.py', '"a\\\\nb.py"', '"caf\\\\xe9.py"')
@@ -25,10 +26,12 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["escape_controls", "quote_name", "text_name"]
+__all__ = ["escape_controls", "quote_name", "text_name", "valid_text"]
 
 # Surrogate escapes of undecodable bytes (U+DC80-U+DCFF), and any other lone surrogate.
 _SURROGATES = re.compile("[\ud800-\udfff]")
+# ... and a backslash that reads as the start of the escape `text_name` writes for one.
+_ESCAPE_LIKE = re.compile("[\ud800-\udfff]|\\\\(?=x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4})")
 # What a terminal acts on or a line reader splits at: C0, DEL, C1, the Unicode line and
 # paragraph separators, the bidirectional overrides that reorder what is shown (the
 # "Trojan Source" characters), and the surrogates above.
@@ -47,11 +50,26 @@ def _escape(ch: str) -> str:
 
 
 def text_name(name: str) -> str:
-    """``name`` as valid Unicode: each byte that is not UTF-8 as ``\\xNN``; nothing else
-    changes. For JSON documents and the texts an index stores."""
-    if not _SURROGATES.search(name):
+    """``name`` as valid Unicode: each byte that is not UTF-8 as ``\\xNN``, and a backslash
+    that would read as such an escape (``\\x`` or ``\\u`` and hex digits) as ``\\x5c``;
+    nothing else changes. For JSON documents and the texts an index stores.
+
+    Why the backslash: a file named ``caf\\xe9.py`` (those nine characters) and one named
+    ``caf``, byte E9, ``.py`` were shown as the same name, so a hit in one could be read as
+    a hit in the other. Every other name is itself, so a tool can open it by that name.
+    """
+    if not _ESCAPE_LIKE.search(name):
         return name
-    return _SURROGATES.sub(lambda m: _escape(m.group()), name)
+    return _ESCAPE_LIKE.sub(lambda m: "\\x5c" if m.group() == "\\" else _escape(m.group()), name)
+
+
+def valid_text(text: str) -> str:
+    """``text`` as valid Unicode: each byte that is not UTF-8 (a surrogate escape) as
+    ``\\xNN``; nothing else changes. For any string of a JSON document; a name is
+    `text_name`'d first, where it is made."""
+    if not _SURROGATES.search(text):
+        return text
+    return _SURROGATES.sub(lambda m: _escape(m.group()), text)
 
 
 def escape_controls(text: str, *, keep: str = "") -> str:

@@ -19,7 +19,7 @@ from typing import Literal, TypeAlias
 from codesearch.errors import QueryError
 from codesearch.globs import check_globs
 from codesearch.languages import canonical_language
-from codesearch.pathnames import text_name
+from codesearch.pathnames import text_name, valid_text
 from codesearch.textregex import check_regex
 
 __all__ = [
@@ -555,7 +555,7 @@ def result_document(result: SearchResult) -> JSONDict:
         "query": result.query,
         "mode": str(result.mode),
         "indexes_used": list(result.indexes_used),
-        "notices": [text_name(n) for n in result.notices],
+        "notices": [valid_text(n) for n in result.notices],
         "results": [hit_document(h) for h in result.hits],
     }
     if result.left_out is not None:

@@ -150,6 +150,31 @@ def test_random_rule_sets_match_what_pathspec_matched(seed):
     assert compared > 1000
 
 
+@pytest.mark.parametrize("seed", range(2))
+def test_a_filter_of_many_rules_decides_as_its_rules_one_at_a_time(seed):
+    """`matches` puts more than a few rules in one RE2 set (a search of 64 rules of 12
+    wildcards: 0.6 s on 2,000 paths one rule at a time); its verdicts are `match`'s, rule
+    for rule: the last rule that matches decides, names that are not UTF-8 and newlines too."""
+    import random
+
+    rng = random.Random(seed)
+    tokens = ["a", "b", ".", "*", "?", "/", "[ab]", "**", "{a,b}", "{,a}", r"\*", "/**/", "**/", "[a-b]", "[!a]",
+              "ab", "é", "[é-ü]", "\n", r"\ ", "{a,{b,c}}", "*a*", "*b*"]
+    segments = ["a", "b", "ab", "a.b", ".a", "é", "aé", "a\nb", "x", "ü.a", "a b", "caf\udce9", "[ab]"]
+    paths = ["/".join(rng.choice(segments) for _ in range(rng.randint(1, 4))) for _ in range(200)]
+    compared = 0
+    for _ in range(100):
+        patterns = ["".join(rng.choice(tokens) for _ in range(rng.randint(1, 8))) for _ in range(rng.randint(3, 8))]
+        patterns = [("!" if rng.random() < 0.3 else "") + p for p in patterns]
+        try:
+            f = GlobFilter.of(patterns)
+        except QueryError:
+            continue
+        compared += f._set is not None
+        assert list(f.matches(paths)) == [f.match(p) for p in paths], patterns
+    assert compared > 30
+
+
 @pytest.mark.parametrize("glob,path,kept", [
     ("a[!x]b", "a/b", False), ("a[!x]b", "ayb", True), ("a[^x]b", "a/b", False), ("*[!.]", "dir/x", True),
 ])

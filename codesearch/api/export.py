@@ -1,12 +1,15 @@
 """Prebuilt indexes: `export_index` writes an index to one file, `import_index` adopts such a
 file for a checkout of the same repository (the file format: `codesearch.indexing.export`).
 
-Why the adoption runs an index run before anything is in place: the export is unpacked into
-a temp folder beside the index folder, checked, then brought up to date with the checkout by
-an ordinary incremental run (files whose content hash matches the export cost a read;
-changed files are re-chunked and re-embedded), and only then renamed into place. A damaged
-file, another model, another repository or a failed run therefore leaves the index that was
-there (or none) as it was, never half of an import.
+An export is someone else's file, so an import takes from it only what the checkout confirms
+(`codesearch.indexing.adopt`): files and chunks whose text is the working tree's, vectors of
+the working tree's texts, and derived indexes built here from that store. Why the adoption
+runs an index run before anything is in place: the export is unpacked into a temp folder
+beside the index folder, checked, then brought up to date with the checkout by an ordinary
+incremental run (files the check left out are chunked from the working tree; changed texts
+are re-embedded), and only then renamed into place. A damaged or crafted file, another
+model, another repository or a failed run therefore leaves the index that was there (or
+none) as it was, never half of an import.
 """
 
 from __future__ import annotations
@@ -24,7 +27,14 @@ from codesearch.api.models import EncoderPool, Models
 from codesearch.api.refresh import Recorded, stale_files
 from codesearch.api.run import run_index
 from codesearch.errors import ExportError, ModelMismatchError, PathError
-from codesearch.indexing.export import Manifest, check_repository, repository_of, unpack_export, write_export
+from codesearch.indexing.adopt import Adoption, adopt_into
+from codesearch.indexing.export import (
+    Manifest,
+    carried,
+    repository_of,
+    unpack_export,
+    write_export,
+)
 from codesearch.store import IndexLock, Store
 from codesearch.types import DEFAULT, STORE_FILE, IndexSummary, JSONDict, ProgressEvent, default_index_dir
 
@@ -138,11 +148,10 @@ def import_index(
     _remove_left_over(target)
     tmp = _beside(target, "import")
     try:
-        manifest = unpack_export(file, tmp, check=_check_models(file, (model, multi_model)))
-        with Store(tmp / STORE_FILE) as store:
-            paths = list(store.file_paths().values())
-            store.set_meta("root", str(root))
-        check_repository(manifest, paths, root, file)
+        tmp.mkdir(parents=True)
+        # First, so a folder left by a kill -9 is ignored by git and by every walk.
+        (tmp / ".gitignore").write_text("*\n")
+        manifest, adoption = _adopt(file, tmp, root, (model, multi_model))
         rec = Recorded.read(tmp, 1_000_000)
         # Nothing differs from the export but the files' stats: a run that loads no model
         # records them (seconds of torch and weights saved; they load when code changed).
@@ -153,6 +162,10 @@ def import_index(
                             progress=progress, defer_vectors=same)
         except ModelMismatchError as exc:
             raise ExportError(f"{file} cannot be adopted with the models here: {exc}") from exc
+        with Store(tmp / STORE_FILE) as store:
+            # Vectors of texts the index does not hold (the export's of files changed here,
+            # or of no text at all) go: only arrays of the working tree's texts stay.
+            store.prune_vectors(keep_unreferenced=0)
         _swap(tmp, target, force=force, file=file, replace_flag=replace_flag)
     except OSError as exc:  # a full disk, a read-only checkout: one line, the old index kept
         shutil.rmtree(tmp, ignore_errors=True)
@@ -162,7 +175,9 @@ def import_index(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    run = dataclasses.replace(run, index_dir=str(target))
+    # (Files of the export not in this checkout never entered the new store: the run did not
+    # remove them, the import did.)
+    run = dataclasses.replace(run, index_dir=str(target), files_removed=run.files_removed + adoption.gone)
     return ImportSummary(
         file=str(file),
         index_dir=str(target),
@@ -173,6 +188,17 @@ def import_index(
         seconds=time.perf_counter() - t0,
         run=run,
     )
+
+
+def _adopt(file: Path, tmp: Path, root: Path, asked: tuple[str | None, str | None]) -> tuple[Manifest, Adoption]:
+    """Unpack the export ``file`` into ``tmp``, the new index folder, take what the checkout
+    at ``root`` confirms into a new store there, and build every derived index from it
+    (`codesearch.indexing.adopt`); the export's own files go once read."""
+    unpacked = tmp / "export"
+    manifest = unpack_export(file, unpacked, check=_check_models(file, asked), keep=carried)
+    adoption = adopt_into(unpacked, tmp, root, manifest, file)
+    shutil.rmtree(unpacked)
+    return manifest, adoption
 
 
 def _beside(target: Path, what: str) -> Path:

@@ -24,7 +24,7 @@ def export(
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the export's manifest as JSON.")] = False,
 ) -> None:
-    """Write the index (store, vectors, derived indexes, checksums, model identities) to one file."""
+    """Write the index (store, vectors, multi-vector codes, checksums, model identities) to one file."""
     from codesearch.api import CodeSearch
     from codesearch.cli import render
     from codesearch.indexing.export import read_manifest
@@ -56,8 +56,8 @@ def import_(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar, no summary.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
-    """Adopt an exported index for this checkout: unchanged files are taken as they are,
-    changed files are re-chunked and re-embedded."""
+    """Adopt an exported index for this checkout: files the checkout confirms are taken as
+    they are, the others re-chunked and re-embedded; derived indexes are built here."""
     adopt(file, path, index_dir=index_dir, force=force, replace_flag="--force", device=device.value,
           quiet=quiet, json_out=json_out)
 

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from codesearch.pathnames import escape_controls, quote_name, text_name
+from codesearch.pathnames import escape_controls, quote_name, valid_text
 
 
 def stdout() -> Console:
@@ -50,7 +50,7 @@ def _valid_unicode(doc: Any) -> Any:
     """``doc`` with every string valid Unicode (a root or path whose name is not UTF-8 has
     its bytes written ``\\xNN``): JSON is UTF-8 text, which a surrogate escape is not."""
     if isinstance(doc, str):
-        return text_name(doc)
+        return valid_text(doc)
     if isinstance(doc, dict):
         return {_valid_unicode(k): _valid_unicode(v) for k, v in doc.items()}
     if isinstance(doc, (list, tuple)):

@@ -4,6 +4,8 @@ stops at: the parts of a filter's cost that the request chooses."""
 from __future__ import annotations
 
 import contextlib
+import math
+import time
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -48,18 +50,37 @@ MAX_BRACE_DEPTH = 32
 
 
 
-_DEADLINE: ContextVar[float | None] = ContextVar("codesearch_glob_deadline", default=None)
+class Deadline:
+    """When a search's filters give up: at ``at`` (``time.monotonic()`` seconds), or at their
+    next look at the clock once `stop` is called (a server shutting down stops the searches
+    it can no longer answer)."""
+
+    __slots__ = ("at",)
+
+    def __init__(self, at: float) -> None:
+        self.at = float(at)
+
+    def stop(self) -> None:
+        self.at = -math.inf
+
+    def passed(self) -> bool:
+        return time.monotonic() > self.at
+
+
+_DEADLINE: ContextVar[Deadline | None] = ContextVar("codesearch_glob_deadline", default=None)
 
 
 @contextlib.contextmanager
-def glob_deadline(deadline: float | None) -> Iterator[None]:
+def glob_deadline(deadline: float | Deadline | None) -> Iterator[None]:
     """Within this block (this thread), `GlobFilter.matches` gives up at ``deadline``
-    (``time.monotonic()`` seconds).
+    (``time.monotonic()`` seconds, or a `Deadline` another thread may stop).
 
     Why: a search in a server thread cannot be killed when its request times out; the glob
-    filter is the one part of it whose cost the request chooses (up to `GLOB_LIMITS`: a few
-    seconds per 100,000 paths), so it is the part that looks at the clock.
+    filter is the one part of it whose cost the request chooses, so it is the part that
+    looks at the clock.
     """
+    if deadline is not None and not isinstance(deadline, Deadline):
+        deadline = Deadline(deadline)
     token = _DEADLINE.set(deadline)
     try:
         yield
@@ -68,7 +89,9 @@ def glob_deadline(deadline: float | None) -> Iterator[None]:
 
 
 def search_deadline() -> float | None:
-    """The deadline `glob_deadline` set for this thread, or None: the other filters whose cost
-    a request chooses (`codesearch.textregex`) stop at it too."""
-    return _DEADLINE.get()
+    """The deadline `glob_deadline` set for this thread (``time.monotonic()`` seconds; -inf
+    once stopped), or None: the other filters whose cost a request chooses
+    (`codesearch.textregex`) stop at it too."""
+    deadline = _DEADLINE.get()
+    return None if deadline is None else deadline.at
 

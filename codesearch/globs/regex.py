@@ -32,6 +32,10 @@ _END = r"(?=/|\Z)"  # the end of a path segment
 class _Atoms:
     """Numbers the atomic groups of one compiled regex (Python 3.10 has no ``(?>...)``)."""
 
+    #: What ends a path segment inside an atomic group, and the end of the path.
+    end = _END
+    eos = r"\Z"
+
     def __init__(self) -> None:
         self.n = 0
 
@@ -40,6 +44,18 @@ class _Atoms:
         # then consumes exactly what it matched; nothing backtracks into it.
         self.n += 1
         return f"(?=(?P<a{self.n}>{body}))(?P=a{self.n})"
+
+
+class _Plain(_Atoms):
+    """The same regexes for RE2, an automaton that never backtracks: plain groups, no
+    lookahead (none is needed there: a segment's regex cannot match a ``/``, and what
+    follows it in the regex is a ``/`` or the end), RE2's end of text."""
+
+    end = ""
+    eos = r"\z"
+
+    def __call__(self, body: str) -> str:
+        return f"(?:{body})"
 
 
 class _Dropped(Exception):
@@ -129,9 +145,9 @@ def _atoms_regex(atoms: Sequence[str | None], atomic: _Atoms) -> str:
             pieces[-1].append(atom)
     head = "".join(pieces[0])
     if len(pieces) == 1:
-        return atomic(head + _END)
+        return atomic(head + atomic.end)
     middle = "".join(atomic(f"{_ANY}*?{''.join(p)}") for p in pieces[1:-1])
-    return atomic(f"{head}{middle}{_ANY}*{''.join(pieces[-1])}{_END}")
+    return atomic(f"{head}{middle}{_ANY}*{''.join(pieces[-1])}{atomic.end}")
 
 
 def _normalize(segs: list[str], is_dir_pattern: bool) -> tuple[list[str] | None, str | None]:
@@ -199,9 +215,9 @@ def _line_regex(line: str, atomic: _Atoms) -> tuple[str | None, bool | None, int
     if trailing:
         tail = "/"  # something below the last group
     elif groups[-1][-1] == "*":
-        tail = "/?\\Z"  # ripgrep's "src/*": one level, not below
+        tail = "/?" + atomic.eos  # ripgrep's "src/*": one level, not below
     else:
-        tail = "(?:/|\\Z)"
+        tail = f"(?:/|{atomic.eos})"
     regexes: list[list[str]] = []
     for group in groups:
         regexes.append([])

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import re
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,7 +12,7 @@ from typing import Any
 from codesearch.errors import QueryError
 from codesearch.globs.braces import _rules, _sourced_rules, escape_glob
 from codesearch.globs.limits import _DEADLINE, _FIX, GLOB_LIMITS, MAX_EXPANDED_RULES, GlobLimits
-from codesearch.globs.regex import _Atoms, _line_regex
+from codesearch.globs.regex import _Atoms, _line_regex, _Plain
 
 
 def check_globs(patterns: Sequence[str], limits: GlobLimits = GLOB_LIMITS) -> None:
@@ -40,6 +39,9 @@ class GlobFilter:
     #: (compiled rule's match, keep?) per rule that can match, the last rule first.
     _rules: tuple[tuple[Any, bool], ...] = field(default=(), repr=False, compare=False)
     _has_include: bool = field(default=False, repr=False, compare=False)
+    #: Every rule in one RE2 set (None where RE2 cannot hold them), and keep? of each, in order.
+    _set: Any = field(default=None, repr=False, compare=False)
+    _keeps: tuple[bool, ...] = field(default=(), repr=False, compare=False)
 
     @classmethod
     def of(cls, patterns: Sequence[str], limits: GlobLimits | None = None) -> GlobFilter:
@@ -70,17 +72,31 @@ class GlobFilter:
     def matches(self, paths: Iterable[str]) -> Iterator[bool]:
         """`match` of each path, stopping at the deadline of `glob_deadline` if one is set.
 
+        Each path is matched against every rule at once (one pass of RE2's automaton over
+        the path, whatever the number of rules): 64 rules of 30 wildcards took 0.4-0.6 s per
+        search on 2,000 paths one rule at a time.
+
         Raises
         ------
         QueryError
-            The deadline passed (a server's search timed out: its thread stops here).
+            The deadline passed (a server's search timed out, or its server stops: its
+            thread stops here).
         """
         deadline = _DEADLINE.get()
+        rules, keeps, default = self._set, self._keeps, not self._has_include
         for n, path in enumerate(paths):
-            if deadline is not None and n % 1024 == 0 and time.monotonic() > deadline:
+            if deadline is not None and n % 1024 == 0 and deadline.passed():
                 raise QueryError(f"the glob filter ran past the search's time limit after {n:,} paths "
                                  "(narrow the globs, or search a folder with path)")
-            yield self.match(path)
+            if rules is None:
+                yield self.match(path)
+                continue
+            try:
+                hit = rules.Match(path)
+            except UnicodeEncodeError:  # a name that is not UTF-8 (surrogate escapes): one rule at a time
+                yield self.match(path)
+                continue
+            yield keeps[max(hit)] if hit else default
 
 
 
@@ -93,6 +109,8 @@ def _compile(patterns: tuple[str, ...], limits: GlobLimits | None) -> GlobFilter
     so a single regex of hundreds of rules cost ten times as much per path.
     """
     compiled: list[tuple[Any, bool]] = []
+    plain: list[str] = []
+    most = 0  # wildcards of the rule with the most
     has_include = False
     for negated, body, raw in _sourced_rules(patterns, MAX_EXPANDED_RULES if limits is None else limits.rules):
         line = f"!{body}" if negated else body
@@ -107,7 +125,39 @@ def _compile(patterns: tuple[str, ...], limits: GlobLimits | None) -> GlobFilter
             compiled.append((re.compile(regex, re.DOTALL).match, bool(include)))
         except (re.error, RecursionError, OverflowError) as exc:  # a bug of ours, said in one line
             raise QueryError(f"invalid glob {raw!r}: {exc} ({_FIX})") from None
-    return GlobFilter(patterns, tuple(reversed(compiled)), has_include)
+        plain.append(_line_regex(line, _Plain())[0] or "")
+        most = max(most, wildcards)
+    keeps = tuple(keep for _, keep in compiled)
+    # A few simple rules ('*.py', '!tests/**') cost less one at a time (0.6 us a path for
+    # three) than a call into the set (~2 us); more, or longer ones, far more.
+    rules = _rule_set(plain) if len(plain) > _FEW_RULES or most > _FEW_RULES else None
+    return GlobFilter(patterns, tuple(reversed(compiled)), has_include, rules, keeps)
+
+
+#: Rules (and wildcards in one rule) up to which a filter matches one rule at a time.
+_FEW_RULES = 4
+#: Memory RE2 may give one set's automaton (states are made as paths need them; past this
+#: it would stop with no answer, so a set stays far below).
+_SET_MAX_MEM = 64 << 20
+
+
+def _rule_set(regexes: Sequence[str]) -> Any:
+    """The rules' RE2 regexes (`_Plain`) in one set anchored at the path's start, or None
+    where RE2 refuses them (then each rule is matched on its own)."""
+    if not regexes:
+        return None
+    import re2
+
+    options = re2.Options()
+    options.max_mem = _SET_MAX_MEM
+    rules = re2.Set.MatchSet(options)
+    try:
+        for regex in regexes:
+            rules.Add("(?s)" + regex)
+        rules.Compile()
+    except re2.error:
+        return None
+    return rules
 
 
 

@@ -303,20 +303,22 @@ class DenseIndex:
             if zlib.crc32(payload) != header["crc32"]:
                 raise _corrupt(path, "checksum mismatch")
             index = faiss.deserialize_index(np.frombuffer(payload, dtype=np.uint8))
+            # (the header is outside the CRC: a damaged one is said here, not a traceback)
+            self = cls(
+                dim,
+                exact_threshold=header["exact_threshold"],
+                nlist=header["nlist"],
+                nprobe=header["nprobe"],
+                seed=header["seed"],
+            )
+            self._trained_on = int(header["trained_on"])
+            count = header["count"]
         except IndexCorruptError:
             raise
-        except (ValueError, KeyError, TypeError, RuntimeError) as exc:
-            raise _corrupt(path, f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}") from exc
-        self = cls(
-            dim,
-            exact_threshold=header["exact_threshold"],
-            nlist=header["nlist"],
-            nprobe=header["nprobe"],
-            seed=header["seed"],
-        )
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError, RuntimeError) as exc:
+            raise _corrupt(path, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:120]}") from exc
         self._index = index
-        self._trained_on = int(header["trained_on"])
-        if index.d != dim or index.ntotal != header["count"]:
+        if index.d != dim or index.ntotal != count:
             raise _corrupt(path, "header does not match the stored index")
         return self
 

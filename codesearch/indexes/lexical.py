@@ -43,6 +43,7 @@ import scipy.sparse as sp
 
 from codesearch.errors import IndexCorruptError
 from codesearch.store import atomic_write
+from codesearch.store.arrays import check_finite, check_ids, check_offsets, read_npz
 
 __all__ = ["STOPWORDS", "LexicalIndex", "query_tokens", "split_identifier", "stem_word", "tokenize"]
 
@@ -416,19 +417,23 @@ class LexicalIndex:
         """
         path = Path(path)
         try:
-            with np.load(path, allow_pickle=False) as z:
-                meta = json.loads(str(z["meta"]))
-                if meta.get("format") != FORMAT_VERSION:
-                    raise ValueError(f"format {meta.get('format')!r}, expected {FORMAT_VERSION}")
-                terms = [str(t) for t in z["terms"].tolist()]
-                ids = z["ids"].astype(np.int64)
-                indptr, indices, data = z["indptr"], z["indices"], z["data"]
-            if len(indptr) != len(ids) + 1 or indptr[-1] != len(indices) or len(indices) != len(data):
+            z = read_npz(path, what="Lexical index")
+            meta = json.loads(str(z["meta"]))
+            if meta.get("format") != FORMAT_VERSION:
+                raise ValueError(f"format {meta.get('format')!r}, expected {FORMAT_VERSION}")
+            terms = [str(t) for t in z["terms"].tolist()]
+            ids = z["ids"].astype(np.int64)
+            indptr, indices, data = z["indptr"], z["indices"], z["data"]
+            if len(indices) != len(data):
                 raise ValueError("inconsistent matrix arrays")
-            if len(indices) and (indices.min() < 0 or indices.max() >= len(terms)):
-                raise ValueError("term index out of range")
+            check_offsets(indptr, items=len(ids), total=len(indices), what="Lexical index", path=path)
+            check_ids(indices, below=len(terms), what="Lexical index", path=path)
+            check_finite(data, what="Lexical index", path=path)
             tf = sp.csr_matrix((data, indices, indptr), shape=(len(ids), len(terms)), dtype=np.float32)
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, json.JSONDecodeError) as exc:
+        except IndexCorruptError:
+            raise
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, EOFError,
+                zipfile.BadZipFile) as exc:
             raise IndexCorruptError(
                 f"Lexical index {str(path)!r} cannot be read ({exc}); run `codesearch index --rebuild`"
             ) from None

@@ -5,8 +5,10 @@ The file is a plain tar (standard library, no pickle, readable with ``tar -tf``)
 ``manifest.json``    what the export is: format, schema version, models, repository, and
                      every member's size and SHA-256
 ``manifest.sha256``  the SHA-256 of ``manifest.json``'s bytes
-then every file of the index folder as it is: ``store.sqlite`` (a consistent snapshot taken
-with SQLite's backup API), the vector segments, the derived indexes (lexical, FAISS, PLAID).
+then ``store.sqlite`` (a consistent snapshot taken with SQLite's backup API), its vector
+segments, and the multi-vector (PLAID) index. Nothing else derived (lexical, FAISS,
+centrality): an import checks what it takes against its working tree and rebuilds every
+derived file (`codesearch.indexing.adopt`), and ignores such members of older exports.
 
 Why the manifest first: a file from another model, schema or repository is refused after
 reading a few kilobytes, before anything is written. Why a checksum per member: a file
@@ -34,19 +36,22 @@ import sqlite3
 import subprocess
 import tarfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 
 from codesearch.errors import ExportError, NotIndexedError
+from codesearch.indexes.registry import DERIVED
 from codesearch.store import IndexLock, Store
 from codesearch.store.schema import SCHEMA_VERSION
-from codesearch.types import CENTRALITY_FILE, LOCK_FILE, STORE_FILE
+from codesearch.types import STORE_FILE
 
 __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
     "Manifest",
     "Repository",
+    "carried",
     "check_repository",
     "read_manifest",
     "repository_of",
@@ -58,11 +63,14 @@ FORMAT = "codesearch-export"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 MANIFEST_SUM = "manifest.sha256"
-#: Files of an index folder never exported: the lock, the live store (a snapshot goes
-#: instead) and its journals.
-_LEFT_OUT = {LOCK_FILE, STORE_FILE, STORE_FILE + "-wal", STORE_FILE + "-shm", STORE_FILE + "-journal"}
+#: What an export carries of an index folder besides the store (a snapshot of it): the
+#: store's vector segments and the multi-vector index (its codes).
+CARRIED = (STORE_FILE + ".vectors", DERIVED["plaid"].filename)
 _TEMP = re.compile(r"^\..*\.tmp-\d+$")  # `atomic_write`'s temp files
 _SAFE = re.compile(r"^[A-Za-z0-9._-]+$")
+#: The manifest names a store, its segments and the PLAID files: a few KB. (A manifest of
+#: 100,000 ``[`` was a RecursionError traceback; one of 64 MB would cost far more to parse.)
+MANIFEST_MAX_BYTES = 1 << 20
 _BLOCK = 1 << 20
 
 
@@ -153,21 +161,23 @@ def check_repository(manifest: Manifest, exported_paths: list[str], root: Path, 
 
 
 def _members(index_dir: Path) -> list[str]:
-    """The index folder's files to export, as posix paths relative to it (sorted)."""
+    """The index folder's files an export carries besides its store, as posix paths relative
+    to it (sorted): the store's vector segments, and the multi-vector index, whose codes an
+    import takes once checked (`codesearch.indexing.adopt`). The rest an import rebuilds
+    (lexical, FAISS, centrality) or has no use for (a server's discovery file)."""
     out = []
-    for path in sorted(index_dir.rglob("*")):
-        rel = path.relative_to(index_dir)
-        if not path.is_file() or path.is_symlink() or _TEMP.match(path.name):
-            continue
-        if len(rel.parts) == 1 and rel.name in _LEFT_OUT:
-            continue
-        out.append(rel.as_posix())
-    # A searcher renames a new centrality cache over the old one without the index lock, and
-    # a directory listing read during that rename may miss the name (POSIX leaves it open):
-    # look it up by name too, so an export never drops it by chance.
-    if CENTRALITY_FILE not in out and (index_dir / CENTRALITY_FILE).is_file():
-        out = sorted([*out, CENTRALITY_FILE])
-    return out
+    for top in CARRIED:
+        base = index_dir / top
+        paths = [base] if base.is_file() else sorted(base.rglob("*")) if base.is_dir() else []
+        out += [p.relative_to(index_dir).as_posix() for p in paths
+                if p.is_file() and not p.is_symlink() and not _TEMP.match(p.name)]
+    return sorted(out)
+
+
+def carried(name: str) -> bool:
+    """Whether the member ``name`` of an export is one an import reads (the others, such as
+    the derived files of older exports, are checked and left out)."""
+    return name == STORE_FILE or any(name == top or name.startswith(top + "/") for top in CARRIED)
 
 
 def _sha256(fh: io.BufferedReader) -> tuple[int, str]:
@@ -314,12 +324,14 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 
 def _not_export(file: Path, why: str) -> ExportError:
+    why = " ".join(why.split())[:300]
     return ExportError(f"{file} is not a codesearch export ({why}; make one with 'codesearch export FILE')")
 
 
 def _damaged(file: Path, why: str) -> ExportError:
+    why = " ".join(why.split())  # (one line, whatever a library's message held)
     return ExportError(
-        f"{file} is damaged: {why}; nothing was imported (copy or download the export again, "
+        f"{file} is damaged: {why[:300]}; nothing was imported (copy or download the export again, "
         "or run 'codesearch index' to build the index here)"
     )
 
@@ -355,8 +367,9 @@ def _parse_manifest(file: Path, body: bytes) -> Manifest:
             chunks=int(doc["chunks"]),
             members=members,
         )
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise _damaged(file, f"its manifest cannot be read ({exc})") from exc
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        why = f"no field {exc}" if isinstance(exc, KeyError) else (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise _damaged(file, f"its manifest cannot be read ({why[:120]})") from None
 
 
 def _open(file: Path) -> tarfile.TarFile:
@@ -387,7 +400,7 @@ def _read_manifest(file: Path, tar: tarfile.TarFile) -> Manifest:
         return data
 
     try:
-        body = member_bytes(MANIFEST, 64 << 20)
+        body = member_bytes(MANIFEST, MANIFEST_MAX_BYTES)
         digest = member_bytes(MANIFEST_SUM, 1024).decode(errors="replace").strip()
     except (tarfile.TarError, EOFError) as exc:
         raise _damaged(file, f"cannot read its manifest ({exc})") from exc
@@ -415,13 +428,15 @@ def check_compatible(manifest: Manifest, file: Path) -> None:
         )
 
 
-def unpack_export(file: str | os.PathLike[str], folder: Path, *, check=None) -> Manifest:
+def unpack_export(file: str | os.PathLike[str], folder: Path, *, check=None,
+                  keep: Callable[[str], bool] | None = None) -> Manifest:
     """Verify the export ``file`` and write its members into the new folder ``folder``.
 
     ``check(manifest)`` runs after the manifest is read and before any member is written
     (models, repository). Every member's size and SHA-256 are checked as it is written and
     every member the manifest names must be there: on any failure ``folder`` is removed
-    and :class:`ExportError` says why.
+    and :class:`ExportError` says why. ``keep(name)``: whether a member is written (the
+    others are read and checked only); None: every member.
     """
     file = Path(file)
     folder.mkdir(parents=True)
@@ -443,7 +458,7 @@ def unpack_export(file: str | os.PathLike[str], folder: Path, *, check=None) -> 
                         raise _damaged(file, f"member {m.name!r} is not in its manifest")
                     if m.size != want[0]:
                         raise _damaged(file, f"member {m.name!r} has {m.size} bytes, the manifest says {want[0]}")
-                    _write_member(file, tar, m, folder / m.name, want[1])
+                    _write_member(file, tar, m, folder / m.name if keep is None or keep(m.name) else None, want[1])
                     seen.add(m.name)
             except (tarfile.TarError, EOFError) as exc:
                 raise _damaged(file, f"it ends early or is corrupt ({exc})") from exc
@@ -459,17 +474,23 @@ def unpack_export(file: str | os.PathLike[str], folder: Path, *, check=None) -> 
 _PLAIN = (tarfile.REGTYPE, tarfile.AREGTYPE)
 
 
-def _write_member(file: Path, tar: tarfile.TarFile, m: tarfile.TarInfo, dest: Path, sha256: str) -> None:
-    dest.parent.mkdir(parents=True, exist_ok=True)
+def _write_member(file: Path, tar: tarfile.TarFile, m: tarfile.TarInfo, dest: Path | None, sha256: str) -> None:
+    """Copy the member ``m`` to ``dest`` (None: only read it), checking its size and hash."""
     src = tar.extractfile(m)
     h, size = hashlib.sha256(), 0
-    with open(dest, "wb") as out:
+    with contextlib.ExitStack() as stack:
+        out = None
+        if dest is not None:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            out = stack.enter_context(open(dest, "wb"))
         while block := src.read(_BLOCK):
             h.update(block)
-            out.write(block)
+            if out is not None:
+                out.write(block)
             size += len(block)
-        out.flush()
-        os.fsync(out.fileno())
+        if out is not None:
+            out.flush()
+            os.fsync(out.fileno())
     if size != m.size:
         raise _damaged(file, f"member {m.name!r} is cut short")
     if h.hexdigest() != sha256:

@@ -314,18 +314,28 @@ def _build(run: Run) -> IndexSummary:
     timed("chunk")
     delta = commit_changes(run)
     timed("write")
-    # Searchable now: lexical (and any vector index whose vectors were all cached).
-    sync_derived(run.opts.idir, run.store, run.prev_gen, delta, run.report)
-    timed("sync")
-    run.report(
-        "searchable", 1, 1, files=len(run.changes.work), chunks=run.chunks_made,
-        message=f"searchable: {run.store.count('chunks'):,} chunks in the lexical index",
-    )
-    encode_missing(run)
-    timed("encode")  # with the vector indexes' syncs while it ran
-    # Old versions of edited code stay cached (cheap branch switches) up to about the size
-    # of the live index; past that they go.
-    run.store.prune_vectors(keep_unreferenced=max(10_000, run.store.count("chunks")))
+    try:
+        # Searchable now: lexical (and any vector index whose vectors were all cached).
+        sync_derived(run.opts.idir, run.store, run.prev_gen, delta, run.report)
+        timed("sync")
+        run.report(
+            "searchable", 1, 1, files=len(run.changes.work), chunks=run.chunks_made,
+            message=f"searchable: {run.store.count('chunks'):,} chunks in the lexical index",
+        )
+        encode_missing(run)
+        timed("encode")  # with the vector indexes' syncs while it ran
+    except IndexWriteError as exc:
+        # Past the commit, "the last complete index still answers" is not so: the files' new
+        # content does, without all of its vectors.
+        raise IndexWriteError(
+            f"the index of {run.opts.root} holds the files' new content, but not all of its vectors and indexes "
+            f"could be written: {getattr(exc, 'why', exc)} (free some space and run 'codesearch index' again)"
+        ) from exc
+    with contextlib.suppress(IndexWriteError):
+        # Old versions of edited code stay cached (cheap branch switches) up to about the size
+        # of the live index; past that they go. (On a full disk, for the next run: the run's
+        # work is done, and this only frees space.)
+        run.store.prune_vectors(keep_unreferenced=max(10_000, run.store.count("chunks")))
     models = {role: rec.name for role, rec in run.store.models().items()}
     return IndexSummary(
         root=str(run.opts.root),

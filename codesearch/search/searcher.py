@@ -13,14 +13,13 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from codesearch.encoder.base import Encoders
-from codesearch.errors import CodeSearchError, NotIndexedError, QueryError
+from codesearch.errors import CodeSearchError, IndexCorruptError, NotIndexedError, QueryError
 from codesearch.globs import GlobFilter
 from codesearch.indexes.lexical import (
     LexicalIndex,
@@ -31,6 +30,7 @@ from codesearch.search.phrase import CANDIDATES, exact_first, pasted_phrase
 from codesearch.search.query import analyse
 from codesearch.search.ranking import FILE_VECTOR_MIN_TOKENS, Candidates, Ranker, RankingParams
 from codesearch.store import IndexLock, Store, atomic_write
+from codesearch.store.arrays import check_finite, read_npz
 from codesearch.store.schema import DISABLED_KEY
 from codesearch.textregex import compile_regex
 from codesearch.types import CENTRALITY_FILE, STORE_FILE, Mode, SearchHit, SearchRequest, SearchResult
@@ -369,10 +369,13 @@ class Searcher:
         tf = self._ranker._file_tf
         shape = np.array([CENTRALITY_VERSION, self._generation, len(c), tf.shape[1], tf.nnz], dtype=np.int64)
         try:
-            with np.load(path) as z:
-                if np.array_equal(z["shape"], shape) and np.array_equal(z["file_ids"], c.file_ids):
+            z = read_npz(path, what="Centrality cache", names=("shape", "file_ids", "values"))
+            if np.array_equal(z["shape"], shape) and np.array_equal(z["file_ids"], c.file_ids):
+                # (each value is log(1 + u) / log(1 + max u): one per file, in [0, 1])
+                check_finite(z["values"], what="Centrality cache", path=path, bound=1.0)
+                if z["values"].shape == (len(c.files),):
                     return z["values"].astype(np.float32)
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        except IndexCorruptError:
             pass  # missing, stale or damaged: compute it
         values = self._ranker.compute_centrality()
         if os.access(self.index_dir, os.W_OK):

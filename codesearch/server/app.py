@@ -4,14 +4,16 @@
 Errors are JSON ``{"error": <class>, "detail": <one line>}`` with a status that says whose
 fault it is: 400 bad request, 401 no or wrong token, 403 path outside the served roots,
 404 a path or repo that is not served, 409 not indexed yet, 413 a body over 1 MiB, 503 too
-busy, 504 search timed out. On a loopback bind every route also refuses a foreign ``Host``
-(421) or ``Origin`` (403) header: DNS-rebinding protection, see `HostGuard`.
+busy or shutting down (a search in flight at SIGTERM), 504 search timed out. On a loopback
+bind every route also refuses a foreign ``Host`` (421) or ``Origin`` (403) header:
+DNS-rebinding protection, see `HostGuard`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hmac
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -34,7 +36,7 @@ from codesearch.errors import (
 from codesearch.server.discovery import CHALLENGE_HEADER, PROOF_HEADER, token_proof
 from codesearch.server.network import is_loopback
 from codesearch.server.repos import AmbiguousPathError, InvalidPathError, UnknownPathError
-from codesearch.server.service import MAX_K, SearchTimeoutError, ServerBusyError, Service
+from codesearch.server.service import MAX_K, SearchTimeoutError, ServerBusyError, ServerStoppingError, Service
 from codesearch.types import Mode
 
 # -- request and response models (they make the OpenAPI schema) ---------------------------
@@ -140,6 +142,7 @@ _STATUS: list[tuple[type[CodeSearchError], int]] = [
     (NotIndexedError, 409),
     (IndexLockedError, 409),
     (ServerBusyError, 503),
+    (ServerStoppingError, 503),
     (SearchTimeoutError, 504),
 ]
 
@@ -281,13 +284,13 @@ class HostGuard:
         self._hosts = {"127.0.0.1", "localhost", "[::1]", _bracket(host).lower()}
 
     def _local(self, authority: str) -> bool:
-        """``host`` or ``host:port`` names this machine."""
-        name = authority.strip().lower()
-        if name.startswith("["):
-            name = name[: name.find("]") + 1]
-        else:
-            name = name.rsplit(":", 1)[0] if name.count(":") == 1 else name
-        return name in self._hosts
+        """``host`` or ``host:port`` (a port of digits only) names this machine.
+
+        Whole, not by its head: ``127.0.0.1:8000.evil.com`` (a name a page can make resolve
+        to 127.0.0.1) passed when the part before the last ``:`` was compared alone.
+        """
+        found = _AUTHORITY.fullmatch(authority.strip().lower())
+        return found is not None and found.group(1) in self._hosts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # lifespan
@@ -308,6 +311,11 @@ class HostGuard:
             await self.app(scope, receive, send)
             return
         await response(scope, receive, send)
+
+
+#: A Host header (or an origin's host): a name or a bracketed IPv6 address, then an
+#: optional port of digits.
+_AUTHORITY = re.compile(r"(\[[0-9a-f:.]+\]|[^:\[\]/@]+)(?::\d{1,5})?")
 
 
 def _bracket(host: str) -> str:

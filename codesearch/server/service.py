@@ -16,6 +16,7 @@ kept a stopped server alive).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import queue
 import threading
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 
 from codesearch import __version__
 from codesearch.errors import NotIndexedError, QueryError, ServerError
+from codesearch.globs.limits import Deadline
 from codesearch.server.batching import batching_stats
 from codesearch.server.repos import RepoSet
 from codesearch.types import JSONDict, SearchRequest, SearchResult
@@ -40,6 +42,13 @@ class ServerBusyError(ServerError):
 
 class SearchTimeoutError(ServerError):
     """A search took longer than the server's per-request timeout."""
+
+
+class ServerStoppingError(ServerError):
+    """The server is shutting down (SIGTERM): searches in flight are answered with this."""
+
+
+_STOPPING = "the server is shutting down (retry once it is started again)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +183,23 @@ class Service:
         self._pool = pool if pool is not None else DaemonPool(limits.workers, "codesearch-search")
         self._pending = 0  # searches running or waiting
         self._pending_lock = threading.Lock()
+        # Searches in flight: each one's clock (its filters stop when it is stopped) and the
+        # future its request waits on besides the search, set when the server stops.
+        self._stopping = False
+        self._in_flight: dict[Deadline, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
+
+    def stop(self) -> None:
+        """Answer every search in flight with `ServerStoppingError` now, stop their filters
+        at their next look at the clock, and refuse new ones (on SIGTERM, before the HTTP
+        server's graceful shutdown, which would otherwise cancel them: a plain-text 500 and
+        a traceback each). Safe from a signal handler: it only sets flags and schedules."""
+        with self._pending_lock:
+            self._stopping = True
+            in_flight = list(self._in_flight.items())
+        for deadline, (loop, stopped) in in_flight:
+            deadline.stop()
+            with contextlib.suppress(RuntimeError):  # (a loop that closed meanwhile)
+                loop.call_soon_threadsafe(_settle, stopped)
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop the search pool and close the repositories, within about ``timeout`` seconds.
@@ -273,33 +299,43 @@ class Service:
         SearchTimeoutError
             The search ran past ``limits.timeout_s`` (HTTP 504).
         """
+        loop = asyncio.get_running_loop()
+        # The filter's deadline comes just after the request's, so that the client always
+        # sees the 504, never the filter's own error.
+        deadline = Deadline(time.monotonic() + self.limits.timeout_s + 0.25)
+        stopped = loop.create_future()
         with self._pending_lock:
+            if self._stopping:
+                raise ServerStoppingError(_STOPPING)
             if self._pending >= self.limits.max_pending:
                 raise ServerBusyError(
                     f"{self._pending} searches are already queued (limit {self.limits.max_pending}); retry shortly"
                 )
             self._pending += 1
-        loop = asyncio.get_running_loop()
-        # The filter's deadline comes just after the request's, so that the client always
-        # sees the 504, never the filter's own error.
-        deadline = time.monotonic() + self.limits.timeout_s + 0.25
+            self._in_flight[deadline] = (loop, stopped)
         try:
             future = self._pool.submit(lambda: self._search_by(deadline, request))
         except BaseException:
-            self._release_slot()
+            self._release_slot(deadline)
             raise
         # The slot is released when the thread is done, not when the client gives up:
         # a timed-out search still occupies a worker until it returns.
-        future.add_done_callback(lambda _f: self._release_slot())
-        try:
-            return await asyncio.wait_for(asyncio.wrap_future(future, loop=loop), self.limits.timeout_s)
-        except asyncio.TimeoutError:
-            raise SearchTimeoutError(
-                f"search took longer than {self.limits.timeout_s:g}s (narrow it with k, lang or glob, "
-                "or start the server with a larger --search-timeout)"
-            ) from None
+        future.add_done_callback(lambda _f: self._release_slot(deadline))
+        search = asyncio.wrap_future(future, loop=loop)
+        done, _ = await asyncio.wait({search, stopped}, timeout=self.limits.timeout_s,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        # (A search that failed because the server stopped it is answered as stopped.)
+        if search in done and not search.cancelled() and not (self._stopping and search.exception()):
+            return search.result()
+        search.cancel()  # (a search still queued never runs)
+        if self._stopping:
+            raise ServerStoppingError(_STOPPING)
+        raise SearchTimeoutError(
+            f"search took longer than {self.limits.timeout_s:g}s (narrow it with k, lang or glob, "
+            "or start the server with a larger --search-timeout)"
+        )
 
-    def _search_by(self, deadline: float, request: dict[str, object]) -> JSONDict:
+    def _search_by(self, deadline: Deadline, request: dict[str, object]) -> JSONDict:
         """`search_sync` in a pool thread; its glob filter gives up at ``deadline``, when the
         request has been answered 504 (the rest of a search is bounded by the request's
         limits, the filter by the clock)."""
@@ -308,9 +344,10 @@ class Service:
         with glob_deadline(deadline):
             return self.search_sync(**request)
 
-    def _release_slot(self) -> None:
+    def _release_slot(self, deadline: Deadline) -> None:
         with self._pending_lock:
             self._pending -= 1
+            self._in_flight.pop(deadline, None)
 
     # -- index, status, health -------------------------------------------------------------
 
@@ -354,6 +391,11 @@ class Service:
             "roots": self.repos.roots,
             "repos": self.repos.names,
         }
+
+
+def _settle(stopped: asyncio.Future) -> None:
+    if not stopped.done():
+        stopped.set_result(None)
 
 
 def _merge(

@@ -79,6 +79,10 @@ CACHE_SEGMENT_BYTES = 64 * 2**20
 #: A row's last use is recorded to this many seconds: a run that takes a vector again within
 #: the hour writes nothing for it.
 TOUCH_S = 3600
+#: Meta key: every array kept in its row has its entry checksum (`entry_crc`).
+_ENTRY_CRC_KEY = "entry_crc"
+#: Values of one cached array (a long ColBERT text: 8192 tokens of 128).
+_MAX_VALUES = 1 << 24
 #: Eviction brings the live bytes down to this share of the cap, and compacts every segment
 #: more than 1 - this share dead: the folder then holds at most the cap.
 _EVICT_TO = 0.75
@@ -284,6 +288,20 @@ class UserCache(SegmentArrays):
         super()._migrate()
         if not self._exec("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'codes'").fetchone():
             self.conn.executescript(f"BEGIN IMMEDIATE;\n{_CODE_TABLES}\nCOMMIT;")
+        if not self.readonly and self.get_meta(_ENTRY_CRC_KEY) is None:
+            self._sum_inline_rows()
+
+    def _sum_inline_rows(self) -> None:
+        """Give the arrays kept in their rows, which a cache made before had no checksum for,
+        their entry checksum (once per cache: `_ENTRY_CRC_KEY` says it is done)."""
+        with self.transaction():
+            rows = self._exec(
+                "SELECT id, model, kind, text_hash, n, dim, data FROM vectors WHERE seg IS NULL AND crc IS NULL"
+            )
+            sums = [(entry_crc(model, kind, key, n, dim, data), vid)
+                    for vid, model, kind, key, n, dim, data in rows if isinstance(data, bytes)]
+            self.conn.executemany("UPDATE vectors SET crc = ? WHERE id = ?", sums)
+            self.set_meta(_ENTRY_CRC_KEY, "1")
 
     def close(self) -> None:
         if self._lock_fd is not None:
@@ -329,12 +347,14 @@ class UserCache(SegmentArrays):
             ).fetchall()
             for vid, key, n, dim, data, seg, off, crc, used in rows:
                 try:
+                    if not (isinstance(n, int) and isinstance(dim, int) and 0 < n * dim <= _MAX_VALUES):
+                        raise SegmentError("no shape")
                     if seg is not None:
                         if self.segments is None:
                             raise SegmentError("no segment folder")
                         data = self.segments.read(seg, off, n * dim * 2, crc)
-                    elif len(data) != n * dim * 2:
-                        raise SegmentError("short row")
+                    elif not isinstance(data, bytes) or crc != entry_crc(model, kind, key, n, dim, data):
+                        raise SegmentError("an array whose row fails its checksum")
                 except SegmentError:
                     # A miss: the run encodes it again. The row goes only if it still points
                     # there (a compaction may have just moved it, and unlinked what we read).
@@ -372,7 +392,7 @@ class UserCache(SegmentArrays):
                 values = [(model, kind, key, dim, n, b"", seg, off, crc, now)
                           for (key, (n, dim, _)), (seg, off, crc) in zip(rows.items(), places, strict=True)]
             else:
-                values = [(model, kind, key, dim, n, blob, None, None, None, now)
+                values = [(model, kind, key, dim, n, blob, None, None, entry_crc(model, kind, key, n, dim, blob), now)
                           for key, (n, dim, blob) in rows.items()]
             self._writemany(
                 "INSERT INTO vectors(model, kind, text_hash, dim, n, data, seg, off, crc, used)"
@@ -665,6 +685,17 @@ class UserCache(SegmentArrays):
             chunked_files=self._exec("SELECT count(*) FROM chunks").fetchone()[0],
             coded_texts=self._exec("SELECT count(*) FROM codes").fetchone()[0],
         )
+
+
+def entry_crc(model: str, kind: str, key: str, n: int, dim: int, data: bytes) -> int:
+    """The checksum of a vector kept in its row: CRC-32 of its key, its shape and its bytes.
+
+    Why the key and the shape too: a damaged byte anywhere in the row then reads as a miss,
+    never as another text's vector, or this one's under another shape. (An array in a
+    segment has the CRC of its bytes, checked by `Segments.read`; its shape is its size.)
+    """
+    head = f"{model}\x00{kind}\x00{key}\x00{n}\x00{dim}\x00".encode("utf-8", "surrogatepass")
+    return zlib.crc32(data, zlib.crc32(head))
 
 
 def _now() -> int:

@@ -12,6 +12,7 @@ import contextlib
 import os
 import sqlite3
 import threading
+import time
 import weakref
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
@@ -63,6 +64,58 @@ def _release(keys: list[object]) -> None:
         for k in keys:
             if _OPEN[k] <= 0:
                 del _OPEN[k]
+
+
+#: Limits of a connection to someone else's SQLite file (`open_untrusted`): no value longer
+#: than a chunk or an array can be (a 1 MB file's text, a 2 MB inline array of old stores),
+#: no statement past what our few SELECTs compile to, nothing attached, no trigger depth.
+UNTRUSTED_LIMITS = {
+    sqlite3.SQLITE_LIMIT_LENGTH: 16 << 20,
+    sqlite3.SQLITE_LIMIT_SQL_LENGTH: 100_000,
+    sqlite3.SQLITE_LIMIT_COLUMN: 100,
+    sqlite3.SQLITE_LIMIT_EXPR_DEPTH: 100,
+    sqlite3.SQLITE_LIMIT_COMPOUND_SELECT: 4,
+    sqlite3.SQLITE_LIMIT_VDBE_OP: 100_000,
+    sqlite3.SQLITE_LIMIT_FUNCTION_ARG: 8,
+    sqlite3.SQLITE_LIMIT_ATTACHED: 0,
+    sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH: 100,
+    sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER: 1000,
+    sqlite3.SQLITE_LIMIT_TRIGGER_DEPTH: 1,
+    sqlite3.SQLITE_LIMIT_WORKER_THREADS: 0,
+}
+#: SQLite VM steps between two looks at the clock of `open_untrusted`'s budget.
+_PROGRESS_STEPS = 10_000
+
+
+def open_untrusted(path: str | os.PathLike[str], *, deadline: float) -> sqlite3.Connection:
+    """A read-only connection to a SQLite file someone else made (an export's store).
+
+    What it guards against, as SQLite allows from Python 3.11 (which has no
+    ``SQLITE_DBCONFIG_DEFENSIVE``): nothing can be written (``mode=ro``, ``query_only``), no
+    lock is taken nor ``-wal``/``-shm`` file read or made beside it (``immutable``: the file is
+    a private copy nobody changes); functions of the file's own schema (views, triggers,
+    defaults) may not run anything but innocuous SQL (``trusted_schema=OFF``); pages are
+    checked as they are read (``cell_size_check``); values, statements and recursion are
+    bounded (`UNTRUSTED_LIMITS`), and every statement stops at ``deadline``
+    (``time.monotonic()`` seconds) with ``sqlite3.OperationalError('interrupted')``.
+
+    The caller still reads only the tables and columns it knows by name, after checking
+    that they are tables of its own schema (`codesearch.indexing.adopt`): a view named like
+    a table would run on every read.
+    """
+    uri = Path(path).resolve().as_uri() + "?mode=ro&immutable=1"
+    conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+    try:
+        for limit, value in UNTRUSTED_LIMITS.items():
+            conn.setlimit(limit, value)
+        for pragma in ("trusted_schema = OFF", "cell_size_check = ON", "query_only = ON", "mmap_size = 0",
+                       "cache_size = -16000"):
+            conn.execute(f"PRAGMA {pragma}")
+        conn.set_progress_handler(lambda: int(time.monotonic() > deadline), _PROGRESS_STEPS)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 class Connection:

@@ -38,13 +38,52 @@ def _live_writer(index_dir: str | os.PathLike[str]) -> str | None:
         return None
     if not pid or role != "writer":
         return None
+    return pid if _alive(pid) else None
+
+
+def _zombie(pid: str) -> bool:
+    """Whether ``pid`` has died and waits for its parent to reap it (``kill(pid, 0)`` still
+    succeeds then). A daemon killed with -9 stays one while the CLI that started it runs:
+    its lock was released with its files, and the CLI's fallback, indexing in its own
+    process, was refused as if the dead daemon still wrote (Linux: ``/proc``; elsewhere
+    a live pid is taken as live)."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as fh:
+            stat = fh.read()
+    except (OSError, ValueError):
+        return False
+    # "pid (comm) state ...": the name may hold spaces and parentheses, the state follows the last ")".
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] in (b"Z", b"X")
+
+
+#: Descriptors of the locks this process holds. A child made by ``fork`` (a chunking
+#: worker) shares each one's lock; closed in the child at once, so that the lock goes with
+#: its holder: a daemon killed with -9 left its workers holding its index's lock.
+_HELD: set[int] = set()
+
+
+def _close_held_in_child() -> None:
+    for fd in list(_HELD):
+        with contextlib.suppress(OSError):
+            os.close(fd)  # (not LOCK_UN: that would release the parent's lock too)
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_held_in_child)
+
+#: Seconds a writer waits for a lock whose holder is dead (its exit still under way).
+_DEAD_HOLDER_WAIT_S = 2.0
+
+
+def _alive(pid: str) -> bool:
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:
-        return None
-    except (PermissionError, ValueError):
-        return pid
-    return pid
+        return False
+    except (PermissionError, ValueError, OverflowError):
+        return True
+    return not _zombie(pid)
 
 
 def _locked(index_dir: Path, pid: str) -> IndexLockedError:
@@ -85,6 +124,7 @@ class IndexLock:
 
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         deadline = time.monotonic() + wait_for_readers
+        dead_since = None
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -95,6 +135,12 @@ class IndexLock:
                 if holder_role in ("reader", "") and time.monotonic() < deadline:
                     time.sleep(0.05)
                     continue
+                # A holder that is dead and still holds it is exiting (its files close last).
+                if pid and not _alive(pid):
+                    dead_since = dead_since or time.monotonic()
+                    if time.monotonic() - dead_since < _DEAD_HOLDER_WAIT_S:
+                        time.sleep(0.05)
+                        continue
                 os.close(fd)
                 raise _locked(self.path.parent, pid) from None
         try:
@@ -107,6 +153,7 @@ class IndexLock:
             os.close(fd)
             raise
         self._fd = fd
+        _HELD.add(fd)
         return self
 
     @staticmethod
@@ -128,6 +175,7 @@ class IndexLock:
 
     def release(self) -> None:
         if self._fd is not None:
+            _HELD.discard(self._fd)
             with contextlib.suppress(OSError):
                 os.ftruncate(self._fd, 0)
             fcntl.flock(self._fd, fcntl.LOCK_UN)

@@ -125,10 +125,12 @@ def refused(path: str, exc: sqlite3.Error) -> IndexWriteError | None:
     if code not in _WRITE_REFUSED:
         return None
     what = "the disk is full" if code == sqlite3.SQLITE_FULL else f"the disk refused a write ({exc})"
-    return IndexWriteError(
+    error = IndexWriteError(
         f"cannot write the index store {path}: {what} (free some space and run 'codesearch index' again; "
         "the last complete index still answers searches)"
     )
+    error.why = what  # (for a caller that words it otherwise: a write after a run's commit)
+    return error
 
 
 def corrupt(path: str, detail: object) -> IndexCorruptError:

@@ -35,6 +35,8 @@ __all__ = ["SEGMENT_BYTES", "SegmentError", "Segments"]
 
 #: A new segment starts once the current one holds this many bytes.
 SEGMENT_BYTES = 1 << 30
+#: Bytes of one array (a ColBERT text of 8192 tokens of 128 float16 is 2 MiB).
+MAX_ARRAY_BYTES = 1 << 28
 _SUFFIX = ".f16"
 
 
@@ -120,6 +122,9 @@ class Segments:
             bytes' CRC differs.
         """
         name = f"{seg:06d}{_SUFFIX}"  # (as `path` names it; a Path per read costs 0.1 ms)
+        if not 0 <= size <= MAX_ARRAY_BYTES or off < 0:
+            # (a damaged row's size: read, it would be allocated before one byte is)
+            raise SegmentError(f"vectors segment {name}: a row asks for {size:,} bytes at {off:,}")
         try:
             fd = self._fds.get(seg)
             if fd is None:

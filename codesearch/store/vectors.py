@@ -273,6 +273,19 @@ class VectorCache(SegmentArrays):
             )
         return len(rows)
 
+    def put_placed(self, model: str, kind: str, rows: Sequence[tuple[str, int, int, int, int, int]]) -> int:
+        """Record arrays that already lie in this store's segment files: ``(text hash, n, dim,
+        segment, offset, crc)`` each (an import's, checked where they lie, and not copied:
+        `codesearch.indexing.adopt`). Returns how many."""
+        if not rows:
+            return 0
+        self._writemany(
+            "INSERT OR REPLACE INTO vectors(model, kind, text_hash, dim, n, data, seg, off, crc)"
+            " VALUES (?, ?, ?, ?, ?, x'', ?, ?, ?)",
+            [(model, kind, h, dim, n, seg, off, crc) for h, n, dim, seg, off, crc in rows],
+        )
+        return len(rows)
+
     def get_vectors(self, model: str, kind: str, hashes: Sequence[str]) -> dict[str, np.ndarray]:
         """Text hash -> float32 (n, dim) array, for the hashes that are cached."""
         out: dict[str, np.ndarray] = {}
@@ -382,6 +395,9 @@ class VectorCache(SegmentArrays):
     def _array(self, n: int, dim: int, data: bytes, seg: int | None, off: int | None, crc: int | None) -> np.ndarray:
         """The float32 array of one vectors row, from the row or from its segment."""
         if seg is None or self.segments is None:  # (an in-memory store never writes segments)
+            if not isinstance(data, bytes) or len(data) != n * dim * 2:
+                got = len(data) if isinstance(data, bytes) else 0
+                raise schema.corrupt(self.path, f"a vector of {got} bytes where its shape says {n}x{dim}")
             return decode_array(n, dim, data)
         try:
             return decode_array(n, dim, self.segments.read(seg, off, n * dim * 2, crc))

@@ -22,7 +22,10 @@ def call(url: str, method: str, path: str, body, **headers) -> httpx.Response:
 
 @pytest.mark.parametrize("method,path,body", ROUTES, ids=[r[1] for r in ROUTES])
 @pytest.mark.parametrize("host", ["evil.example:{port}", "evil.example", "127.0.0.1.evil.example:{port}",
-                                  "localhost.evil.example", ""])
+                                  "localhost.evil.example", "",
+                                  # A port that is a name: passed when the head before ':' was compared alone.
+                                  "127.0.0.1:{port}.evil.example", "localhost:{port}.evil.example",
+                                  "127.0.0.1:evil", "[::1]:{port}.evil.example", "evil@127.0.0.1:{port}"])
 def test_a_foreign_host_is_421_on_every_route(lexical_server, method, path, body, host):
     port = lexical_server.info["port"]
     response = call(lexical_server.url, method, path, body, Host=host.format(port=port))
@@ -34,7 +37,8 @@ def test_a_foreign_host_is_421_on_every_route(lexical_server, method, path, body
 
 @pytest.mark.parametrize("method,path,body", ROUTES, ids=[r[1] for r in ROUTES])
 @pytest.mark.parametrize("origin", ["http://evil.example:{port}", "https://evil.example", "null",
-                                    "http://127.0.0.1.evil.example:{port}", "file://"])
+                                    "http://127.0.0.1.evil.example:{port}", "file://",
+                                    "http://127.0.0.1:{port}.evil.example", "http://localhost:1.evil.example/x"])
 def test_a_foreign_origin_is_403_on_every_route(lexical_server, method, path, body, origin):
     port = lexical_server.info["port"]
     response = call(lexical_server.url, method, path, body, Origin=origin.format(port=port))

@@ -16,6 +16,7 @@ from codesearch.errors import IndexCorruptError
 from codesearch.indexes.plaid.codec import ResidualCodec
 from codesearch.indexes.plaid.maxsim import _segment_starts
 from codesearch.store import atomic_write
+from codesearch.store.arrays import check_finite, check_ids, read_npz
 from codesearch.types import JSONDict
 
 __all__ = ["PlaidFiles"]
@@ -84,9 +85,8 @@ class PlaidFiles:
         """
         file = _index_file(path)
         try:
-            with np.load(file, allow_pickle=False) as npz:
-                # Reading every member now makes zipfile check every CRC now.
-                arrays = {name: npz[name] for name in npz.files}
+            # Every member read now (its size checked before, its CRC after).
+            arrays = read_npz(file, what="Multi-vector index")
             manifest = json.loads(arrays.pop("manifest").tobytes())
             if manifest.get("format") != _FORMAT_VERSION:
                 raise _corrupt(file, f"format {manifest.get('format')}, expected {_FORMAT_VERSION}")
@@ -105,8 +105,8 @@ class PlaidFiles:
                 self._codes = arrays["codes"]
                 self._residuals = arrays["residuals"]
                 payload = len(self._codes)
-                if self._codes.size and int(self._codes.max()) >= len(self._codec.centroids):
-                    raise _corrupt(file, "centroid id out of range")
+                check_ids(self._codes, below=len(self._codec.centroids), what="Multi-vector index", path=file)
+                check_finite(self._codec.centroids, what="Multi-vector index", path=file)
             else:
                 self._vectors = arrays.get("vectors")
                 payload = 0 if self._vectors is None else len(self._vectors)
@@ -116,8 +116,9 @@ class PlaidFiles:
             raise
         except FileNotFoundError as exc:
             raise _corrupt(file, "file not found") from exc
-        except (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as exc:
-            raise _corrupt(file, f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}") from exc
+        except (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError, RecursionError,
+                zipfile.BadZipFile) as exc:
+            raise _corrupt(file, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:120]}") from exc
         self._starts = _segment_starts(self._doclens)
         self._alive = np.ones(len(self._ids), dtype=bool)
         self._pos = {int(i): p for p, i in enumerate(self._ids.tolist())}
@@ -148,13 +149,15 @@ def read_codec(path: str | os.PathLike) -> tuple[ResidualCodec, float] | None:
     incremental run sends it to its workers); None when there is none that reads whole."""
     file = _index_file(path)
     try:
-        with np.load(file, allow_pickle=False) as npz:
-            manifest = json.loads(npz["manifest"].tobytes())
-            if manifest.get("format") != _FORMAT_VERSION or manifest.get("kind") != "plaid":
-                return None
-            codec = ResidualCodec(npz["centroids"], npz["cutoffs"], npz["weights"], int(manifest["params"]["nbits"]))
+        npz = read_npz(file, what="Multi-vector index", names=("manifest", "centroids", "cutoffs", "weights"))
+        manifest = json.loads(npz["manifest"].tobytes())
+        if manifest.get("format") != _FORMAT_VERSION or manifest.get("kind") != "plaid":
+            return None
+        check_finite(npz["centroids"], what="Multi-vector index", path=file)
+        codec = ResidualCodec(npz["centroids"], npz["cutoffs"], npz["weights"], int(manifest["params"]["nbits"]))
         return codec, float(manifest["build_error"])
-    except (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile):
+    except (IndexCorruptError, OSError, EOFError, ValueError, KeyError, TypeError, AttributeError, RecursionError,
+            zipfile.BadZipFile):
         return None
 
 
