@@ -40,7 +40,7 @@ from pathlib import Path, PurePosixPath
 from codesearch.errors import ExportError, NotIndexedError
 from codesearch.store import IndexLock, Store
 from codesearch.store.schema import SCHEMA_VERSION
-from codesearch.types import CENTRALITY_FILE, LOCK_FILE, STORE_FILE
+from codesearch.types import LOCK_FILE, STORE_FILE
 
 __all__ = [
     "FORMAT",
@@ -162,11 +162,6 @@ def _members(index_dir: Path) -> list[str]:
         if len(rel.parts) == 1 and rel.name in _LEFT_OUT:
             continue
         out.append(rel.as_posix())
-    # A searcher renames a new centrality cache over the old one without the index lock, and
-    # a directory listing read during that rename may miss the name (POSIX leaves it open):
-    # look it up by name too, so an export never drops it by chance.
-    if CENTRALITY_FILE not in out and (index_dir / CENTRALITY_FILE).is_file():
-        out = sorted([*out, CENTRALITY_FILE])
     return out
 
 

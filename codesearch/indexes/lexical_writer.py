@@ -1,0 +1,658 @@
+"""Writing the lexical index (`codesearch.indexes.lexical`): segments streamed from the store,
+updates by whole files, a bounded merge policy, centrality, and the commit.
+
+Memory is bounded by the segment size, not the repository: chunks are read from the store
+one at a time (`Store.iter_file_chunks`), and a segment is written to disk once it holds
+`ROWS_PER_SEGMENT` rows. An update writes the changed files into a new segment and marks
+their old rows dead; merges rewrite at most `ROWS_PER_SEGMENT` live rows at a time.
+
+Merge policy: after an update, a segment whose live rows fell below half of its rows is
+rewritten (its dead rows dropped; one with none live is dropped outright), and once
+`MAX_SMALL` segments of fewer than `ROWS_PER_SEGMENT // 8` rows pile up they are merged.
+Inputs are packed, in order, into outputs of at most `ROWS_PER_SEGMENT` live rows. So every
+segment but at most `MAX_SMALL - 1` small ones holds at least 1/16 of `ROWS_PER_SEGMENT`
+live rows, and a query's per-segment work (a bisection per term) stays a few dozen steps.
+
+Centrality (`codesearch.indexes.features.file_users`) is computed for every file when the
+index is built, and again once the files written since then reach `CENTRALITY_REFRESH` of
+the live files (or on any change while the repository has at most `CENTRALITY_ALWAYS`
+files). In between, a new or changed file's count is computed exactly against the whole
+current index, and the other files keep theirs: a new file's uses of older names are
+counted at the next full computation, never wrongly (the counts only lag).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import shutil
+import tempfile
+import weakref
+from array import array
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from codesearch.indexes.features import (
+    centrality_top,
+    defined_terms,
+    exact_names,
+    file_users,
+    labels_owner,
+    norm_ident,
+    path_tokens,
+    stem_and_parent,
+    symbol_names,
+)
+from codesearch.indexes.lexical import (
+    _WORD_RE,
+    IMPORTS,
+    MANIFEST,
+    OVERLAPS,
+    SEGMENT_RE,
+    SIZE_KEYS,
+    STATE_RE,
+    TABLES,
+    TEST_CODE,
+    LexicalIndex,
+    Manifest,
+    SegmentEntry,
+    _expand,
+    _word_tokens,
+    tokenize,
+)
+from codesearch.indexes.lexical_arrays import corrupt, encode, pack_strings, save_array
+from codesearch.store import atomic_write
+from codesearch.types import path_kind
+
+if TYPE_CHECKING:  # pragma: no cover
+    from codesearch.store import Store
+
+__all__ = ["ROWS_PER_SEGMENT", "build", "commit", "update"]
+
+#: Rows a segment takes before it is written (a file's chunks always share one segment).
+#: ~6M postings at ~100 distinct terms a chunk: the writer's peak stays near 200 MB.
+ROWS_PER_SEGMENT = 65536
+#: Segments under ROWS_PER_SEGMENT // 8 rows are merged once this many pile up.
+MAX_SMALL = 8
+#: Centrality is computed for every file again once the files written since reach this
+#: share of the live files ...
+CENTRALITY_REFRESH = 0.05
+#: ... and on every change while the repository has at most this many files.
+CENTRALITY_ALWAYS = 20_000
+_TMP_RE = re.compile(r"tmp-(\d+)-[0-9a-f]{8}\Z")
+
+
+class SegmentBuilder:
+    """One segment in the making: whole files added (tokenized from the store's chunks, or
+    copied from another segment), written by `finish`."""
+
+    def __init__(self, folder: Path, *, stem: bool) -> None:
+        self.folder = folder
+        self.stem = stem
+        self.ids = array("q")
+        self.row_file = array("i")
+        self.lines = array("i")
+        self.lang = array("H")
+        self.flags = array("B")
+        self.length = array("i")
+        self.languages: dict[str, int] = {}
+        # Per table: key -> id (first-seen order), and the postings as (key id, value) pairs.
+        self.keys: dict[str, dict[bytes, int]] = {t: {} for t in TABLES}
+        self.post_key: dict[str, array] = {t: array("i") for t in TABLES}
+        self.post_val: dict[str, array] = {t: array("i") for t in TABLES}
+        self.tf = array("I")
+        self.ordered = True  # postings appended in ascending value order (no merge yet)
+        self.file_ids = array("q")
+        self.file_rows = array("q", [0])
+        self.file_len = array("q")
+        self.file_kind = array("b")
+        self.file_flags = array("B")
+        self.paths: list[bytes] = []
+        self.defs: list[bytes] = []
+        self.file_defs = array("q", [0])
+        self.own_terms = array("i")
+        self.own_off = array("q", [0])
+        # regex word -> its term ids in this segment (cached: code repeats its words)
+        self._word_ids: dict[str, tuple[int, ...]] = {}
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.ids)
+
+    def _key(self, table: str, key: bytes) -> int:
+        keys = self.keys[table]
+        k = keys.get(key)
+        if k is None:
+            k = keys[key] = len(keys)
+        return k
+
+    def _terms(self, text: str) -> dict[int, int]:
+        acc: dict[int, int] = {}
+        get = acc.get
+        word_ids = self._word_ids
+        for word, count in Counter(_WORD_RE.findall(text)).items():
+            tids = word_ids.get(word)
+            if tids is None:
+                tids = word_ids[word] = tuple(self._key("terms", t.encode()) for t in _word_tokens(word, self.stem))
+            for t in tids:
+                acc[t] = get(t, 0) + count
+        return acc
+
+    def add_file(self, file_id: int, path: str, chunks: list[tuple]) -> None:
+        """Add one file: its chunks as `Store.iter_file_chunks` rows."""
+        f = len(self.file_ids)
+        total = 0
+        symbols: set[str] = set()
+        spans = []
+        for c in chunks:
+            r = len(self.ids)
+            counts = self._terms(c[9] + "\n" + c[10])  # the encoder text: header, then code
+            n = len(counts)
+            self.post_key["terms"].extend(counts.keys())
+            self.tf.extend(counts.values())
+            self.post_val["terms"].extend([r] * n)
+            length = sum(counts.values())
+            total += length
+            symbol, kind, scope = c[6], c[7], c[8]
+            if not labels_owner(symbol, scope):
+                names = symbol_names(symbol)
+                symbols |= names
+                for table, keys in (("symbols", names), ("exact", exact_names(symbol))):
+                    for name in keys:
+                        self.post_key[table].append(self._key(table, encode(name)))
+                        self.post_val[table].append(r)
+            self.ids.append(c[0])
+            self.row_file.append(f)
+            self.lines.extend((c[3], c[4]))
+            lang = self.languages.setdefault(c[5], len(self.languages))
+            self.lang.append(lang)
+            self.flags.append(TEST_CODE if kind == "test" else IMPORTS if kind == "imports" else 0)
+            self.length.append(length)
+            spans.append((c[3], c[4]))
+        defs = sorted(encode(d) for d in defined_terms(symbols, path))
+        self._add_file_row(file_id, path, len(self.ids), total, _overlaps(spans), defs)
+        for word in path_tokens(path):
+            self.post_key["pathwords"].append(self._key("pathwords", encode(word)))
+            self.post_val["pathwords"].append(f)
+        self.post_key["stems"].append(self._key("stems", encode(norm_ident(stem_and_parent(path)[0]))))
+        self.post_val["stems"].append(f)
+        terms = self.keys["terms"]
+        own = {terms[k] for t in tokenize(path, stem=self.stem) if (k := t.encode()) in terms}
+        self.own_terms.extend(sorted(own))
+        self.own_off.append(len(self.own_terms))
+
+    def _add_file_row(
+        self, file_id: int, path: str | bytes, end_row: int, length: int, overlaps: bool, defs: list[bytes]
+    ) -> None:
+        self.file_ids.append(file_id)
+        self.file_rows.append(end_row)
+        self.file_len.append(length)
+        self.file_kind.append(path_kind(path if isinstance(path, str) else path.decode("utf-8", "surrogateescape")))
+        self.file_flags.append(OVERLAPS if overlaps else 0)
+        self.paths.append(encode(path) if isinstance(path, str) else path)
+        self.defs += defs
+        self.file_defs.append(len(self.defs))
+
+    def add_from(self, index: LexicalIndex, s: int, local_files: np.ndarray) -> None:
+        """Copy files ``local_files`` (ascending) of segment ``s`` of ``index``: their rows,
+        features and postings, nothing tokenized again."""
+        seg = index.segments[s]
+        a = seg.arrays
+        fr = a["file_rows"]
+        start = fr[local_files]
+        counts = fr[local_files + 1] - start
+        old_rows = _expand(start, counts)
+        if len(old_rows) and (seg.files_of_rows(old_rows) != np.repeat(local_files, counts)).any():
+            raise corrupt(a.folder, "rows outside their files")
+        row0, file0 = len(self.ids), len(self.file_ids)
+        remap = np.full(seg.n, -1, dtype=np.int64)
+        remap[old_rows] = row0 + np.arange(len(old_rows))
+        fremap = np.full(seg.m, -1, dtype=np.int64)
+        fremap[local_files] = file0 + np.arange(len(local_files))
+        _extend(self.ids, a["ids"][old_rows], "q")
+        _extend(self.row_file, fremap[a["row_file"][old_rows]], "i")
+        _extend(self.lines, a["lines"][old_rows].reshape(-1), "i")
+        names = seg.entry.languages
+        codes = np.asarray(a["lang"][old_rows], dtype=np.int64)
+        if len(codes) and codes.max() >= len(names):
+            raise corrupt(a.folder, "a language code out of range")
+        lang_map = np.array([self.languages.setdefault(x, len(self.languages)) for x in names] or [0], np.int64)
+        _extend(self.lang, lang_map[codes], "H")
+        _extend(self.flags, a["flags"][old_rows], "B")
+        _extend(self.length, a["length"][old_rows], "i")
+        defs = seg.defs.all()
+        fd = a["file_defs"]
+        terms = seg.tables["terms"].table.all()
+        own_off, own_terms = a["own_off"], a["own_terms"]
+        ends = (row0 + np.cumsum(counts)).tolist()
+        for f, end in zip(local_files.tolist(), ends):
+            lo, hi = int(fd[f]), int(fd[f + 1])
+            olo, ohi = int(own_off[f]), int(own_off[f + 1])
+            if not (0 <= lo <= hi <= len(defs) and 0 <= olo <= ohi <= len(own_terms)):
+                raise corrupt(a.folder, "file offsets out of range")
+            self._add_file_row(int(a["file_ids"][f]), seg.paths.get(f), end, int(a["file_len"][f]),
+                               bool(a["file_flags"][f] & OVERLAPS), defs[lo:hi])
+            own = own_terms[olo:ohi]
+            if len(own) and (own.min() < 0 or own.max() >= len(terms)):
+                raise corrupt(a.folder, "own terms out of range")
+            self.own_terms.extend(sorted({self._key("terms", terms[t]) for t in own.tolist()}))
+            self.own_off.append(len(self.own_terms))
+        for table, kind in TABLES.items():
+            inv = seg.tables[table]
+            keys = inv.table.all() if table != "terms" else terms
+            post = np.asarray(a[f"{table}_post"])
+            vals = a[f"{table}_vals"]
+            if post[0] != 0 or post[-1] != len(vals) or (np.diff(post) < 0).any():
+                raise corrupt(a.folder, f"{table} postings out of order")
+            key_of = np.repeat(np.arange(len(keys), dtype=np.int64), np.diff(post))
+            v = np.asarray(vals, dtype=np.int64)
+            limit = seg.n if kind == "rows" else seg.m
+            if len(v) and (v.min() < 0 or v.max() >= limit):
+                raise corrupt(a.folder, f"{table} postings out of range")
+            new = (remap if kind == "rows" else fremap)[v]
+            keep = new >= 0
+            ids = np.array([self._key(table, k) for k in keys] or [0], dtype=np.int64)
+            _extend(self.post_key[table], ids[key_of[keep]], "i")
+            _extend(self.post_val[table], new[keep], "i")
+            if table == "terms":
+                _extend(self.tf, np.asarray(a["terms_tf"])[keep], "I")
+        self.ordered = False
+
+    def finish(self) -> SegmentEntry | None:
+        """Write the segment (sorted tables, postings by key then value); None when empty."""
+        if not self.file_ids:
+            return None
+        name = f"seg-{secrets.token_hex(8)}"
+        out = self.folder / name
+        out.mkdir(parents=True)
+        n, m = len(self.ids), len(self.file_ids)
+        ids = np.frombuffer(self.ids, dtype=np.int64)
+        sizes = {"rows": n, "files": m}
+        arrays: dict[str, np.ndarray] = {
+            "ids": ids,
+            "row_file": np.frombuffer(self.row_file, dtype=np.int32),
+            "lines": np.frombuffer(self.lines, dtype=np.int32).reshape(n, 2),
+            "lang": np.frombuffer(self.lang, dtype=np.uint16),
+            "flags": np.frombuffer(self.flags, dtype=np.uint8),
+            "length": np.frombuffer(self.length, dtype=np.int32),
+            "ids_rows": np.argsort(ids, kind="stable").astype(np.int32),
+            "file_ids": np.frombuffer(self.file_ids, dtype=np.int64),
+            "file_rows": np.frombuffer(self.file_rows, dtype=np.int64),
+            "file_len": np.frombuffer(self.file_len, dtype=np.int64),
+            "file_kind": np.frombuffer(self.file_kind, dtype=np.int8),
+            "file_flags": np.frombuffer(self.file_flags, dtype=np.uint8),
+            "file_defs": np.frombuffer(self.file_defs, dtype=np.int64),
+            "own_off": np.frombuffer(self.own_off, dtype=np.int64),
+        }
+        arrays["ids_sorted"] = ids[arrays["ids_rows"]]
+        arrays["fids_files"] = np.argsort(arrays["file_ids"], kind="stable").astype(np.int32)
+        arrays["fids_sorted"] = arrays["file_ids"][arrays["fids_files"]]
+        arrays["paths"], arrays["paths_off"] = pack_strings(self.paths)
+        sizes["paths_bytes"] = len(arrays["paths"])
+        arrays["defs"], arrays["defs_off"] = pack_strings(self.defs)
+        sizes["defs"], sizes["defs_bytes"] = len(self.defs), len(arrays["defs"])
+        for table in TABLES:
+            rank = self._write_table(table, arrays, sizes)
+            if table == "terms":
+                own = np.frombuffer(self.own_terms, dtype=np.int32).astype(np.int64)
+                arrays["own_terms"] = rank[own].astype(np.int32) if len(own) else np.zeros(0, np.int32)
+                sizes["own"] = len(own)
+        assert set(sizes) == set(SIZE_KEYS), set(sizes) ^ set(SIZE_KEYS)
+        for key, a in arrays.items():
+            save_array(out, key, _little(a))
+        langs = sorted(self.languages, key=self.languages.__getitem__)
+        return SegmentEntry(name, sizes, tuple(langs))
+
+    def _write_table(self, table: str, arrays: dict[str, np.ndarray], sizes: dict[str, int]) -> np.ndarray:
+        keys = list(self.keys[table])
+        order = sorted(range(len(keys)), key=keys.__getitem__)
+        rank = np.empty(len(keys), dtype=np.int64)
+        rank[order] = np.arange(len(keys))
+        k = rank[np.frombuffer(self.post_key[table], dtype=np.int32)] if len(keys) else np.zeros(0, np.int64)
+        v = np.frombuffer(self.post_val[table], dtype=np.int32)
+        perm = np.argsort(k, kind="stable") if self.ordered else np.lexsort((v, k))
+        arrays[table], arrays[f"{table}_off"] = pack_strings([keys[i] for i in order])
+        post = np.zeros(len(keys) + 1, dtype=np.int64)
+        np.cumsum(np.bincount(k, minlength=len(keys)), out=post[1:])
+        arrays[f"{table}_post"] = post
+        arrays[f"{table}_vals"] = v[perm].astype(np.int32)
+        if table == "terms":
+            tf = np.frombuffer(self.tf, dtype=np.uint32)[perm]
+            arrays["terms_tf"] = tf.astype(np.uint16) if not len(tf) or tf.max() < 1 << 16 else tf
+        sizes[table], sizes[f"{table}_bytes"], sizes[f"{table}_postings"] = (
+            len(keys), len(arrays[table]), len(arrays[f"{table}_vals"]))
+        return rank
+
+
+def _extend(arr: array, values: np.ndarray, code: str) -> None:
+    arr.frombytes(np.ascontiguousarray(values, dtype=np.dtype(code)).tobytes())
+
+
+def _little(a: np.ndarray) -> np.ndarray:
+    return a.astype(a.dtype.newbyteorder("<"), copy=False)
+
+
+def _overlaps(spans: list[tuple[int, int]]) -> bool:
+    """Whether two of a file's chunks share a line."""
+    end = None
+    for s, e in sorted(spans):
+        if end is not None and s <= end:
+            return True
+        end = e if end is None else max(end, e)
+    return False
+
+
+def _by_file(rows: Iterable[tuple]) -> Iterator[tuple[int, str, list[tuple]]]:
+    """`Store.iter_file_chunks` rows grouped: (file id, path, chunks)."""
+    current: list[tuple] = []
+    for r in rows:
+        if current and r[1] != current[0][1]:
+            yield current[0][1], current[0][2], current
+            current = []
+        current.append(r)
+    if current:
+        yield current[0][1], current[0][2], current
+
+
+def _write_segments(folder: Path, rows: Iterable[tuple], stem: bool) -> list[SegmentEntry]:
+    """Segments of the files in ``rows``, each written once it reaches ROWS_PER_SEGMENT rows."""
+    entries: list[SegmentEntry] = []
+    builder = SegmentBuilder(folder, stem=stem)
+    for file_id, path, chunks in _by_file(rows):
+        builder.add_file(file_id, path, chunks)
+        if builder.n_rows >= ROWS_PER_SEGMENT:
+            entries.append(builder.finish())  # type: ignore[arg-type]
+            builder = SegmentBuilder(folder, stem=stem)
+    last = builder.finish()
+    return entries + ([last] if last is not None else [])
+
+
+# ---- the index as a whole --------------------------------------------------------------
+
+
+def build(store: Store, folder: Path, *, k1: float = 1.2, b: float = 0.75, stem: bool = True,
+          stopwords: bool = True) -> LexicalIndex:
+    """The lexical index of every chunk in ``store``, written into ``folder`` (made if
+    missing) and not yet committed: `commit` (``save``) makes it the folder's index."""
+    folder.mkdir(parents=True, exist_ok=True)
+    entries = _write_segments(folder, store.iter_file_chunks(), stem)
+    n_files = sum(e.sizes["files"] for e in entries)
+    params = Manifest(k1, b, stem, stopwords, (), "state-0000000000000000", 0, 0, 0, 0.0, 0)
+    return _finish(folder, params, entries, np.ones(n_files, np.uint8), np.zeros(n_files, np.float32),
+                   new_files=None, stale=0)
+
+
+def update(
+    index: LexicalIndex, store: Store, removed_files: Iterable[int], changed_files: Iterable[int]
+) -> LexicalIndex:
+    """``index`` with ``removed_files`` gone and ``changed_files`` (store file ids) written
+    again from ``store``, merged as the policy says; not yet committed."""
+    folder = index.folder
+    changed = sorted({int(f) for f in changed_files})
+    gone = index.files_of(np.array(sorted({int(f) for f in removed_files} | set(changed)), dtype=np.int64))
+    live = np.array(index.live, dtype=np.uint8)
+    live[gone[gone >= 0]] = 0
+    users = np.array(index.users(np.arange(index.n_files)), dtype=np.float32)
+    new = _write_segments(folder, store.iter_file_chunks(changed), index.stem) if changed else []
+    n_new = sum(e.sizes["files"] for e in new)
+    entries = [*index.manifest.segments, *new]
+    live = np.concatenate([live, np.ones(n_new, np.uint8)])
+    users = np.concatenate([users, np.zeros(n_new, np.float32)])
+    fresh = np.concatenate([np.zeros(index.n_files, bool), np.ones(n_new, bool)])
+    entries, live, (users, fresh) = _merge(folder, index.manifest, entries, live, (users, fresh))
+    return _finish(folder, index.manifest, entries, live, users, new_files=np.flatnonzero(fresh),
+                   stale=index.manifest.stale_files + n_new)
+
+
+def _merge(folder: Path, params: Manifest, entries: list[SegmentEntry], live: np.ndarray,
+           carried: tuple[np.ndarray, ...]) -> tuple[list[SegmentEntry], np.ndarray, tuple[np.ndarray, ...]]:
+    """Apply the merge policy (module doc): drop segments with no live row, rewrite the
+    ones mostly dead, merge small ones once MAX_SMALL pile up. ``carried``: per-file arrays
+    that move with their files."""
+    view = _view(folder, params, entries, live, carried[0])
+    base = view.file_base
+    live_rows = []
+    for s, seg in enumerate(view.segments):
+        alive = live[base[s] : base[s + 1]] != 0
+        live_rows.append(int(np.diff(np.asarray(seg.arrays["file_rows"]))[alive].sum()))
+    small = [s for s, e in enumerate(entries) if 0 < live_rows[s] and e.sizes["rows"] < ROWS_PER_SEGMENT // 8]
+    chosen = {s for s, e in enumerate(entries) if 0 < live_rows[s] < e.sizes["rows"] / 2}
+    if len(small) >= MAX_SMALL:
+        chosen |= set(small)
+    dropped = {s for s in range(len(entries)) if live_rows[s] == 0}
+    if not chosen and not dropped:
+        return entries, live, carried
+    groups: list[list[int]] = []
+    size = 0
+    for s in sorted(chosen):
+        if not groups or size + live_rows[s] > ROWS_PER_SEGMENT:
+            groups.append([])
+            size = 0
+        groups[-1].append(s)
+        size += live_rows[s]
+    kept = [s for s in range(len(entries)) if s not in chosen and s not in dropped]
+    out_entries = [entries[s] for s in kept]
+    out_live = [live[base[s] : base[s + 1]] for s in kept]
+    out = [[c[base[s] : base[s + 1]] for s in kept] for c in carried]
+    for group in groups:
+        builder = SegmentBuilder(folder, stem=params.stem)
+        moved: list[np.ndarray] = []
+        for s in group:
+            files = np.flatnonzero(live[base[s] : base[s + 1]]).astype(np.int64)
+            builder.add_from(view, s, files)
+            moved.append(base[s] + files)
+        entry = builder.finish()
+        if entry is not None:
+            out_entries.append(entry)
+            out_live.append(np.ones(entry.sizes["files"], np.uint8))
+            at = np.concatenate(moved)
+            for o, c in zip(out, carried):
+                o.append(c[at])
+    view.close()
+    joined = tuple(np.concatenate(o) if o else c[:0] for o, c in zip(out, carried))
+    return out_entries, np.concatenate(out_live) if out_live else live[:0], joined
+
+
+def _view(folder: Path, params: Manifest, entries: list[SegmentEntry], live: np.ndarray,
+          users: np.ndarray) -> LexicalIndex:
+    """An index over ``entries`` with this liveness, before any state file is written."""
+    manifest = Manifest(params.k1, params.b, params.stem, params.stopwords, tuple(entries), params.state,
+                        0, 0, 0, params.top, params.stale_files)
+    return LexicalIndex(folder, manifest, live=live, users=users)
+
+
+def _finish(folder: Path, params: Manifest, entries: list[SegmentEntry], live: np.ndarray, users: np.ndarray,
+            *, new_files: np.ndarray | None, stale: int) -> LexicalIndex:
+    """Totals, centrality and the state files of ``entries``; the index, not yet committed."""
+    view = _view(folder, params, entries, live, users)
+    rows = files = length = 0
+    for s, seg in enumerate(view.segments):
+        alive = live[view.file_base[s] : view.file_base[s + 1]] != 0
+        fr = np.asarray(seg.arrays["file_rows"])
+        rows += int(np.diff(fr)[alive].sum())
+        files += int(alive.sum())
+        length += int(np.asarray(seg.arrays["length"], dtype=np.int64)[np.repeat(alive, np.diff(fr))].sum())
+    everything = new_files is None or files <= CENTRALITY_ALWAYS or stale >= CENTRALITY_REFRESH * files
+    if everything:
+        users = compute_users(view, None, files)
+        stale = 0
+    elif len(new_files):
+        users = users.copy()
+        users[new_files] = compute_users(view, new_files, files)[new_files]
+    users[live == 0] = 0
+    top = centrality_top(users[live != 0]) if files else 0.0
+    state = f"state-{secrets.token_hex(8)}"
+    save_array(folder, f"{state}.live", live.astype(np.uint8))
+    save_array(folder, f"{state}.users", users.astype("<f4"))
+    manifest = Manifest(params.k1, params.b, params.stem, params.stopwords, tuple(entries), state,
+                        rows, files, length, top, stale)
+    view.close()
+    return LexicalIndex(folder, manifest)
+
+
+def compute_users(view: LexicalIndex, files: np.ndarray | None, n_live: int) -> np.ndarray:
+    """`file_users` of ``files`` (every live file when None) against the whole index:
+    per file, how many other live files use a name it defines."""
+    n = view.n_files
+    # The defined terms of the files asked about, numbered in first-seen order.
+    dmap: dict[bytes, int] = {}
+    def_files: list[int] = []
+    def_terms: list[int] = []
+    targets = view.live_files() if files is None else np.asarray(files, dtype=np.int64)
+    for s, lo, hi in view._spans(np.sort(targets), view.file_base):
+        seg = view.segments[s]
+        defs = seg.defs.all()
+        fd = np.asarray(seg.arrays["file_defs"])
+        for f in (np.sort(targets)[lo:hi] - view.file_base[s]).tolist():
+            a, b = int(fd[f]), int(fd[f + 1])
+            if not 0 <= a <= b <= len(defs):
+                raise corrupt(seg.arrays.folder, "defined names out of range")
+            for d in defs[a:b]:
+                def_files.append(f + int(view.file_base[s]))
+                def_terms.append(dmap.setdefault(d, len(dmap)))
+    nd = len(dmap)
+    df = np.zeros(nd, dtype=np.int64)
+    dfile = np.array(def_files, dtype=np.int64)
+    dterm = np.array(def_terms, dtype=np.int64)
+    self_use = np.zeros(len(dfile), dtype=bool)
+    use_keys: list[np.ndarray] = []
+    exact_max = 1000
+    if not nd:
+        return np.zeros(n, dtype=np.float32)
+    for s, seg in enumerate(view.segments):
+        d_of_tid, tids = _defined_in(seg, dmap, every=files is None)
+        if not len(tids):
+            continue
+        post = np.asarray(seg.arrays["terms_post"])
+        starts, ends = post[tids], post[tids + 1]
+        if ((starts > ends) | (ends > seg.arrays["terms_vals"].shape[0]) | (starts < 0)).any():
+            raise corrupt(seg.arrays.folder, "term postings out of range")
+        counts = ends - starts
+        rows = np.asarray(seg.arrays["terms_vals"][_expand(starts, counts)], dtype=np.int64)
+        if len(rows) and (rows.min() < 0 or rows.max() >= seg.n):
+            raise corrupt(seg.arrays.folder, "term postings out of range")
+        lf = seg.files_of_rows(rows)
+        d = np.repeat(d_of_tid[tids], counts)
+        keys = np.unique(d * seg.m + lf)  # (defined term, local file) pairs, distinct
+        # Not a use: a term a file holds only through its own path (every chunk's header).
+        own_off = np.asarray(seg.arrays["own_off"])
+        own_t = np.asarray(seg.arrays["own_terms"], dtype=np.int64)
+        if len(own_t) and (own_t.min() < 0 or own_t.max() >= len(d_of_tid)):
+            raise corrupt(seg.arrays.folder, "own terms out of range")
+        own_files = np.repeat(np.arange(seg.m, dtype=np.int64), np.diff(own_off))
+        own_d = d_of_tid[own_t] if len(own_t) else np.zeros(0, np.int64)
+        own_keys = own_d[own_d >= 0] * seg.m + own_files[own_d >= 0]
+        keys = keys[~np.isin(keys, own_keys)]
+        gfile = keys % seg.m + view.file_base[s]
+        keys = keys[view.live[gfile] != 0]
+        kd, kf = keys // seg.m, keys % seg.m + view.file_base[s]
+        df += np.bincount(kd, minlength=nd)
+        mine = (dfile >= view.file_base[s]) & (dfile < view.file_base[s + 1])
+        if mine.any():
+            self_use[mine] = np.isin(dterm[mine] * seg.m + (dfile[mine] - view.file_base[s]), keys)
+        use_keys.append(kd * n + kf)
+        # Keep only the pairs of names still within the exact limit (bounded memory).
+        alive = df[np.concatenate(use_keys) // n] <= exact_max
+        use_keys = [np.concatenate(use_keys)[alive]]
+    uk = np.concatenate(use_keys) if use_keys else np.zeros(0, np.int64)
+    return file_users(dfile, dterm, df, uk // n, uk % n, self_use, n, n_live=n_live, exact_max_users=exact_max)
+
+
+def _defined_in(seg, dmap: dict[bytes, int], *, every: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(defined-term number of each of the segment's terms, -1 for none; the term ids of the
+    defined terms it holds). Every term read once when most are asked for, else bisected."""
+    table = seg.tables["terms"].table
+    if every:
+        d_of_tid = np.array([dmap.get(t, -1) for t in table.all()] or [0], dtype=np.int64)[: len(table)]
+    else:
+        d_of_tid = np.full(len(table), -1, dtype=np.int64)
+        for key, d in dmap.items():
+            i = table.find(key)
+            if i >= 0:
+                d_of_tid[i] = d
+    return d_of_tid, np.flatnonzero(d_of_tid >= 0)
+
+
+# ---- the commit --------------------------------------------------------------------------
+
+
+def commit(index: LexicalIndex, path: Path) -> None:
+    """Make ``index`` the committed index of the folder ``path``: its segments and state
+    moved there if they were written elsewhere, then the manifest replaced atomically, then
+    whatever no manifest lists deleted. The caller holds the index lock."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        path.unlink()
+    path.mkdir(parents=True, exist_ok=True)
+    src = index.folder
+    if src.resolve() != path.resolve():
+        names = [e.name for e in index.manifest.segments]
+        names += [f"{index.manifest.state}.live.npy", f"{index.manifest.state}.users.npy"]
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                shutil.rmtree(path / name) if (path / name).is_dir() else (path / name).unlink()
+            try:
+                os.replace(src / name, path / name)
+            except OSError:  # another file system: copy
+                (shutil.copytree if (src / name).is_dir() else shutil.copy2)(src / name, path / name)
+        index.folder = path
+        for seg in index.segments:
+            seg.arrays.folder = path / seg.entry.name
+    with atomic_write(path / MANIFEST) as fh:
+        fh.write(index.manifest.to_json())
+    collect_garbage(path, index.manifest)
+
+
+def collect_garbage(path: Path, manifest: Manifest) -> None:
+    """Delete what ``manifest`` does not list: older segments and state files, and the
+    folders of builds whose process is gone."""
+    keep = {e.name for e in manifest.segments} | {f"{manifest.state}.live.npy", f"{manifest.state}.users.npy"}
+    for entry in os.scandir(path):
+        name = entry.name
+        if name in keep or name == MANIFEST:
+            continue
+        tmp = _TMP_RE.match(name)
+        stale = SEGMENT_RE.match(name) or STATE_RE.match(name.split(".", 1)[0])
+        if tmp and _alive(int(tmp.group(1))):
+            continue
+        if stale or tmp:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return pid != 0
+
+
+def build_elsewhere(store: Store, path: Path) -> LexicalIndex:
+    """`build` for a reader that cannot write ``path`` now (no lock): into a private folder,
+    ``path/tmp-<pid>-<hex>`` when ``path`` is writable (`commit` moves it in later), else a
+    temporary folder; either is deleted when the index object goes."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        folder = path / f"tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        folder.mkdir()
+    except OSError:
+        folder = Path(tempfile.mkdtemp(prefix="codesearch-lexical-"))
+    try:
+        index = build(store, folder)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    weakref.finalize(index, shutil.rmtree, folder, True)
+    return index
