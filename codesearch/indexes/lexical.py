@@ -19,14 +19,18 @@ On disk (``.codesearch/lexical/``), written by `codesearch.indexes.lexical_write
 
     manifest.json            format, version, BM25 parameters, the segments in order, the
                              state file, live counts; replaced atomically (the commit point)
-    seg-<16 hex>/*.npy       one immutable segment: whole files, each file's chunks in
+    seg-<16 hex>.bin         one immutable segment: whole files, each file's chunks in
                              consecutive rows; per row its chunk id, file, lines, language,
                              flags (test code, imports), token count; per file its store id,
                              row range, summed length, kind, overlap flag, path, path words,
                              name stem, defined names; sorted term / symbol / path-word /
                              stem tables with their postings (rows, or files, ascending)
-    state-<16 hex>.live.npy  per file of every segment (in manifest order): 1 = live
-    state-<16 hex>.users.npy per file: how many other files use what it defines (centrality)
+    state-<16 hex>.bin       per file of every segment (in manifest order): ``live`` (1 =
+                             live), ``users`` (how many other files use what it defines:
+                             centrality)
+
+Each ``.bin`` is one container of arrays (`codesearch.indexes.lexical_arrays`): a table of
+contents, then the arrays, mapped and checked when the file is opened.
 
 A file re-indexed is written whole into a new segment; its old rows are dead because the
 live array no longer marks their file. Document frequencies and ``N`` count live rows
@@ -67,6 +71,7 @@ __all__ = [
     "split_identifier",
     "stem_word",
     "tokenize",
+    "union",
 ]
 
 # An identifier-ish run: letters, digits, underscores. Punctuation and operators never
@@ -394,40 +399,48 @@ class Inverted:
     def __init__(self, arrays: Arrays, name: str, limit: int) -> None:
         self.arrays, self.name, self.limit = arrays, name, limit
         self.table = StringTable(arrays, name)
+        self._post = arrays[name + "_post"]
+        self._vals = arrays[name + "_vals"]
 
-    def span(self, i: int) -> tuple[int, int]:
-        vals = self.arrays[self.name + "_vals"]
-        return offsets_slice(self.arrays[self.name + "_post"], i, len(vals), self.arrays.folder / self.name)
+    def span(self, i: int, j: int | None = None) -> tuple[int, int]:
+        """The postings of entries ``i`` (to ``j - 1``): a slice of the values."""
+        return offsets_slice(self._post, i, i + 1 if j is None else j, len(self._vals), self.arrays)
 
-    def values(self, lo: int, hi: int) -> np.ndarray:
-        v = self.arrays[self.name + "_vals"][lo:hi].astype(np.int64)
-        if len(v) and (v[0] < 0 or v[-1] >= self.limit or (len(v) > 1 and not (v[1:] > v[:-1]).all())):
-            raise corrupt(self.arrays.folder / self.name, "postings out of order or out of range")
+    def values(self, lo: int, hi: int, *, ascending: bool = True) -> np.ndarray:
+        """Values ``lo:hi`` (int64), checked in range, and ascending (one entry's)."""
+        v = self._vals[lo:hi].astype(np.int64)
+        if len(v):
+            if ascending:
+                bad = v[0] < 0 or v[-1] >= self.limit or (len(v) > 1 and not (v[1:] > v[:-1]).all())
+            else:
+                bad = v.min() < 0 or v.max() >= self.limit
+            if bad:
+                raise corrupt(self.arrays.path, f"{self.name} postings out of order or out of range")
         return v
 
     def get(self, key: bytes) -> np.ndarray | None:
         i = self.table.find(key)
         return None if i < 0 else self.values(*self.span(i))
 
-    def prefixed(self, prefix: bytes) -> Iterator[tuple[bytes, np.ndarray]]:
-        for i in self.table.with_prefix(prefix):
-            yield self.table.get(i), self.values(*self.span(i))
+    def prefixed(self, prefix: bytes) -> np.ndarray:
+        """The values of every entry starting with ``prefix`` (one slice: entries, and so
+        their postings, lie in key order), not in order, maybe repeated."""
+        i, j = self.table.prefix_range(prefix)
+        return self.values(*self.span(i, j), ascending=False) if j > i else np.zeros(0, np.int64)
 
 
 class Segment:
-    """One segment folder, every array mapped (and its header checked) when it is opened:
-    a segment an index run deletes after this opened it stays readable."""
+    """One segment file, mapped (and its table of contents checked) when it is opened: a
+    segment an index run deletes after this opened it stays readable."""
 
     def __init__(self, folder: Path, entry: SegmentEntry) -> None:
         self.entry = entry
         self.n, self.m = entry.sizes["rows"], entry.sizes["files"]
-        self.arrays = Arrays(folder / entry.name, segment_spec(entry.sizes))
-        for name in self.arrays.spec:
-            self.arrays[name]
+        self.arrays = Arrays(folder / f"{entry.name}.bin", segment_spec(entry.sizes))
         fr = np.asarray(self.arrays["file_rows"])
         # Checked whole (m + 1 numbers): every row range and the rows' order rely on it.
         if fr[0] != 0 or fr[-1] != self.n or (np.diff(fr) < 0).any():
-            raise corrupt(self.arrays.folder, "file row ranges out of order")
+            raise corrupt(self.arrays.path, "file row ranges out of order")
         self.tables = {t: Inverted(self.arrays, t, self.n if kind == "rows" else self.m) for t, kind in TABLES.items()}
         self.paths = StringTable(self.arrays, "paths")
         self.defs = StringTable(self.arrays, "defs")
@@ -437,10 +450,10 @@ class Segment:
         lf = self.arrays["row_file"][rows].astype(np.int64)
         if len(lf):
             if lf.min() < 0 or lf.max() >= self.m:
-                raise corrupt(self.arrays.folder, "a row's file out of range")
+                raise corrupt(self.arrays.path, "a row's file out of range")
             fr = self.arrays["file_rows"]
             if ((fr[lf] > rows) | (fr[lf + 1] <= rows)).any():
-                raise corrupt(self.arrays.folder, "a row outside its file's rows")
+                raise corrupt(self.arrays.path, "a row outside its file's rows")
         return lf
 
 
@@ -450,6 +463,26 @@ def _expand(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     if not total:
         return np.zeros(0, dtype=np.int64)
     return np.repeat(starts - (np.cumsum(counts) - counts), counts) + np.arange(total, dtype=np.int64)
+
+
+def union(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """The distinct values of ascending int64 ``arrays``, ascending: a merge (a stable sort
+    of sorted runs), cheaper than `np.unique`'s hashing on posting lists."""
+    if not arrays:
+        return np.zeros(0, dtype=np.int64)
+    if len(arrays) == 1:
+        return np.asarray(arrays[0], dtype=np.int64)
+    x = np.concatenate(arrays).astype(np.int64, copy=False)
+    x.sort(kind="stable")
+    return x[np.r_[True, x[1:] != x[:-1]]] if len(x) else x
+
+
+def runs(ascending: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct values, index of each one's first place) of an ascending array."""
+    if not len(ascending):
+        return ascending, np.zeros(0, dtype=np.int64)
+    first = np.flatnonzero(np.r_[True, ascending[1:] != ascending[:-1]])
+    return ascending[first], first
 
 
 def _ascending(x: np.ndarray) -> bool:
@@ -497,9 +530,9 @@ class LexicalIndex:
         np.cumsum([s.m for s in self.segments], out=self.file_base[1:])
         self.n_rows, self.n_files = int(self.row_base[-1]), int(self.file_base[-1])
         if live is None or users is None:  # (the writer passes the state it is making)
-            state = Arrays(self.folder, {f"{manifest.state}.live": ("|u1", (self.n_files,)),
-                                         f"{manifest.state}.users": ("<f4", (self.n_files,))})
-            live, users = state[f"{manifest.state}.live"], state[f"{manifest.state}.users"]
+            state = Arrays(self.folder / f"{manifest.state}.bin",
+                           {"live": ("|u1", (self.n_files,)), "users": ("<f4", (self.n_files,))})
+            live, users = state["live"], state["users"]
         self.live, self._users = live, users
         #: Notices for the searcher's next answer (the registry's, when it rebuilt this index).
         self.notices: list[str] = []
@@ -579,7 +612,7 @@ class LexicalIndex:
         found = [p for t in tokens if (p := self.postings(t)) is not None]
         if not found:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        rows = np.unique(np.concatenate([p.rows for p in found]))
+        rows = union([p.rows for p in found])
         norm = length_norm(self.row_values("length", rows).astype(np.float32), self.avgdl, self.k1, self.b)
         out = np.zeros(len(rows), dtype=np.float32)
         weights = idf(self.manifest.live_rows, np.array([len(p.rows) for p in found], dtype=np.float32))
@@ -606,18 +639,16 @@ class LexicalIndex:
     def table_rows(self, table: str, names: Sequence[str]) -> np.ndarray:
         """The live rows (ascending, distinct) listed under any of ``names`` in ``table``
         (``symbols`` or ``exact``)."""
-        parts = [self._live_rows(s, v) for s, v in self._lookups(table, names)]
-        return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+        return union([self._live_rows(s, v) for s, v in self._lookups(table, names)])
 
     def table_files(self, table: str, names: Sequence[str], *, prefix: str | None = None) -> np.ndarray:
         """The live files (ascending, distinct) listed under any of ``names`` in ``table``
         (``pathwords`` or ``stems``), and with ``prefix``, under every entry it begins."""
         found = list(self._lookups(table, names))
         if prefix is not None:
-            for s, seg in enumerate(self.segments):
-                found += [(s, v) for _, v in seg.tables[table].prefixed(encode(prefix))]
-        parts = [v + self.file_base[s] for s, v in found]
-        files = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+            key = encode(prefix)
+            found += [(s, np.unique(seg.tables[table].prefixed(key))) for s, seg in enumerate(self.segments)]
+        files = union([v + self.file_base[s] for s, v in found])
         return files[self.live[files] != 0]
 
     def table_has(self, table: str, name: str) -> bool:
@@ -705,7 +736,7 @@ class LexicalIndex:
             names = self.segments[s].entry.languages
             codes = self.segments[s].arrays["lang"][rows[lo:hi] - self.row_base[s]]
             if len(codes) and int(codes.max()) >= len(names):
-                raise corrupt(self.segments[s].arrays.folder, "a language code out of range")
+                raise corrupt(self.segments[s].arrays.path, "a language code out of range")
             out += [names[c] for c in codes.tolist()]
         return out
 
@@ -768,7 +799,7 @@ class LexicalIndex:
                 continue
             local = seg.arrays[where_name][pos[hit]].astype(np.int64)
             if local.min() < 0 or local.max() >= limit:
-                raise corrupt(seg.arrays.folder, f"{where_name} out of range")
+                raise corrupt(seg.arrays.path, f"{where_name} out of range")
             ok = seg.arrays[name][local] == keys[hit]
             files = (seg.files_of_rows(local) if rows else local) + self.file_base[s]
             ok &= self.live[files] != 0

@@ -66,7 +66,7 @@ from codesearch.indexes.lexical import (
     _word_tokens,
     tokenize,
 )
-from codesearch.indexes.lexical_arrays import corrupt, encode, pack_strings, save_array
+from codesearch.indexes.lexical_arrays import corrupt, encode, pack_strings, write_arrays
 from codesearch.store import atomic_write
 from codesearch.types import path_kind
 
@@ -107,10 +107,8 @@ class SegmentBuilder:
         self.post_key: dict[str, array] = {t: array("i") for t in TABLES}
         self.post_val: dict[str, array] = {t: array("i") for t in TABLES}
         self.tf = array("I")
-        self.ordered = True  # postings appended in ascending value order (no merge yet)
         self.file_ids = array("q")
         self.file_rows = array("q", [0])
-        self.file_len = array("q")
         self.file_kind = array("b")
         self.file_flags = array("B")
         self.paths: list[bytes] = []
@@ -118,8 +116,16 @@ class SegmentBuilder:
         self.file_defs = array("q", [0])
         self.own_terms = array("i")
         self.own_off = array("q", [0])
-        # regex word -> its term ids in this segment (cached: code repeats its words)
-        self._word_ids: dict[str, tuple[int, ...]] = {}
+        # Tokenized rows: per distinct word of each chunk, the word's id and count; per
+        # chunk, its number of distinct words. A word's terms: word_tids[word_off[w]:word_off[w + 1]].
+        self.w_ids = array("i")
+        self.w_cnt = array("I")
+        self.row_words = array("I")
+        self.word_tids = array("i")
+        self.word_off = array("q", [0])
+        # regex word -> its id in this segment (cached: code repeats its words)
+        self._word_ids: dict[str, int] = {}
+        self._symbols: dict[str | None, tuple[tuple[int, ...], tuple[int, ...], frozenset[str]]] = {}
 
     @property
     def n_rows(self) -> int:
@@ -132,51 +138,63 @@ class SegmentBuilder:
             k = keys[key] = len(keys)
         return k
 
-    def _terms(self, text: str) -> dict[int, int]:
-        acc: dict[int, int] = {}
-        get = acc.get
-        word_ids = self._word_ids
-        for word, count in Counter(_WORD_RE.findall(text)).items():
-            tids = word_ids.get(word)
-            if tids is None:
-                tids = word_ids[word] = tuple(self._key("terms", t.encode()) for t in _word_tokens(word, self.stem))
-            for t in tids:
-                acc[t] = get(t, 0) + count
-        return acc
+    def _new_word(self, word: str) -> int:
+        self.word_tids.extend([self._key("terms", t.encode()) for t in _word_tokens(word, self.stem)])
+        self.word_off.append(len(self.word_tids))
+        w = self._word_ids[word] = len(self._word_ids)
+        return w
+
+    def _names(self, symbol: str | None) -> tuple[tuple[int, ...], tuple[int, ...], frozenset[str]]:
+        """(symbols keys, exact keys, names) of a chunk's symbol, once per distinct symbol."""
+        got = self._symbols.get(symbol)
+        if got is None:
+            names = symbol_names(symbol)
+            got = self._symbols[symbol] = (
+                tuple(self._key("symbols", encode(n)) for n in names),
+                tuple(self._key("exact", encode(n)) for n in exact_names(symbol)),
+                names,
+            )
+        return got
 
     def add_file(self, file_id: int, path: str, chunks: list[tuple]) -> None:
-        """Add one file: its chunks as `Store.iter_file_chunks` rows."""
+        """Add one file: its chunks as `Store.iter_file_chunks` rows.
+
+        A chunk's words are counted (`Counter` over the regex matches, in C) and each
+        distinct word's term ids looked up once per segment; the (word, count) pairs are
+        kept flat and turned into term counts per row by numpy in `finish`: the per-token
+        Python work of counting into a dict was most of a large build.
+        """
         f = len(self.file_ids)
-        total = 0
         symbols: set[str] = set()
         spans = []
+        get = self._word_ids.get
+        findall = _WORD_RE.findall
         for c in chunks:
             r = len(self.ids)
-            counts = self._terms(c[9] + "\n" + c[10])  # the encoder text: header, then code
-            n = len(counts)
-            self.post_key["terms"].extend(counts.keys())
-            self.tf.extend(counts.values())
-            self.post_val["terms"].extend([r] * n)
-            length = sum(counts.values())
-            total += length
+            counts = Counter(findall(c[9] + "\n" + c[10]))  # the encoder text: header, then code
+            wids = list(map(get, counts))
+            if None in wids:
+                wids = [i if i is not None else self._new_word(w) for i, w in zip(wids, counts)]
+            self.w_ids.extend(wids)
+            self.w_cnt.extend(counts.values())
+            self.row_words.append(len(wids))
             symbol, kind, scope = c[6], c[7], c[8]
-            if not labels_owner(symbol, scope):
-                names = symbol_names(symbol)
+            if symbol and not labels_owner(symbol, scope):
+                sym_keys, exact_keys, names = self._names(symbol)
                 symbols |= names
-                for table, keys in (("symbols", names), ("exact", exact_names(symbol))):
-                    for name in keys:
-                        self.post_key[table].append(self._key(table, encode(name)))
-                        self.post_val[table].append(r)
+                for table, keys in (("symbols", sym_keys), ("exact", exact_keys)):
+                    self.post_key[table].extend(keys)
+                    self.post_val[table].extend([r] * len(keys))
             self.ids.append(c[0])
             self.row_file.append(f)
             self.lines.extend((c[3], c[4]))
             lang = self.languages.setdefault(c[5], len(self.languages))
             self.lang.append(lang)
             self.flags.append(TEST_CODE if kind == "test" else IMPORTS if kind == "imports" else 0)
-            self.length.append(length)
+            self.length.append(-1)  # counted in `finish`
             spans.append((c[3], c[4]))
         defs = sorted(encode(d) for d in defined_terms(symbols, path))
-        self._add_file_row(file_id, path, len(self.ids), total, _overlaps(spans), defs)
+        self._add_file_row(file_id, path, len(self.ids), _overlaps(spans), defs)
         for word in path_tokens(path):
             self.post_key["pathwords"].append(self._key("pathwords", encode(word)))
             self.post_val["pathwords"].append(f)
@@ -187,12 +205,9 @@ class SegmentBuilder:
         self.own_terms.extend(sorted(own))
         self.own_off.append(len(self.own_terms))
 
-    def _add_file_row(
-        self, file_id: int, path: str | bytes, end_row: int, length: int, overlaps: bool, defs: list[bytes]
-    ) -> None:
+    def _add_file_row(self, file_id: int, path: str | bytes, end_row: int, overlaps: bool, defs: list[bytes]) -> None:
         self.file_ids.append(file_id)
         self.file_rows.append(end_row)
-        self.file_len.append(length)
         self.file_kind.append(path_kind(path if isinstance(path, str) else path.decode("utf-8", "surrogateescape")))
         self.file_flags.append(OVERLAPS if overlaps else 0)
         self.paths.append(encode(path) if isinstance(path, str) else path)
@@ -209,7 +224,7 @@ class SegmentBuilder:
         counts = fr[local_files + 1] - start
         old_rows = _expand(start, counts)
         if len(old_rows) and (seg.files_of_rows(old_rows) != np.repeat(local_files, counts)).any():
-            raise corrupt(a.folder, "rows outside their files")
+            raise corrupt(a.path, "rows outside their files")
         row0, file0 = len(self.ids), len(self.file_ids)
         remap = np.full(seg.n, -1, dtype=np.int64)
         remap[old_rows] = row0 + np.arange(len(old_rows))
@@ -221,11 +236,11 @@ class SegmentBuilder:
         names = seg.entry.languages
         codes = np.asarray(a["lang"][old_rows], dtype=np.int64)
         if len(codes) and codes.max() >= len(names):
-            raise corrupt(a.folder, "a language code out of range")
+            raise corrupt(a.path, "a language code out of range")
         lang_map = np.array([self.languages.setdefault(x, len(self.languages)) for x in names] or [0], np.int64)
         _extend(self.lang, lang_map[codes], "H")
         _extend(self.flags, a["flags"][old_rows], "B")
-        _extend(self.length, a["length"][old_rows], "i")
+        _extend(self.length, np.maximum(a["length"][old_rows], 0), "i")
         defs = seg.defs.all()
         fd = a["file_defs"]
         terms = seg.tables["terms"].table.all()
@@ -235,12 +250,12 @@ class SegmentBuilder:
             lo, hi = int(fd[f]), int(fd[f + 1])
             olo, ohi = int(own_off[f]), int(own_off[f + 1])
             if not (0 <= lo <= hi <= len(defs) and 0 <= olo <= ohi <= len(own_terms)):
-                raise corrupt(a.folder, "file offsets out of range")
-            self._add_file_row(int(a["file_ids"][f]), seg.paths.get(f), end, int(a["file_len"][f]),
-                               bool(a["file_flags"][f] & OVERLAPS), defs[lo:hi])
+                raise corrupt(a.path, "file offsets out of range")
+            self._add_file_row(int(a["file_ids"][f]), seg.paths.get(f), end, bool(a["file_flags"][f] & OVERLAPS),
+                               defs[lo:hi])
             own = own_terms[olo:ohi]
             if len(own) and (own.min() < 0 or own.max() >= len(terms)):
-                raise corrupt(a.folder, "own terms out of range")
+                raise corrupt(a.path, "own terms out of range")
             self.own_terms.extend(sorted({self._key("terms", terms[t]) for t in own.tolist()}))
             self.own_off.append(len(self.own_terms))
         for table, kind in TABLES.items():
@@ -249,12 +264,12 @@ class SegmentBuilder:
             post = np.asarray(a[f"{table}_post"])
             vals = a[f"{table}_vals"]
             if post[0] != 0 or post[-1] != len(vals) or (np.diff(post) < 0).any():
-                raise corrupt(a.folder, f"{table} postings out of order")
+                raise corrupt(a.path, f"{table} postings out of order")
             key_of = np.repeat(np.arange(len(keys), dtype=np.int64), np.diff(post))
             v = np.asarray(vals, dtype=np.int64)
             limit = seg.n if kind == "rows" else seg.m
             if len(v) and (v.min() < 0 or v.max() >= limit):
-                raise corrupt(a.folder, f"{table} postings out of range")
+                raise corrupt(a.path, f"{table} postings out of range")
             new = (remap if kind == "rows" else fremap)[v]
             keep = new >= 0
             ids = np.array([self._key(table, k) for k in keys] or [0], dtype=np.int64)
@@ -262,17 +277,26 @@ class SegmentBuilder:
             _extend(self.post_val[table], new[keep], "i")
             if table == "terms":
                 _extend(self.tf, np.asarray(a["terms_tf"])[keep], "I")
-        self.ordered = False
 
     def finish(self) -> SegmentEntry | None:
         """Write the segment (sorted tables, postings by key then value); None when empty."""
         if not self.file_ids:
             return None
         name = f"seg-{secrets.token_hex(8)}"
-        out = self.folder / name
-        out.mkdir(parents=True)
         n, m = len(self.ids), len(self.file_ids)
         ids = np.frombuffer(self.ids, dtype=np.int64)
+        # The tokenized rows' term counts: each (word, count) pair once per term of the word.
+        length = np.frombuffer(self.length, dtype=np.int32).copy()
+        tokenized = np.flatnonzero(length < 0)
+        word_off = np.frombuffer(self.word_off, dtype=np.int64)
+        w_ids = np.frombuffer(self.w_ids, dtype=np.int32)
+        w_len = np.diff(word_off)[w_ids]
+        word_row = np.repeat(tokenized, np.frombuffer(self.row_words, dtype=np.uint32).astype(np.int64))
+        t_rows = np.repeat(word_row, w_len)
+        t_count = np.repeat(np.frombuffer(self.w_cnt, dtype=np.uint32), w_len)
+        t_tids = np.frombuffer(self.word_tids, dtype=np.int32)[_expand(word_off[:-1][w_ids], w_len)]
+        length[tokenized] = np.bincount(t_rows, weights=t_count, minlength=n)[tokenized]
+        file_rows = np.frombuffer(self.file_rows, dtype=np.int64)
         sizes = {"rows": n, "files": m}
         arrays: dict[str, np.ndarray] = {
             "ids": ids,
@@ -280,11 +304,11 @@ class SegmentBuilder:
             "lines": np.frombuffer(self.lines, dtype=np.int32).reshape(n, 2),
             "lang": np.frombuffer(self.lang, dtype=np.uint16),
             "flags": np.frombuffer(self.flags, dtype=np.uint8),
-            "length": np.frombuffer(self.length, dtype=np.int32),
+            "length": length,
             "ids_rows": np.argsort(ids, kind="stable").astype(np.int32),
             "file_ids": np.frombuffer(self.file_ids, dtype=np.int64),
-            "file_rows": np.frombuffer(self.file_rows, dtype=np.int64),
-            "file_len": np.frombuffer(self.file_len, dtype=np.int64),
+            "file_rows": file_rows,
+            "file_len": np.add.reduceat(length.astype(np.int64), file_rows[:-1]),  # every file has a row
             "file_kind": np.frombuffer(self.file_kind, dtype=np.int8),
             "file_flags": np.frombuffer(self.file_flags, dtype=np.uint8),
             "file_defs": np.frombuffer(self.file_defs, dtype=np.int64),
@@ -297,45 +321,53 @@ class SegmentBuilder:
         sizes["paths_bytes"] = len(arrays["paths"])
         arrays["defs"], arrays["defs_off"] = pack_strings(self.defs)
         sizes["defs"], sizes["defs_bytes"] = len(self.defs), len(arrays["defs"])
-        for table in TABLES:
-            rank = self._write_table(table, arrays, sizes)
+        for table, kind in TABLES.items():
+            keys = np.frombuffer(self.post_key[table], dtype=np.int32)
+            vals = np.frombuffer(self.post_val[table], dtype=np.int32)
+            counts = None
+            if table == "terms":
+                keys = np.concatenate([t_tids, keys])
+                vals = np.concatenate([t_rows.astype(np.int32), vals])
+                counts = np.concatenate([t_count, np.frombuffer(self.tf, dtype=np.uint32)])
+            rank = self._write_table(table, keys, vals, n if kind == "rows" else m, counts, arrays, sizes)
             if table == "terms":
                 own = np.frombuffer(self.own_terms, dtype=np.int32).astype(np.int64)
                 arrays["own_terms"] = rank[own].astype(np.int32) if len(own) else np.zeros(0, np.int32)
                 sizes["own"] = len(own)
         assert set(sizes) == set(SIZE_KEYS), set(sizes) ^ set(SIZE_KEYS)
-        for key, a in arrays.items():
-            save_array(out, key, _little(a))
+        write_arrays(self.folder / f"{name}.bin", arrays)
         langs = sorted(self.languages, key=self.languages.__getitem__)
         return SegmentEntry(name, sizes, tuple(langs))
 
-    def _write_table(self, table: str, arrays: dict[str, np.ndarray], sizes: dict[str, int]) -> np.ndarray:
-        keys = list(self.keys[table])
-        order = sorted(range(len(keys)), key=keys.__getitem__)
-        rank = np.empty(len(keys), dtype=np.int64)
-        rank[order] = np.arange(len(keys))
-        k = rank[np.frombuffer(self.post_key[table], dtype=np.int32)] if len(keys) else np.zeros(0, np.int64)
-        v = np.frombuffer(self.post_val[table], dtype=np.int32)
-        perm = np.argsort(k, kind="stable") if self.ordered else np.lexsort((v, k))
-        arrays[table], arrays[f"{table}_off"] = pack_strings([keys[i] for i in order])
-        post = np.zeros(len(keys) + 1, dtype=np.int64)
-        np.cumsum(np.bincount(k, minlength=len(keys)), out=post[1:])
+    def _write_table(self, table: str, keys: np.ndarray, vals: np.ndarray, limit: int, counts: np.ndarray | None,
+                     arrays: dict[str, np.ndarray], sizes: dict[str, int]) -> np.ndarray:
+        """The sorted table ``table`` and its postings: (key, value) pairs ordered by key (in
+        byte order), then value, the counts of equal pairs summed (terms)."""
+        strings = list(self.keys[table])
+        order = sorted(range(len(strings)), key=strings.__getitem__)
+        rank = np.empty(len(strings), dtype=np.int64)
+        rank[order] = np.arange(len(strings))
+        pair = rank[keys] * max(limit, 1) + vals if len(keys) else np.zeros(0, np.int64)
+        perm = np.argsort(pair)
+        pair = pair[perm]
+        first = np.flatnonzero(np.r_[True, pair[1:] != pair[:-1]]) if len(pair) else np.zeros(0, np.int64)
+        pair = pair[first]
+        k = pair // max(limit, 1)
+        arrays[table], arrays[f"{table}_off"] = pack_strings([strings[i] for i in order])
+        post = np.zeros(len(strings) + 1, dtype=np.int64)
+        np.cumsum(np.bincount(k, minlength=len(strings)), out=post[1:])
         arrays[f"{table}_post"] = post
-        arrays[f"{table}_vals"] = v[perm].astype(np.int32)
-        if table == "terms":
-            tf = np.frombuffer(self.tf, dtype=np.uint32)[perm]
-            arrays["terms_tf"] = tf.astype(np.uint16) if not len(tf) or tf.max() < 1 << 16 else tf
+        arrays[f"{table}_vals"] = (pair % max(limit, 1)).astype(np.int32)
+        if counts is not None:
+            tf = np.add.reduceat(counts[perm], first) if len(first) else np.zeros(0, np.uint32)
+            arrays["terms_tf"] = tf.astype(np.uint16) if not len(tf) or tf.max() < 1 << 16 else tf.astype(np.uint32)
         sizes[table], sizes[f"{table}_bytes"], sizes[f"{table}_postings"] = (
-            len(keys), len(arrays[table]), len(arrays[f"{table}_vals"]))
+            len(strings), len(arrays[table]), len(arrays[f"{table}_vals"]))
         return rank
 
 
 def _extend(arr: array, values: np.ndarray, code: str) -> None:
     arr.frombytes(np.ascontiguousarray(values, dtype=np.dtype(code)).tobytes())
-
-
-def _little(a: np.ndarray) -> np.ndarray:
-    return a.astype(a.dtype.newbyteorder("<"), copy=False)
 
 
 def _overlaps(spans: list[tuple[int, int]]) -> bool:
@@ -380,6 +412,8 @@ def build(store: Store, folder: Path, *, k1: float = 1.2, b: float = 0.75, stem:
           stopwords: bool = True) -> LexicalIndex:
     """The lexical index of every chunk in ``store``, written into ``folder`` (made if
     missing) and not yet committed: `commit` (``save``) makes it the folder's index."""
+    if folder.exists() and not folder.is_dir():
+        folder.unlink()
     folder.mkdir(parents=True, exist_ok=True)
     entries = _write_segments(folder, store.iter_file_chunks(), stem)
     n_files = sum(e.sizes["files"] for e in entries)
@@ -488,15 +522,16 @@ def _finish(folder: Path, params: Manifest, entries: list[SegmentEntry], live: n
     users[live == 0] = 0
     top = centrality_top(users[live != 0]) if files else 0.0
     state = f"state-{secrets.token_hex(8)}"
-    save_array(folder, f"{state}.live", live.astype(np.uint8))
-    save_array(folder, f"{state}.users", users.astype("<f4"))
+    write_arrays(folder / f"{state}.bin", {"live": live.astype(np.uint8), "users": users.astype("<f4")})
     manifest = Manifest(params.k1, params.b, params.stem, params.stopwords, tuple(entries), state,
                         rows, files, length, top, stale)
     view.close()
     return LexicalIndex(folder, manifest)
 
 
-def compute_users(view: LexicalIndex, files: np.ndarray | None, n_live: int) -> np.ndarray:
+def compute_users(
+    view: LexicalIndex, files: np.ndarray | None, n_live: int, *, exact_max_users: int = 1000
+) -> np.ndarray:
     """`file_users` of ``files`` (every live file when None) against the whole index:
     per file, how many other live files use a name it defines."""
     n = view.n_files
@@ -512,7 +547,7 @@ def compute_users(view: LexicalIndex, files: np.ndarray | None, n_live: int) -> 
         for f in (np.sort(targets)[lo:hi] - view.file_base[s]).tolist():
             a, b = int(fd[f]), int(fd[f + 1])
             if not 0 <= a <= b <= len(defs):
-                raise corrupt(seg.arrays.folder, "defined names out of range")
+                raise corrupt(seg.arrays.path, "defined names out of range")
             for d in defs[a:b]:
                 def_files.append(f + int(view.file_base[s]))
                 def_terms.append(dmap.setdefault(d, len(dmap)))
@@ -522,7 +557,7 @@ def compute_users(view: LexicalIndex, files: np.ndarray | None, n_live: int) -> 
     dterm = np.array(def_terms, dtype=np.int64)
     self_use = np.zeros(len(dfile), dtype=bool)
     use_keys: list[np.ndarray] = []
-    exact_max = 1000
+    exact_max = exact_max_users
     if not nd:
         return np.zeros(n, dtype=np.float32)
     for s, seg in enumerate(view.segments):
@@ -532,11 +567,11 @@ def compute_users(view: LexicalIndex, files: np.ndarray | None, n_live: int) -> 
         post = np.asarray(seg.arrays["terms_post"])
         starts, ends = post[tids], post[tids + 1]
         if ((starts > ends) | (ends > seg.arrays["terms_vals"].shape[0]) | (starts < 0)).any():
-            raise corrupt(seg.arrays.folder, "term postings out of range")
+            raise corrupt(seg.arrays.path, "term postings out of range")
         counts = ends - starts
         rows = np.asarray(seg.arrays["terms_vals"][_expand(starts, counts)], dtype=np.int64)
         if len(rows) and (rows.min() < 0 or rows.max() >= seg.n):
-            raise corrupt(seg.arrays.folder, "term postings out of range")
+            raise corrupt(seg.arrays.path, "term postings out of range")
         lf = seg.files_of_rows(rows)
         d = np.repeat(d_of_tid[tids], counts)
         keys = np.unique(d * seg.m + lf)  # (defined term, local file) pairs, distinct
@@ -544,7 +579,7 @@ def compute_users(view: LexicalIndex, files: np.ndarray | None, n_live: int) -> 
         own_off = np.asarray(seg.arrays["own_off"])
         own_t = np.asarray(seg.arrays["own_terms"], dtype=np.int64)
         if len(own_t) and (own_t.min() < 0 or own_t.max() >= len(d_of_tid)):
-            raise corrupt(seg.arrays.folder, "own terms out of range")
+            raise corrupt(seg.arrays.path, "own terms out of range")
         own_files = np.repeat(np.arange(seg.m, dtype=np.int64), np.diff(own_off))
         own_d = d_of_tid[own_t] if len(own_t) else np.zeros(0, np.int64)
         own_keys = own_d[own_d >= 0] * seg.m + own_files[own_d >= 0]
@@ -592,18 +627,16 @@ def commit(index: LexicalIndex, path: Path) -> None:
     path.mkdir(parents=True, exist_ok=True)
     src = index.folder
     if src.resolve() != path.resolve():
-        names = [e.name for e in index.manifest.segments]
-        names += [f"{index.manifest.state}.live.npy", f"{index.manifest.state}.users.npy"]
-        for name in names:
-            with contextlib.suppress(FileNotFoundError):
-                shutil.rmtree(path / name) if (path / name).is_dir() else (path / name).unlink()
+        for name in _files_of(index.manifest):
             try:
                 os.replace(src / name, path / name)
-            except OSError:  # another file system: copy
-                (shutil.copytree if (src / name).is_dir() else shutil.copy2)(src / name, path / name)
+            except OSError:  # another file system: copy (to a temp name, then renamed)
+                tmp = path / f".{name}.tmp-{os.getpid()}"
+                shutil.copy2(src / name, tmp)
+                os.replace(tmp, path / name)
         index.folder = path
         for seg in index.segments:
-            seg.arrays.folder = path / seg.entry.name
+            seg.arrays.path = path / f"{seg.entry.name}.bin"
     with atomic_write(path / MANIFEST) as fh:
         fh.write(index.manifest.to_json())
     collect_garbage(path, index.manifest)
@@ -612,13 +645,13 @@ def commit(index: LexicalIndex, path: Path) -> None:
 def collect_garbage(path: Path, manifest: Manifest) -> None:
     """Delete what ``manifest`` does not list: older segments and state files, and the
     folders of builds whose process is gone."""
-    keep = {e.name for e in manifest.segments} | {f"{manifest.state}.live.npy", f"{manifest.state}.users.npy"}
+    keep = set(_files_of(manifest))
     for entry in os.scandir(path):
         name = entry.name
         if name in keep or name == MANIFEST:
             continue
         tmp = _TMP_RE.match(name)
-        stale = SEGMENT_RE.match(name) or STATE_RE.match(name.split(".", 1)[0])
+        stale = name.endswith(".bin") and (SEGMENT_RE.match(name[:-4]) or STATE_RE.match(name[:-4]))
         if tmp and _alive(int(tmp.group(1))):
             continue
         if stale or tmp:
@@ -627,6 +660,10 @@ def collect_garbage(path: Path, manifest: Manifest) -> None:
             else:
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
+
+
+def _files_of(manifest: Manifest) -> list[str]:
+    return [*(f"{e.name}.bin" for e in manifest.segments), f"{manifest.state}.bin"]
 
 
 def _alive(pid: int) -> bool:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from codesearch.indexes.lexical import LexicalIndex, Postings, bm25, idf, length_norm
+from codesearch.indexes.lexical import LexicalIndex, Postings, bm25, idf, length_norm, runs, union
 from codesearch.search.corpus import Corpus, norm_ident
 from codesearch.search.query import Query
 
@@ -180,14 +180,15 @@ class Ranker:
         idx = self.index
         if not posts:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        rows = np.unique(np.concatenate([pt.rows for pt in posts]))
+        rows = union([pt.rows for pt in posts])
+        row_at = _positions(idx.n_rows, rows)
         lengths = np.maximum(idx.row_values("length", rows), 0).astype(np.float32)
         norm = length_norm(lengths, idx.avgdl, idx.k1, idx.b)
         df = np.array([len(pt.rows) for pt in posts], dtype=np.float32)
         weights = idf(max(len(idx), int(df.max())), df)
         out = np.zeros(len(rows), dtype=np.float32)
         for w, pt in zip(weights, posts):
-            at = np.searchsorted(rows, pt.rows)
+            at = row_at[pt.rows]
             out[at] += bm25(w, pt.tf, norm[at], idx.k1)
         return rows, out
 
@@ -199,9 +200,9 @@ class Ranker:
             return np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, np.float32)
         per_term = []
         for pt in posts:
-            files, start = np.unique(pt.files, return_index=True)  # pt.files ascending: runs
+            files, start = runs(pt.files)
             per_term.append((files, np.add.reduceat(pt.tf, start)))
-        files = np.unique(np.concatenate([f for f, _ in per_term]))
+        files = union([f for f, _ in per_term])
         lengths = np.maximum(idx.file_values("file_len", files), 0).astype(np.float32)
         norm = length_norm(lengths, idx.file_avgdl, idx.k1, b)
         df = np.array([len(f) for f, _ in per_term], dtype=np.float32)
@@ -228,7 +229,7 @@ class Ranker:
         if denom <= 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
         found = [(self.corpus.path_files(t, min_prefix), wt) for t, wt in w.items() if wt > 0]
-        files = np.unique(np.concatenate([f for f, _ in found])) if found else np.zeros(0, np.int64)
+        files = union([f for f, _ in found])
         share = np.zeros(len(files), dtype=np.float32)
         for f, wt in found:
             share[np.searchsorted(files, f)] += wt
@@ -267,6 +268,7 @@ class Ranker:
         flex_files, flex = empty_i, empty_f
         path_files, path = empty_i, empty_f
         sym_rows, exact_rows, stem_files = empty_i, empty_i, empty_i
+        posts: dict[str, Postings] = {}
         if use_lexical:
             posts = {t: pt for t in q.tokens if (pt := idx.postings(t)) is not None}
             lex_rows, lex = self._chunk_bm25(list(posts.values()))
@@ -295,22 +297,24 @@ class Ranker:
             fd_files, last = np.unique(fidx[keep][::-1], return_index=True)
             fd_scores = fscores[keep][::-1][last].astype(np.float32)
         # The candidates: every row of every file something above touched.
-        touched_rows = [lex_rows, sym_rows, exact_rows, *vector_rows.values()]
+        touched_rows = [sym_rows, exact_rows, *vector_rows.values()]
         if include is not None:
             touched_rows.append(np.asarray(include, dtype=np.int64))
         extra = np.concatenate(touched_rows)
-        files = np.unique(np.concatenate([flex_files, path_files, stem_files, fd_files, c.file_of(extra)]))
+        lex_files = union([runs(pt.files)[0] for pt in posts.values()]) if use_lexical else empty_i
+        files = union([lex_files, path_files, stem_files, fd_files, np.sort(c.file_of(extra))])
         rows, owner = c.file_rows(files)
         n = len(rows)
+        row_at, file_at = _positions(idx.n_rows, rows), _positions(idx.n_files, files)
 
         def at_rows(r: np.ndarray, v: np.ndarray) -> np.ndarray:
             out = np.zeros(n, dtype=np.float32)
-            out[np.searchsorted(rows, r)] = v
+            out[row_at[r]] = v
             return out
 
         def at_files(f: np.ndarray, v: np.ndarray) -> np.ndarray:
             out = np.zeros(len(files), dtype=np.float32)
-            out[np.searchsorted(files, f)] = v
+            out[file_at[f]] = v
             return out
 
         total = np.zeros(n, dtype=np.float32)
@@ -328,8 +332,8 @@ class Ranker:
                 # Half for a case-insensitive hit on any defined name ("session()" for
                 # "Session"), full for the exact name as defined ("class Session").
                 sym = np.zeros(n, dtype=np.float32)
-                sym[np.searchsorted(rows, sym_rows)] += 0.5
-                sym[np.searchsorted(rows, exact_rows)] += 0.5
+                sym[row_at[sym_rows]] += 0.5
+                sym[row_at[exact_rows]] += 0.5
                 total += p.w_symbol * sym
             if p.w_stem and q.identifiers:
                 total += p.w_stem * at_files(stem_files, np.ones(len(stem_files), np.float32))[owner]
@@ -340,7 +344,7 @@ class Ranker:
             if not len(cand.rows):
                 continue
             keep = cand.rows >= 0
-            at = np.searchsorted(rows, cand.rows[keep])
+            at = row_at[cand.rows[keep]]
             raw = np.zeros(n, dtype=np.float32)
             present = np.zeros(n, dtype=bool)
             raw[at] = cand.scores[keep]
@@ -357,7 +361,7 @@ class Ranker:
             total += w * norm
         if len(fd_files):
             present = np.zeros(len(files), dtype=bool)
-            present[np.searchsorted(files, fd_files)] = True
+            present[file_at[fd_files]] = True
             fnorm = _normalise(at_files(fd_files, fd_scores), present, p.vector_norm)
             if covered is not None and "files" in covered:
                 pooled = None if lex_c is None else np.bincount(owner, weights=lex_c, minlength=len(files))
@@ -380,7 +384,7 @@ class Ranker:
             if q.is_symbol:
                 # A bare name asks for its definition: where every definition of it sits in
                 # a test, doc or benchmark file, that is the answer, not something to demote.
-                defs = np.searchsorted(rows, exact_rows)
+                defs = row_at[exact_rows]
                 if len(defs) and (row_factor[defs] < 1.0).all():
                     row_factor[defs] = 1.0
             total *= row_factor
@@ -456,6 +460,15 @@ class Ranker:
         if cap:
             order, place = order[place < cap], place[place < cap]
         return order, scored.total[order].astype(np.float64) * decay**place
+
+
+def _positions(size: int, keys: np.ndarray) -> np.ndarray:
+    """A map from each of ``keys`` (distinct, in ``[0, size)``) to its index in ``keys``, read
+    only at those keys: an uninitialised array over the whole space costs nothing until
+    written, and only the pages of ``keys`` are (a search per lookup cost ~40% of a query)."""
+    at = np.empty(size, dtype=np.int64)
+    at[keys] = np.arange(len(keys))
+    return at
 
 
 def _top(values: np.ndarray, key: np.ndarray, n: int) -> np.ndarray:
