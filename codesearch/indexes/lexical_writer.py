@@ -76,8 +76,8 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["ROWS_PER_SEGMENT", "build", "commit", "update"]
 
 #: Rows a segment takes before it is written (a file's chunks always share one segment).
-#: ~6M postings at ~100 distinct terms a chunk: the writer's peak stays near 200 MB.
-ROWS_PER_SEGMENT = 65536
+#: ~3M postings at ~100 distinct terms a chunk: the writer's peak stays near 350 MB.
+ROWS_PER_SEGMENT = 32768
 #: Segments under ROWS_PER_SEGMENT // 8 rows are merged once this many pile up.
 MAX_SMALL = 8
 #: Centrality is computed for every file again once the files written since reach this
@@ -107,6 +107,7 @@ class SegmentBuilder:
         self.post_key: dict[str, array] = {t: array("i") for t in TABLES}
         self.post_val: dict[str, array] = {t: array("i") for t in TABLES}
         self.tf = array("I")
+        self.ordered = True  # every table's values added in ascending order (no file copied in)
         self.file_ids = array("q")
         self.file_rows = array("q", [0])
         self.file_kind = array("b")
@@ -277,6 +278,7 @@ class SegmentBuilder:
             _extend(self.post_val[table], new[keep], "i")
             if table == "terms":
                 _extend(self.tf, np.asarray(a["terms_tf"])[keep], "I")
+        self.ordered = False
 
     def finish(self) -> SegmentEntry | None:
         """Write the segment (sorted tables, postings by key then value); None when empty."""
@@ -286,15 +288,16 @@ class SegmentBuilder:
         n, m = len(self.ids), len(self.file_ids)
         ids = np.frombuffer(self.ids, dtype=np.int64)
         # The tokenized rows' term counts: each (word, count) pair once per term of the word.
+        # (Kept to 32-bit arrays, freed as soon as used: this is the writer's peak memory.)
         length = np.frombuffer(self.length, dtype=np.int32).copy()
-        tokenized = np.flatnonzero(length < 0)
+        tokenized = np.flatnonzero(length < 0).astype(np.int32)
         word_off = np.frombuffer(self.word_off, dtype=np.int64)
         w_ids = np.frombuffer(self.w_ids, dtype=np.int32)
-        w_len = np.diff(word_off)[w_ids]
-        word_row = np.repeat(tokenized, np.frombuffer(self.row_words, dtype=np.uint32).astype(np.int64))
-        t_rows = np.repeat(word_row, w_len)
+        w_len = np.diff(word_off).astype(np.int32)[w_ids]
+        t_rows = np.repeat(np.repeat(tokenized, np.frombuffer(self.row_words, dtype=np.uint32)), w_len)
         t_count = np.repeat(np.frombuffer(self.w_cnt, dtype=np.uint32), w_len)
         t_tids = np.frombuffer(self.word_tids, dtype=np.int32)[_expand(word_off[:-1][w_ids], w_len)]
+        del w_len
         length[tokenized] = np.bincount(t_rows, weights=t_count, minlength=n)[tokenized]
         file_rows = np.frombuffer(self.file_rows, dtype=np.int64)
         sizes = {"rows": n, "files": m}
@@ -321,15 +324,17 @@ class SegmentBuilder:
         sizes["paths_bytes"] = len(arrays["paths"])
         arrays["defs"], arrays["defs_off"] = pack_strings(self.defs)
         sizes["defs"], sizes["defs_bytes"] = len(self.defs), len(arrays["defs"])
-        for table, kind in TABLES.items():
+        for table in TABLES:
             keys = np.frombuffer(self.post_key[table], dtype=np.int32)
             vals = np.frombuffer(self.post_val[table], dtype=np.int32)
             counts = None
             if table == "terms":
                 keys = np.concatenate([t_tids, keys])
-                vals = np.concatenate([t_rows.astype(np.int32), vals])
+                vals = np.concatenate([t_rows, vals])
                 counts = np.concatenate([t_count, np.frombuffer(self.tf, dtype=np.uint32)])
-            rank = self._write_table(table, keys, vals, n if kind == "rows" else m, counts, arrays, sizes)
+                del t_tids, t_rows, t_count
+            rank = self._write_table(table, keys, vals, counts, arrays, sizes)
+            del keys, vals, counts
             if table == "terms":
                 own = np.frombuffer(self.own_terms, dtype=np.int32).astype(np.int64)
                 arrays["own_terms"] = rank[own].astype(np.int32) if len(own) else np.zeros(0, np.int32)
@@ -339,31 +344,31 @@ class SegmentBuilder:
         langs = sorted(self.languages, key=self.languages.__getitem__)
         return SegmentEntry(name, sizes, tuple(langs))
 
-    def _write_table(self, table: str, keys: np.ndarray, vals: np.ndarray, limit: int, counts: np.ndarray | None,
+    def _write_table(self, table: str, keys: np.ndarray, vals: np.ndarray, counts: np.ndarray | None,
                      arrays: dict[str, np.ndarray], sizes: dict[str, int]) -> np.ndarray:
         """The sorted table ``table`` and its postings: (key, value) pairs ordered by key (in
         byte order), then value, the counts of equal pairs summed (terms)."""
         strings = list(self.keys[table])
         order = sorted(range(len(strings)), key=strings.__getitem__)
-        rank = np.empty(len(strings), dtype=np.int64)
-        rank[order] = np.arange(len(strings))
-        pair = rank[keys] * max(limit, 1) + vals if len(keys) else np.zeros(0, np.int64)
-        perm = np.argsort(pair)
-        pair = pair[perm]
-        first = np.flatnonzero(np.r_[True, pair[1:] != pair[:-1]]) if len(pair) else np.zeros(0, np.int64)
-        pair = pair[first]
-        k = pair // max(limit, 1)
+        rank = np.empty(len(strings), dtype=np.int32)
+        rank[order] = np.arange(len(strings), dtype=np.int32)
+        rk = rank[keys] if len(keys) else np.zeros(0, np.int32)
+        # Values come in ascending order (rows, files, as added) unless files were copied
+        # from other segments: then both keys order.
+        perm = np.argsort(rk, kind="stable") if self.ordered else np.lexsort((vals, rk))
+        rk, vals = rk[perm], vals[perm]
+        first = np.flatnonzero(np.r_[True, (rk[1:] != rk[:-1]) | (vals[1:] != vals[:-1])]) if len(rk) else perm[:0]
         arrays[table], arrays[f"{table}_off"] = pack_strings([strings[i] for i in order])
         post = np.zeros(len(strings) + 1, dtype=np.int64)
-        np.cumsum(np.bincount(k, minlength=len(strings)), out=post[1:])
+        np.cumsum(np.bincount(rk[first], minlength=len(strings)), out=post[1:])
         arrays[f"{table}_post"] = post
-        arrays[f"{table}_vals"] = (pair % max(limit, 1)).astype(np.int32)
+        arrays[f"{table}_vals"] = vals[first].astype(np.int32)
         if counts is not None:
             tf = np.add.reduceat(counts[perm], first) if len(first) else np.zeros(0, np.uint32)
             arrays["terms_tf"] = tf.astype(np.uint16) if not len(tf) or tf.max() < 1 << 16 else tf.astype(np.uint32)
         sizes[table], sizes[f"{table}_bytes"], sizes[f"{table}_postings"] = (
             len(strings), len(arrays[table]), len(arrays[f"{table}_vals"]))
-        return rank
+        return rank.astype(np.int64)
 
 
 def _extend(arr: array, values: np.ndarray, code: str) -> None:
@@ -574,29 +579,42 @@ def compute_users(
             raise corrupt(seg.arrays.path, "term postings out of range")
         lf = seg.files_of_rows(rows)
         d = np.repeat(d_of_tid[tids], counts)
-        keys = np.unique(d * seg.m + lf)  # (defined term, local file) pairs, distinct
+        # (defined term, local file) pairs, distinct: a term's postings ascend by row, so a
+        # file's rows are adjacent in them.
+        new = np.r_[True, (lf[1:] != lf[:-1]) | (d[1:] != d[:-1])] if len(lf) else np.zeros(0, bool)
+        keys = np.sort(d[new] * seg.m + lf[new])
         # Not a use: a term a file holds only through its own path (every chunk's header).
         own_off = np.asarray(seg.arrays["own_off"])
         own_t = np.asarray(seg.arrays["own_terms"], dtype=np.int64)
+        if own_off[0] != 0 or own_off[-1] != len(own_t) or (np.diff(own_off) < 0).any():
+            raise corrupt(seg.arrays.path, "own terms out of order")
         if len(own_t) and (own_t.min() < 0 or own_t.max() >= len(d_of_tid)):
             raise corrupt(seg.arrays.path, "own terms out of range")
         own_files = np.repeat(np.arange(seg.m, dtype=np.int64), np.diff(own_off))
         own_d = d_of_tid[own_t] if len(own_t) else np.zeros(0, np.int64)
-        own_keys = own_d[own_d >= 0] * seg.m + own_files[own_d >= 0]
-        keys = keys[~np.isin(keys, own_keys)]
+        own_keys = np.sort(own_d[own_d >= 0] * seg.m + own_files[own_d >= 0])
+        keys = keys[~_member(keys, own_keys)]
         gfile = keys % seg.m + view.file_base[s]
         keys = keys[view.live[gfile] != 0]
         kd, kf = keys // seg.m, keys % seg.m + view.file_base[s]
         df += np.bincount(kd, minlength=nd)
         mine = (dfile >= view.file_base[s]) & (dfile < view.file_base[s + 1])
         if mine.any():
-            self_use[mine] = np.isin(dterm[mine] * seg.m + (dfile[mine] - view.file_base[s]), keys)
+            self_use[mine] = _member(dterm[mine] * seg.m + (dfile[mine] - view.file_base[s]), keys)
         use_keys.append(kd * n + kf)
         # Keep only the pairs of names still within the exact limit (bounded memory).
         alive = df[np.concatenate(use_keys) // n] <= exact_max
         use_keys = [np.concatenate(use_keys)[alive]]
     uk = np.concatenate(use_keys) if use_keys else np.zeros(0, np.int64)
     return file_users(dfile, dterm, df, uk // n, uk % n, self_use, n, n_live=n_live, exact_max_users=exact_max)
+
+
+def _member(x: np.ndarray, ascending: np.ndarray) -> np.ndarray:
+    """Whether each of ``x`` is in ``ascending`` (a bisection each: `np.isin` hashes both)."""
+    if not len(ascending):
+        return np.zeros(len(x), dtype=bool)
+    at = np.searchsorted(ascending, x).clip(0, len(ascending) - 1)
+    return ascending[at] == x
 
 
 def _defined_in(seg, dmap: dict[bytes, int], *, every: bool) -> tuple[np.ndarray, np.ndarray]:

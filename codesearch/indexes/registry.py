@@ -313,7 +313,7 @@ def sync_derived(
                 stale = index.needs_rebuild
                 if len(index) != _expected_len(name, store) or stale:
                     index = None  # drifted (or PLAID's codec went stale): rebuild below
-            except (CodeSearchError, ValueError, KeyError):
+            except (CodeSearchError, ValueError, KeyError, IndexError):
                 index = None
         if index is None:
             # A stale codec is retrained here, on everything: not taken from the run's codes.
