@@ -341,7 +341,8 @@ class Manifest:
                     f"expected {FORMAT_VERSION} ({_centrality_version()})"
                 )
             k1, b, top = (_number(doc, key) for key in ("k1", "b", "top"))
-            if not (0 < k1 <= 100 and 0 <= b <= 1 and 0 <= top <= 100):
+            # (b < 1: with b = 1 an empty chunk's length norm is 0, and 0 / 0 a score.)
+            if not (0 < k1 <= 100 and 0 <= b < 1 and 0 <= top <= 100):
                 raise ValueError(f"k1 {k1}, b {b}, top {top} out of range")
             segments = []
             for s in _field(doc, "segments", list):
@@ -709,6 +710,10 @@ class LexicalIndex:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         return np.concatenate(rows), np.concatenate(owner)
 
+    def ids(self) -> np.ndarray:
+        """Every live chunk id, in row order (a pass over every live row)."""
+        return self.row_values("ids", self.file_rows(self.live_files())[0])
+
     def live_files(self) -> np.ndarray:
         """Every live file (one pass over the live array: for filters that need them all)."""
         return np.flatnonzero(self.live).astype(np.int64)
@@ -745,9 +750,13 @@ class LexicalIndex:
         wanted = set(languages)
         out = np.zeros(len(rows), dtype=bool)
         for s, lo, hi in self._spans(rows, self.row_base):
-            codes = [i for i, name in enumerate(self.segments[s].entry.languages) if name in wanted]
+            names = self.segments[s].entry.languages
+            got = self.segments[s].arrays["lang"][rows[lo:hi] - self.row_base[s]]
+            if len(got) and int(got.max()) >= len(names):
+                raise corrupt(self.segments[s].arrays.path, "a language code out of range")
+            codes = [i for i, name in enumerate(names) if name in wanted]
             if codes:
-                out[lo:hi] = np.isin(self.segments[s].arrays["lang"][rows[lo:hi] - self.row_base[s]], codes)
+                out[lo:hi] = np.isin(got, codes)
         return out
 
     def users(self, files: np.ndarray) -> np.ndarray:

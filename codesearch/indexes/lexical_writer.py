@@ -88,13 +88,44 @@ CENTRALITY_ALWAYS = 20_000
 _TMP_RE = re.compile(r"tmp-(\d+)-[0-9a-f]{8}\Z")
 
 
+class Vocabulary:
+    """The words and terms of the segments one run writes: a word is split, stemmed and its
+    terms numbered once per run, not once per segment (re-learning each 32k-row segment's
+    words was a third of the writer's time on 114k files). Bounded: a run starts a new one
+    once it holds `MAX_WORDS` words."""
+
+    def __init__(self, stem: bool) -> None:
+        self.stem = stem
+        self.terms: dict[bytes, int] = {}  # term -> id
+        self.words: dict[str, int] = {}  # regex word -> id
+        self.word_tids = array("i")  # the terms of word w: word_tids[word_off[w]:word_off[w + 1]]
+        self.word_off = array("q", [0])
+
+    def term(self, term: bytes) -> int:
+        t = self.terms.get(term)
+        if t is None:
+            t = self.terms[term] = len(self.terms)
+        return t
+
+    def new_word(self, word: str) -> int:
+        self.word_tids.extend([self.term(t.encode()) for t in _word_tokens(word, self.stem)])
+        self.word_off.append(len(self.word_tids))
+        w = self.words[word] = len(self.words)
+        return w
+
+
+#: A run's `Vocabulary` is started afresh past this many words (~100 MB).
+MAX_WORDS = 500_000
+
+
 class SegmentBuilder:
     """One segment in the making: whole files added (tokenized from the store's chunks, or
     copied from another segment), written by `finish`."""
 
-    def __init__(self, folder: Path, *, stem: bool) -> None:
+    def __init__(self, folder: Path, *, stem: bool, vocab: Vocabulary | None = None) -> None:
         self.folder = folder
         self.stem = stem
+        self.vocab = vocab or Vocabulary(stem)
         self.ids = array("q")
         self.row_file = array("i")
         self.lines = array("i")
@@ -102,8 +133,10 @@ class SegmentBuilder:
         self.flags = array("B")
         self.length = array("i")
         self.languages: dict[str, int] = {}
-        # Per table: key -> id (first-seen order), and the postings as (key id, value) pairs.
+        # Per table: key -> id (first-seen order; the terms': the vocabulary's), and the
+        # postings as (key id, value) pairs.
         self.keys: dict[str, dict[bytes, int]] = {t: {} for t in TABLES}
+        self.keys["terms"] = self.vocab.terms
         self.post_key: dict[str, array] = {t: array("i") for t in TABLES}
         self.post_val: dict[str, array] = {t: array("i") for t in TABLES}
         self.tf = array("I")
@@ -117,15 +150,11 @@ class SegmentBuilder:
         self.file_defs = array("q", [0])
         self.own_terms = array("i")
         self.own_off = array("q", [0])
-        # Tokenized rows: per distinct word of each chunk, the word's id and count; per
-        # chunk, its number of distinct words. A word's terms: word_tids[word_off[w]:word_off[w + 1]].
+        # Tokenized rows: per distinct word of each chunk, the word's id (in the vocabulary)
+        # and count; per chunk, its number of distinct words.
         self.w_ids = array("i")
         self.w_cnt = array("I")
         self.row_words = array("I")
-        self.word_tids = array("i")
-        self.word_off = array("q", [0])
-        # regex word -> its id in this segment (cached: code repeats its words)
-        self._word_ids: dict[str, int] = {}
         self._symbols: dict[str | None, tuple[tuple[int, ...], tuple[int, ...], frozenset[str]]] = {}
 
     @property
@@ -138,12 +167,6 @@ class SegmentBuilder:
         if k is None:
             k = keys[key] = len(keys)
         return k
-
-    def _new_word(self, word: str) -> int:
-        self.word_tids.extend([self._key("terms", t.encode()) for t in _word_tokens(word, self.stem)])
-        self.word_off.append(len(self.word_tids))
-        w = self._word_ids[word] = len(self._word_ids)
-        return w
 
     def _names(self, symbol: str | None) -> tuple[tuple[int, ...], tuple[int, ...], frozenset[str]]:
         """(symbols keys, exact keys, names) of a chunk's symbol, once per distinct symbol."""
@@ -168,14 +191,15 @@ class SegmentBuilder:
         f = len(self.file_ids)
         symbols: set[str] = set()
         spans = []
-        get = self._word_ids.get
+        get = self.vocab.words.get
+        new_word = self.vocab.new_word
         findall = _WORD_RE.findall
         for c in chunks:
             r = len(self.ids)
             counts = Counter(findall(c[9] + "\n" + c[10]))  # the encoder text: header, then code
             wids = list(map(get, counts))
             if None in wids:
-                wids = [i if i is not None else self._new_word(w) for i, w in zip(wids, counts)]
+                wids = [i if i is not None else new_word(w) for i, w in zip(wids, counts)]
             self.w_ids.extend(wids)
             self.w_cnt.extend(counts.values())
             self.row_words.append(len(wids))
@@ -291,12 +315,12 @@ class SegmentBuilder:
         # (Kept to 32-bit arrays, freed as soon as used: this is the writer's peak memory.)
         length = np.frombuffer(self.length, dtype=np.int32).copy()
         tokenized = np.flatnonzero(length < 0).astype(np.int32)
-        word_off = np.frombuffer(self.word_off, dtype=np.int64)
+        word_off = np.frombuffer(self.vocab.word_off, dtype=np.int64)
         w_ids = np.frombuffer(self.w_ids, dtype=np.int32)
         w_len = np.diff(word_off).astype(np.int32)[w_ids]
         t_rows = np.repeat(np.repeat(tokenized, np.frombuffer(self.row_words, dtype=np.uint32)), w_len)
         t_count = np.repeat(np.frombuffer(self.w_cnt, dtype=np.uint32), w_len)
-        t_tids = np.frombuffer(self.word_tids, dtype=np.int32)[_expand(word_off[:-1][w_ids], w_len)]
+        t_tids = np.frombuffer(self.vocab.word_tids, dtype=np.int32)[_expand(word_off[:-1][w_ids], w_len)]
         del w_len
         length[tokenized] = np.bincount(t_rows, weights=t_count, minlength=n)[tokenized]
         file_rows = np.frombuffer(self.file_rows, dtype=np.int64)
@@ -336,8 +360,10 @@ class SegmentBuilder:
             rank = self._write_table(table, keys, vals, counts, arrays, sizes)
             del keys, vals, counts
             if table == "terms":
+                # A file's own path terms: in its rows (every chunk's header holds the path).
                 own = np.frombuffer(self.own_terms, dtype=np.int32).astype(np.int64)
                 arrays["own_terms"] = rank[own].astype(np.int32) if len(own) else np.zeros(0, np.int32)
+                assert not (arrays["own_terms"] < 0).any()
                 sizes["own"] = len(own)
         assert set(sizes) == set(SIZE_KEYS), set(sizes) ^ set(SIZE_KEYS)
         write_arrays(self.folder / f"{name}.bin", arrays)
@@ -348,10 +374,13 @@ class SegmentBuilder:
                      arrays: dict[str, np.ndarray], sizes: dict[str, int]) -> np.ndarray:
         """The sorted table ``table`` and its postings: (key, value) pairs ordered by key (in
         byte order), then value, the counts of equal pairs summed (terms)."""
-        strings = list(self.keys[table])
+        every = list(self.keys[table])
+        # The keys this segment uses (a run's terms are shared by its segments).
+        present = np.flatnonzero(np.bincount(keys, minlength=len(every))) if len(keys) else keys[:0]
+        strings = [every[i] for i in present.tolist()]
         order = sorted(range(len(strings)), key=strings.__getitem__)
-        rank = np.empty(len(strings), dtype=np.int32)
-        rank[order] = np.arange(len(strings), dtype=np.int32)
+        rank = np.full(len(every), -1, dtype=np.int32)
+        rank[present[order]] = np.arange(len(strings), dtype=np.int32)
         rk = rank[keys] if len(keys) else np.zeros(0, np.int32)
         # Values come in ascending order (rows, files, as added) unless files were copied
         # from other segments: then both keys order.
@@ -400,12 +429,15 @@ def _by_file(rows: Iterable[tuple]) -> Iterator[tuple[int, str, list[tuple]]]:
 def _write_segments(folder: Path, rows: Iterable[tuple], stem: bool) -> list[SegmentEntry]:
     """Segments of the files in ``rows``, each written once it reaches ROWS_PER_SEGMENT rows."""
     entries: list[SegmentEntry] = []
-    builder = SegmentBuilder(folder, stem=stem)
+    vocab = Vocabulary(stem)
+    builder = SegmentBuilder(folder, stem=stem, vocab=vocab)
     for file_id, path, chunks in _by_file(rows):
         builder.add_file(file_id, path, chunks)
         if builder.n_rows >= ROWS_PER_SEGMENT:
             entries.append(builder.finish())  # type: ignore[arg-type]
-            builder = SegmentBuilder(folder, stem=stem)
+            if len(vocab.words) > MAX_WORDS:
+                vocab = Vocabulary(stem)
+            builder = SegmentBuilder(folder, stem=stem, vocab=vocab)
     last = builder.finish()
     return entries + ([last] if last is not None else [])
 
@@ -669,7 +701,8 @@ def collect_garbage(path: Path, manifest: Manifest) -> None:
         if name in keep or name == MANIFEST:
             continue
         tmp = _TMP_RE.match(name)
-        stale = name.endswith(".bin") and (SEGMENT_RE.match(name[:-4]) or STATE_RE.match(name[:-4]))
+        stem = name.split(".", 1)[0]
+        stale = SEGMENT_RE.match(stem) or STATE_RE.match(stem)
         if tmp and _alive(int(tmp.group(1))):
             continue
         if stale or tmp:

@@ -390,7 +390,7 @@ def load_derived(index_dir: str | os.PathLike[str], store: Store, *, wait_s: flo
                     index = None
             if index is None:
                 index = _rebuild_index(name, store, path=path, in_place=False)
-                if DERIVED[name].kind is None and _legacy_notice(idir, name):
+                if DERIVED[name].kind is None and _legacy_notice(idir, name, say=False):
                     index.notices.append(  # type: ignore[attr-defined]
                         "the lexical index was in an older format and was rebuilt in the new one (once)")
                 stale.append(name)
@@ -455,12 +455,13 @@ def _save_rebuilt(idir: Path, store: Store, gen: int, indexes: dict[str, Index])
         lock.release()
 
 
-def _legacy_notice(idir: Path, name: str) -> bool:
-    """Say (once per folder and process) that the lexical index of ``idir`` is of the older
-    format and is being rebuilt; whether it is."""
+def _legacy_notice(idir: Path, name: str, *, say: bool = True) -> bool:
+    """Whether the lexical index of ``idir`` is of the older format (and so being rebuilt);
+    said on stderr once per folder and process (``say``; a search says it in its answer's
+    notices instead)."""
     if DERIVED[name].kind is not None or not (idir / LEGACY_FILES[0]).exists():
         return False
-    if idir not in _LEGACY_SAID:
+    if say and idir not in _LEGACY_SAID:
         _LEGACY_SAID.add(idir)
         log.warning("codesearch: the lexical index of %s is in an older format: rebuilding it in the new one (once)",
                     idir)
