@@ -30,6 +30,11 @@ __all__ = [
 CENTRALITY_VERSION = 2
 
 _WORD_CHAR = re.compile(r"[\w$]")
+_ALNUM_RUN = re.compile(r"[A-Za-z0-9]+")
+_IDENT_JOINERS = re.compile(r"[_\-]")
+_NAME_SEPARATORS = re.compile(r"[,\s]+")
+_NOT_NAME_CHARS = re.compile(r"[^A-Za-z0-9_.:]")
+_QUALIFIERS = re.compile(r"::|\.")
 
 
 def stem_and_parent(path: str) -> tuple[str, str]:
@@ -54,14 +59,14 @@ def path_tokens(path: str) -> frozenset[str]:
     stem, parent = stem_and_parent(path)
     toks: set[str] = set()
     for part in (stem, parent) if parent else (stem,):
-        for w in re.findall(r"[A-Za-z0-9]+", part):
+        for w in _ALNUM_RUN.findall(part):
             toks |= _path_word_tokens(w)
     return frozenset(t for t in toks if len(t) > 1)
 
 
 def norm_ident(name: str) -> str:
     """Lower-cased, without ``_`` and ``-``: how a file stem and an identifier are compared."""
-    return re.sub(r"[_\-]", "", name.lower())
+    return _IDENT_JOINERS.sub("", name.lower())
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -70,11 +75,11 @@ def symbol_names(symbol: str | None) -> frozenset[str]:
     if not symbol:
         return frozenset()
     out: set[str] = set()
-    for name in re.split(r"[,\s]+", symbol):
-        name = re.sub(r"[^A-Za-z0-9_.:]", "", name).lower()
+    for name in _NAME_SEPARATORS.split(symbol):
+        name = _NOT_NAME_CHARS.sub("", name).lower()
         if name:
             out.add(name)
-            out.add(re.split(r"::|\.", name)[-1])
+            out.add(_QUALIFIERS.split(name)[-1])
     out.discard("")
     return frozenset(out)
 
@@ -89,7 +94,7 @@ def exact_names(symbol: str | None) -> frozenset[str]:
         name = name.strip().lstrip("$@#&*")
         if name:
             out.add(name)
-            out.add(re.split(r"::|\.", name)[-1])
+            out.add(_QUALIFIERS.split(name)[-1])
     return frozenset(out)
 
 
