@@ -749,11 +749,13 @@ def _alive(pid: int) -> bool:
     return pid != 0
 
 
-def build_elsewhere(store: Store, path: Path) -> LexicalIndex:
+def build_elsewhere(store: Store, path: Path | None) -> LexicalIndex:
     """`build` for a reader that cannot write ``path`` now (no lock): into a private folder,
     ``path/tmp-<pid>-<hex>`` when ``path`` is writable (`commit` moves it in later), else a
     temporary folder; either is deleted when the index object goes."""
     try:
+        if path is None:
+            raise OSError("no folder")
         path.mkdir(parents=True, exist_ok=True)
         folder = path / f"tmp-{os.getpid()}-{secrets.token_hex(4)}"
         folder.mkdir()

@@ -202,16 +202,17 @@ def _add_coded(index: Index, store: Store, kind: str, ids: Sequence[int] | None,
 
 
 def _rebuild_index(
-    name: str, store: Store, codes: CodeBook | None = None, *, use_codes: bool = True, path: Path,
+    name: str, store: Store, codes: CodeBook | None = None, *, use_codes: bool = True, path: Path | None = None,
     in_place: bool = True,
 ) -> Index:
     """Index ``name`` made from the store. The lexical index is written as it is made:
     into ``path`` itself by a caller holding the index lock (``in_place``), else beside it
-    (`lexical_writer.build_elsewhere`); either way `_save_index` commits it."""
+    (`lexical_writer.build_elsewhere`; a temporary folder without a ``path``); either way
+    `_save_index` commits it."""
     if DERIVED[name].kind is None:
         from codesearch.indexes import lexical_writer
 
-        if in_place:
+        if in_place and path is not None:
             return lexical_writer.build(store, path)
         return lexical_writer.build_elsewhere(store, path)
     index = _empty_index(name, store)
