@@ -15,8 +15,10 @@ flush to disk (forty flushes cost 0.2 s per segment written).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import mmap
 import os
 import struct
 from pathlib import Path
@@ -98,7 +100,8 @@ class Arrays:
             size = path.stat().st_size
             # A plain array over the map: slicing a `np.memmap` makes memmap objects (a
             # Python hook per slice, ~40% of a query's reads).
-            mm = np.memmap(path, dtype=np.uint8, mode="r").view(np.ndarray) if size else np.zeros(0, np.uint8)
+            mapped = np.memmap(path, dtype=np.uint8, mode="r") if size else None
+            mm = mapped.view(np.ndarray) if mapped is not None else np.zeros(0, np.uint8)
         except (OSError, ValueError, struct.error, RecursionError) as exc:
             raise corrupt(path, f"{type(exc).__name__}: {exc}") from None
         start = -(-(16 + n) // ALIGN) * ALIGN
@@ -118,6 +121,7 @@ class Arrays:
                 raise corrupt(path, f"{name} lies outside the file")
             self._places[name] = (dtype, shape, at)
         self._mm = mm
+        self._mmap = getattr(mapped, "_mmap", None)
 
     def __getitem__(self, name: str) -> np.ndarray:
         a = self._open.get(name)
@@ -126,6 +130,14 @@ class Arrays:
             nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
             a = self._open[name] = self._mm[at : at + nbytes].view(dtype).reshape(shape)
         return a
+
+    def release(self) -> None:
+        """Drop the pages read so far from this process's memory (they stay in the page cache,
+        and are read again if used): a writer that reads every segment whole once keeps its
+        resident size to one segment's."""
+        if self._mmap is not None and hasattr(self._mmap, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+            with contextlib.suppress(OSError, ValueError):
+                self._mmap.madvise(mmap.MADV_DONTNEED)
 
     def close(self) -> None:
         self._open.clear()

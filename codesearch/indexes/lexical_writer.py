@@ -9,9 +9,10 @@ their old rows dead; merges rewrite at most `ROWS_PER_SEGMENT` live rows at a ti
 Merge policy: after an update, a segment whose live rows fell below half of its rows is
 rewritten (its dead rows dropped; one with none live is dropped outright), and once
 `MAX_SMALL` segments of fewer than `ROWS_PER_SEGMENT // 8` rows pile up they are merged.
-Inputs are packed, in order, into outputs of at most `ROWS_PER_SEGMENT` live rows. So every
-segment but at most `MAX_SMALL - 1` small ones holds at least 1/16 of `ROWS_PER_SEGMENT`
-live rows, and a query's per-segment work (a bisection per term) stays a few dozen steps.
+Inputs are packed, in order, into outputs of at most `ROWS_PER_SEGMENT` live rows. So all
+segments but a few small ones hold at least 1/16 of `ROWS_PER_SEGMENT` live rows: their
+number grows with the live rows, not with the updates, and a query's work per segment is a
+bisection per term.
 
 Centrality (`codesearch.indexes.features.file_users`) is computed for every file when the
 index is built, and again once the files written since then reach `CENTRALITY_REFRESH` of
@@ -539,6 +540,7 @@ def _merge(folder: Path, params: Manifest, entries: list[SegmentEntry], live: np
         for s in group:
             files = np.flatnonzero(live[base[s] : base[s + 1]]).astype(np.int64)
             builder.add_from(view, s, files)
+            view.segments[s].arrays.release()
             moved.append(base[s] + files)
         entry = builder.finish()
         if entry is not None:
@@ -596,8 +598,7 @@ def compute_users(
     n = view.n_files
     # The defined terms of the files asked about, numbered in first-seen order.
     dmap: dict[bytes, int] = {}
-    def_files: list[int] = []
-    def_terms: list[int] = []
+    def_files, def_terms = array("q"), array("q")
     targets = view.live_files() if files is None else np.asarray(files, dtype=np.int64)
     for s, lo, hi in view._spans(np.sort(targets), view.file_base):
         seg = view.segments[s]
@@ -612,8 +613,8 @@ def compute_users(
                 def_terms.append(dmap.setdefault(d, len(dmap)))
     nd = len(dmap)
     df = np.zeros(nd, dtype=np.int64)
-    dfile = np.array(def_files, dtype=np.int64)
-    dterm = np.array(def_terms, dtype=np.int64)
+    dfile = np.frombuffer(def_files, dtype=np.int64)
+    dterm = np.frombuffer(def_terms, dtype=np.int64)
     self_use = np.zeros(len(dfile), dtype=bool)
     use_keys: list[np.ndarray] = []
     exact_max = exact_max_users
@@ -656,6 +657,7 @@ def compute_users(
         if mine.any():
             self_use[mine] = _member(dterm[mine] * seg.m + (dfile[mine] - view.file_base[s]), keys)
         use_keys.append(kd * n + kf)
+        seg.arrays.release()
         # Keep only the pairs of names still within the exact limit (bounded memory).
         alive = df[np.concatenate(use_keys) // n] <= exact_max
         use_keys = [np.concatenate(use_keys)[alive]]
