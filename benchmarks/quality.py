@@ -208,16 +208,13 @@ def main(argv: list[str] | None = None) -> int:
             searcher._ranker.params = replace(searcher._ranker.params, **json.loads(args.params))
         if args.vector_share < 1.0:
             _keep_vector_share(searcher, args.vector_share)
-        corpus = searcher._ranker.corpus
-        all_chunks = [
-            (prefix + corpus.files[f], int(s), int(e)) for f, s, e in zip(corpus.file_idx, corpus.start, corpus.end)
-        ]
+        all_chunks = [(prefix + m[2], m[3], m[4]) for m in searcher._store.iter_chunk_meta()]
         repo_tasks = [t for t in tasks if t.repo == name]
         row = {
             "repo": name,
             "language": repo.language,
-            "chunks": len(corpus),
-            "files": len(corpus.files),
+            "chunks": len(all_chunks),
+            "files": len({path for path, _, _ in all_chunks}),
             "index_s": t_index,
         }
         for mode in modes:
@@ -267,14 +264,14 @@ def _keep_vector_share(searcher, share: float, seed: int = 0) -> None:
     dense.remove(drop)
     searcher._covered = searcher._coverage()
     c = searcher._ranker.corpus
-    cent = np.zeros((len(c.files), dense.dim), dtype=np.float32)
+    cent = np.zeros((c.n_files, dense.dim), dtype=np.float32)
     dropped = set(drop.tolist())
     for found, arrays in searcher._store.iter_vectors("dense"):
         rows = searcher._ranker.rows_of(found)
         keep = (rows >= 0) & np.array([int(i) not in dropped for i in found], dtype=bool)
         if keep.any():
             vecs = np.concatenate(arrays, axis=0).astype(np.float32, copy=False)
-            np.add.at(cent, c.file_idx[rows[keep]], vecs[keep])
+            np.add.at(cent, c.file_of(rows[keep]), vecs[keep])
     cent /= np.maximum(np.linalg.norm(cent, axis=1, keepdims=True), 1e-9)
     searcher._centroids = cent
 

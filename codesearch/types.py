@@ -290,8 +290,6 @@ def _check_int(value: object, name: str, least: int, fix: str) -> None:
 INDEX_DIR_NAME = ".codesearch"
 STORE_FILE = "store.sqlite"
 LOCK_FILE = "lock"
-#: Written by the first searcher of each index generation, read back by later processes.
-CENTRALITY_FILE = "centrality.npz"
 #: Files larger than this are skipped unless the user says otherwise.
 DEFAULT_MAX_FILE_BYTES = 1_000_000
 

@@ -77,7 +77,7 @@ class IndexSpec:
 DERIVED: dict[str, IndexSpec] = {
     spec.name: spec
     for spec in (
-        IndexSpec("lexical", "lexical.npz", None, "codesearch.indexes.lexical:LexicalIndex", signal="lexical"),
+        IndexSpec("lexical", "lexical", None, "codesearch.indexes.lexical:LexicalIndex", signal="lexical"),
         IndexSpec("dense_chunks", "dense_chunks.faiss", "dense", "codesearch.indexes.dense:DenseIndex",
                   signal="dense", weight="w_dense"),
         IndexSpec("dense_files", "dense_files.faiss", "file", "codesearch.indexes.dense:DenseIndex", per_file=True,
@@ -86,6 +86,11 @@ DERIVED: dict[str, IndexSpec] = {
                   signal="colbert", weight="w_colbert"),
     )
 }
+
+
+#: Files of the lexical index before its segmented format (`codesearch.indexes.lexical`): an
+#: index that still has them is rebuilt from the store, once, and they are deleted.
+LEGACY_FILES = ("lexical.npz", "centrality.npz")
 
 
 @dataclass
@@ -129,18 +134,7 @@ def _add_from_store(
     ``codes``, a PLAID index takes the codes the run's workers made for them (unless not
     ``use_codes``), and hands what it holds then to ``codes.keep``, when set."""
     spec = DERIVED[name]
-    if spec.kind is None:
-        if ids is None:
-            batch_ids: list[int] = []
-            texts: list[str] = []
-            for rec in store.iter_chunk_records():
-                batch_ids.append(rec.id)
-                texts.append(rec.chunk.encoder_text)
-            index.add(np.asarray(batch_ids, dtype=np.int64), texts)
-        elif ids:
-            recs = store.chunk_records(ids)
-            index.add(np.asarray([r.id for r in recs], dtype=np.int64), [r.chunk.encoder_text for r in recs])
-        return
+    assert spec.kind is not None, name  # the lexical index is written by its writer (`_rebuild_index`)
     if spec.one_add and use_codes and codes is not None and codes.codec is not None:
         if _add_coded(index, store, spec.kind, ids, codes):
             return
@@ -207,14 +201,34 @@ def _add_coded(index: Index, store: Store, kind: str, ids: Sequence[int] | None,
     return True
 
 
-def _rebuild_index(name: str, store: Store, codes: CodeBook | None = None, *, use_codes: bool = True) -> Index:
+def _rebuild_index(
+    name: str, store: Store, codes: CodeBook | None = None, *, use_codes: bool = True, path: Path | None = None,
+    in_place: bool = True,
+) -> Index:
+    """Index ``name`` made from the store. The lexical index is written as it is made:
+    into ``path`` itself by a caller holding the index lock (``in_place``), else beside it
+    (`lexical_writer.build_elsewhere`; a temporary folder without a ``path``); either way
+    `_save_index` commits it."""
+    if DERIVED[name].kind is None:
+        from codesearch.indexes import lexical_writer
+
+        if in_place and path is not None:
+            return lexical_writer.build(store, path)
+        return lexical_writer.build_elsewhere(store, path)
     index = _empty_index(name, store)
     _add_from_store(name, index, store, None, codes, use_codes=use_codes)
     return index
 
 
-def _apply_delta(name: str, index: Index, store: Store, delta: Delta, codes: CodeBook | None = None) -> None:
+def _apply_delta(name: str, index: Index, store: Store, delta: Delta, codes: CodeBook | None = None) -> Index:
+    """``index`` brought up to date by ``delta`` (the lexical index: a new one, uncommitted)."""
     spec = DERIVED[name]
+    if spec.kind is None:
+        from codesearch.indexes import lexical_writer
+
+        # By whole files: a changed file's chunks may keep their ids and text but move
+        # (lines, symbols), and the lexical index holds those too.
+        return lexical_writer.update(index, store, delta.removed_files, delta.changed_files)  # type: ignore[arg-type]
     if spec.per_file:
         gone = delta.removed_files + delta.changed_files
         index.remove(np.asarray(gone, dtype=np.int64))
@@ -224,7 +238,7 @@ def _apply_delta(name: str, index: Index, store: Store, delta: Delta, codes: Cod
             # Files whose content was unchanged but that lacked a vector (model added offline).
             fresh |= set(store.file_ids_with_hashes(new_hashes))
         _add_from_store(name, index, store, sorted(fresh))
-        return
+        return index
     removed = [cid for cid, _ in delta.removed_chunks]
     index.remove(np.asarray(removed, dtype=np.int64))
     add = set(delta.added_chunks)
@@ -233,6 +247,7 @@ def _apply_delta(name: str, index: Index, store: Store, delta: Delta, codes: Cod
         if new_hashes:
             add |= set(store.chunk_ids_with_hashes(new_hashes))
     _add_from_store(name, index, store, sorted(add), codes)
+    return index
 
 
 def _save_index(index: Index, path: Path) -> None:
@@ -244,6 +259,8 @@ def _save_index(index: Index, path: Path) -> None:
 def _touches(name: str, delta: Delta) -> bool:
     """Whether ``delta`` changes what index ``name`` holds."""
     spec = DERIVED[name]
+    if spec.kind is None:
+        return bool(delta.removed_files or delta.changed_files or delta.removed_chunks or delta.added_chunks)
     if spec.kind is not None and delta.newly_encoded.get(spec.kind):
         return True
     if spec.per_file:
@@ -293,16 +310,19 @@ def sync_derived(
         if saved == str(prev_gen) and path.exists():
             try:
                 index = _load_index(name, path)
-                _apply_delta(name, index, store, delta, codes)
+                index = _apply_delta(name, index, store, delta, codes)
                 stale = index.needs_rebuild
                 if len(index) != _expected_len(name, store) or stale:
                     index = None  # drifted (or PLAID's codec went stale): rebuild below
-            except (CodeSearchError, ValueError, KeyError):
+            except (CodeSearchError, ValueError, KeyError, IndexError):
                 index = None
         if index is None:
             # A stale codec is retrained here, on everything: not taken from the run's codes.
-            index = _rebuild_index(name, store, codes, use_codes=not stale)
+            _legacy_notice(idir, name)
+            index = _rebuild_index(name, store, codes, use_codes=not stale, path=path)
         _save_index(index, path)
+        if DERIVED[name].kind is None:
+            _drop_legacy(idir)
         if record:
             store.set_meta(f"gen.{name}", gen)
         report("sync", i + 1, len(names), message=name)
@@ -370,7 +390,10 @@ def load_derived(index_dir: str | os.PathLike[str], store: Store, *, wait_s: flo
                 if index is not None and not vectors_in_flight and len(index) != _expected_len(name, store):
                     index = None
             if index is None:
-                index = _rebuild_index(name, store)
+                index = _rebuild_index(name, store, path=path, in_place=False)
+                if DERIVED[name].kind is None and _legacy_notice(idir, name, say=False):
+                    index.notices.append(  # type: ignore[attr-defined]
+                        "the lexical index was in an older format and was rebuilt in the new one (once)")
                 stale.append(name)
             out[name] = index
         if stale:
@@ -424,8 +447,41 @@ def _save_rebuilt(idir: Path, store: Store, gen: int, indexes: dict[str, Index])
             for name, index in indexes.items():
                 _save_index(index, idir / DERIVED[name].filename)
                 writer.set_meta(f"gen.{name}", gen)
+                if DERIVED[name].kind is None:
+                    _drop_legacy(idir)
         finally:
             if writer is not store:
                 writer.close()
     finally:
         lock.release()
+
+
+def _legacy_notice(idir: Path, name: str, *, say: bool = True) -> bool:
+    """Whether the lexical index of ``idir`` is of the older format (and so being rebuilt);
+    said on stderr once per folder and process (``say``; a search says it in its answer's
+    notices instead)."""
+    if DERIVED[name].kind is not None or not (idir / LEGACY_FILES[0]).exists():
+        return False
+    if say and idir not in _LEGACY_SAID:
+        _LEGACY_SAID.add(idir)
+        log.warning("codesearch: the lexical index of %s is in an older format: rebuilding it in the new one (once)",
+                    idir)
+    return True
+
+
+_LEGACY_SAID: set[Path] = set()
+
+
+def _drop_legacy(idir: Path) -> None:
+    for name in LEGACY_FILES:
+        with contextlib.suppress(OSError):
+            (idir / name).unlink()
+
+
+def rebuild_lexical(idir: Path, store: Store) -> Index:
+    """The lexical index made again from the store, after a query found a file of it
+    damaged; saved (as `load_derived` saves what it rebuilds) when it can be."""
+    path = idir / DERIVED["lexical"].filename
+    index = _rebuild_index("lexical", store, path=path, in_place=False)
+    _persist_rebuilt(idir, store, store.generation, {"lexical": index})
+    return index

@@ -45,7 +45,7 @@ from codesearch.errors import (
     NothingToIndexError,
     PathError,
 )
-from codesearch.indexes.registry import DERIVED, sync_derived
+from codesearch.indexes.registry import DERIVED, LEGACY_FILES, sync_derived
 from codesearch.indexing.chunking import CHUNKER_VERSION
 from codesearch.indexing.commit import WALK_EXCLUDE_KEY, WALK_INCLUDE_KEY, commit_changes
 from codesearch.indexing.encode import encode_missing
@@ -55,7 +55,6 @@ from codesearch.pathnames import text_name
 from codesearch.store import IndexLock, Store
 from codesearch.store.files import decode_source, hash_bytes, hash_text, read_inside
 from codesearch.types import (
-    CENTRALITY_FILE,
     LOCK_FILE,
     STORE_FILE,
     IndexSummary,
@@ -93,7 +92,7 @@ def _prepare_index_dir(index_dir: Path) -> None:
 
 
 def _remove_index_files(index_dir: Path) -> None:
-    for name in (STORE_FILE, STORE_FILE + "-wal", STORE_FILE + "-shm", CENTRALITY_FILE):
+    for name in (STORE_FILE, STORE_FILE + "-wal", STORE_FILE + "-shm", *LEGACY_FILES):
         (index_dir / name).unlink(missing_ok=True)
     shutil.rmtree(index_dir / (STORE_FILE + ".vectors"), ignore_errors=True)  # its segments
     for spec in DERIVED.values():

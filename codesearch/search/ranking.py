@@ -22,18 +22,13 @@ BENCHMARKS.md "Search quality" for the ablations.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
-import scipy.sparse as sp
 
-from codesearch.indexes.lexical import (
-    BM25Matrix,
-    LexicalIndex,
-)
-from codesearch.search.corpus import Corpus, centrality, invert, lookup, norm_ident
+from codesearch.indexes.lexical import LexicalIndex, Postings, bm25, idf, length_norm, runs, union
+from codesearch.search.corpus import Corpus, norm_ident
 from codesearch.search.query import Query
 
 #: A whole-file vector is used only when the model reads at least this many tokens: from
@@ -139,110 +134,108 @@ def _maxnorm(x: np.ndarray) -> np.ndarray:
     return x / m if m > 0 else x
 
 
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """A query's fused scores over its candidates: every row of every file a signal touched
+    (rows of no such file score 0, and are not held)."""
+
+    rows: np.ndarray  # global rows, ascending
+    owner: np.ndarray  # each row's index into `files`
+    files: np.ndarray  # the candidate files, ascending
+    total: np.ndarray  # fused score per row (float32)
+    sources: dict[str, np.ndarray] = field(default_factory=dict)  # raw score per signal and row (0: not found by it)
+
+    def positions(self, rows: np.ndarray) -> np.ndarray:
+        """Where each of ``rows`` (all candidates) sits in `rows`."""
+        return np.searchsorted(self.rows, rows)
+
+
+#: A row filter: (candidate rows, candidate files, each row's index into the files) -> keep.
+RowFilter = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+
+
 class Ranker:
-    """Fuses the signals over a corpus; shared by :class:`Searcher` and the benchmark."""
+    """Fuses the signals over the index's rows; shared by :class:`Searcher` and the benchmark.
 
-    def __init__(self, corpus: Corpus, lexical: LexicalIndex, params: RankingParams | None = None) -> None:
-        self.corpus = corpus
-        self.lexical = lexical
+    Every signal is computed for what it touches: the rows holding a query term, the files
+    of those rows, the files whose path or name the query names, the rows defining a name
+    it names, the vector indexes' candidates. The fused score of a row is the same sum the
+    module doc describes, float32 operation for operation, so reading only the touched rows
+    changes no score.
+    """
+
+    def __init__(self, index: LexicalIndex, params: RankingParams | None = None) -> None:
+        self.index = index
+        self.corpus = Corpus(index)
         self.params = params or RankingParams()
-        self._centrality: np.ndarray | None = None
-        self.centrality_source: Callable[[], np.ndarray] | None = None  # set by Searcher (a cached copy)
-        n, nf = len(corpus), len(corpus.files)
-        # Lexical rows -> corpus rows (the corpus is built in lexical order, but a lexical
-        # index may hold ids the store no longer has, or miss some).
-        self._id_order = np.argsort(corpus.ids, kind="stable")
-        self._sorted_ids = corpus.ids[self._id_order]
-        lex_rows = self.rows_of(lexical.ids)
-        ok = lex_rows >= 0
-        self._lex_src = np.flatnonzero(ok)
-        self._lex_dst = lex_rows[ok]
-        # Whole-file term frequencies = chunk rows summed per file: (files x chunks) @ tf.
-        tf = lexical.tf[self._lex_src]
-        g = sp.csr_matrix(
-            (np.ones(len(self._lex_dst), np.float32), (corpus.file_idx[self._lex_dst], np.arange(len(self._lex_dst)))),
-            shape=(nf, len(self._lex_dst)),
-        )
-        self._file_tf = (g @ tf).tocsc()
-        self._file_bm25: BM25Matrix | None = None
-        self._n = n
-        # Inverted maps, so a query touches only the rows that match instead of looping
-        # over every chunk in Python (134k chunks: 50 ms -> a few ms).
-        self._by_symbol = invert(corpus.symbols)
-        self._by_exact = invert(corpus.exact_symbols)
-        self._by_path_token = invert(corpus.path_tokens)
-        self._path_words = sorted(self._by_path_token)
-        self._by_stem = invert([frozenset((st,)) for st in corpus.stems])
-        # Files with chunks that overlap (none from today's chunkers, but an index may hold
-        # them): only their chunks need the sequential overlap check in `select`.
-        self._overlapping = _overlapping_files(corpus)
-
-    @property
-    def centrality(self) -> np.ndarray:
-        """Per file, in [0, 1]: see :func:`centrality`. Made on first use by the source the
-        searcher gave (its per-generation file), else computed; two threads racing here
-        both compute the same array, which is cheaper than a lock held across repos."""
-        c = self._centrality
-        if c is None:
-            c = self._centrality = (self.centrality_source or self.compute_centrality)()
-        return c
-
-    def compute_centrality(self) -> np.ndarray:
-        return centrality(self.corpus, self._file_tf, self.lexical.vocab)
-
-    @property
-    def file_bm25(self) -> BM25Matrix:
-        if self._file_bm25 is None or self._file_bm25.b != self.params.file_b:
-            self._file_bm25 = BM25Matrix(self._file_tf, k1=self.lexical.k1, b=self.params.file_b)
-        return self._file_bm25
-
-    def path_share(self, tokens: list[str], min_prefix: int) -> np.ndarray:
-        """Per file, the idf-weighted share of ``tokens`` found in its name and folder.
-
-        idf-weighted so that "json array" in gson names JsonArray.java rather than every
-        Json*.java; a word also matches a path word it is a prefix of, or that is a prefix
-        of it, when the shorter has ``min_prefix`` letters ("implementations" ~ impls.rs).
-        """
-        c = self.corpus
-        vocab = self.lexical.vocab
-        idf = self.file_bm25.idf
-        w = {t: float(idf[vocab[t]]) if t in vocab else 0.0 for t in tokens}
-        denom = sum(w.values())
-        if denom <= 0:
-            return np.zeros(len(c.files), dtype=np.float32)
-        share = np.zeros(len(c.files), dtype=np.float32)
-        for t, wt in w.items():
-            if wt <= 0:
-                continue
-            hits = [self._by_path_token[pt] for pt in self._path_matches(t, min_prefix)]
-            if hits:
-                share[np.unique(np.concatenate(hits))] += wt
-        return share / denom
-
-    def _path_matches(self, t: str, min_prefix: int) -> set[str]:
-        """Path words equal to ``t``, or, when the shorter has ``min_prefix`` letters, a
-        prefix of it or prefixed by it. Binary search over the sorted path words instead of
-        a scan (1.5 ms per query on 10k chunks)."""
-        out = {t} if t in self._by_path_token else set()
-        if min_prefix:
-            words = self._path_words
-            if len(t) >= min_prefix:
-                i = bisect.bisect_left(words, t)
-                while i < len(words) and words[i].startswith(t):
-                    out.add(words[i])
-                    i += 1
-            for n in range(min_prefix, len(t)):
-                if t[:n] in self._by_path_token:
-                    out.add(t[:n])
-        return out
 
     def rows_of(self, ids: np.ndarray) -> np.ndarray:
-        """Corpus rows of chunk ids (-1 for an id the corpus lacks)."""
-        ids = np.asarray(ids, dtype=np.int64)
-        if not len(self._sorted_ids):
-            return np.full(len(ids), -1, dtype=np.int64)
-        pos = np.searchsorted(self._sorted_ids, ids).clip(0, len(self._sorted_ids) - 1)
-        return np.where(self._sorted_ids[pos] == ids, self._id_order[pos], -1).astype(np.int64)
+        """Global rows of chunk ids (-1 for an id the index lacks)."""
+        return self.corpus.rows_of(ids)
+
+    # ---- signals -------------------------------------------------------------------
+
+    def _chunk_bm25(self, posts: list[Postings]) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, chunk BM25) of the rows holding a query term."""
+        idx = self.index
+        if not posts:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        rows = union([pt.rows for pt in posts])
+        row_at = _positions(idx.n_rows, rows)
+        lengths = np.maximum(idx.row_values("length", rows), 0).astype(np.float32)
+        norm = length_norm(lengths, idx.avgdl, idx.k1, idx.b)
+        df = np.array([len(pt.rows) for pt in posts], dtype=np.float32)
+        weights = idf(max(len(idx), int(df.max())), df)
+        out = np.zeros(len(rows), dtype=np.float32)
+        for w, pt in zip(weights, posts):
+            at = row_at[pt.rows]
+            out[at] += bm25(w, pt.tf, norm[at], idx.k1)
+        return rows, out
+
+    def _file_bm25(self, posts: list[Postings], b: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(files, whole-file BM25, each term's file-level idf): a file's term counts are its
+        chunks' summed, its length their lengths summed."""
+        idx = self.index
+        if not posts:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, np.float32)
+        per_term = []
+        for pt in posts:
+            files, start = runs(pt.files)
+            per_term.append((files, np.add.reduceat(pt.tf, start)))
+        files = union([f for f, _ in per_term])
+        lengths = np.maximum(idx.file_values("file_len", files), 0).astype(np.float32)
+        norm = length_norm(lengths, idx.file_avgdl, idx.k1, b)
+        df = np.array([len(f) for f, _ in per_term], dtype=np.float32)
+        weights = idf(max(idx.manifest.live_files, int(df.max())), df)
+        out = np.zeros(len(files), dtype=np.float32)
+        for w, (f, tf) in zip(weights, per_term):
+            at = np.searchsorted(files, f)
+            out[at] += bm25(w, tf, norm[at], idx.k1)
+        return files, out, weights
+
+    def path_share(
+        self, tokens: list[str], weights: Mapping[str, float], min_prefix: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(files, share): per file, the idf-weighted share of ``tokens`` found in its name
+        and folder (files with none left out).
+
+        idf-weighted (``weights``: the file-level idf of each token the index holds) so that
+        "json array" in gson names JsonArray.java rather than every Json*.java; a word also
+        matches a path word it is a prefix of, or that is a prefix of it, when the shorter
+        has ``min_prefix`` letters ("implementations" ~ impls.rs).
+        """
+        w = {t: float(weights.get(t, 0.0)) for t in tokens}
+        denom = sum(w.values())
+        if denom <= 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        found = [(self.corpus.path_files(t, min_prefix), wt) for t, wt in w.items() if wt > 0]
+        files = union([f for f, _ in found])
+        share = np.zeros(len(files), dtype=np.float32)
+        for f, wt in found:
+            share[np.searchsorted(files, f)] += wt
+        return files, share / denom
+
+    # ---- fusion --------------------------------------------------------------------
 
     def score(
         self,
@@ -251,122 +244,172 @@ class Ranker:
         use_lexical: bool,
         vectors: Mapping[str, Candidates] | None = None,
         file_dense: tuple[np.ndarray, np.ndarray] | None = None,
-        mask: np.ndarray | None = None,
+        mask: RowFilter | None = None,
         params: RankingParams | None = None,
         covered: dict[str, np.ndarray] | None = None,
-    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """Fused score per corpus row, and the raw per-source scores (for ``sources``).
+        include: np.ndarray | None = None,
+        floor: float = 0.0,
+    ) -> Scored:
+        """Fused score per candidate row, and the raw per-source scores (for ``sources``).
 
         ``vectors`` are the candidates of each vector index, by signal name (``dense``,
         ``colbert``: `codesearch.indexes.registry.DERIVED`), fused in their order;
-        ``file_dense`` is ``(file indexes, scores)``. ``covered`` (while an index run is still
-        embedding) says which rows (by signal) and files (``files``) have a vector yet; see
-        `_impute`.
+        ``file_dense`` is ``(files, scores)``. ``covered`` (while an index run is still
+        embedding) says which rows (by signal) and files (``files``) have a vector yet, as
+        arrays over every row (file); see `_impute`. ``mask`` keeps rows (the others score
+        0); ``include`` rows are candidates whatever their signals, and with ``floor`` every
+        row the mask keeps scores at least that (a regex filter's matches).
         """
         p = params or self.params
         c = self.corpus
-        n = self._n
-        total = np.zeros(n, dtype=np.float32)
-        sources: dict[str, np.ndarray] = {}
-        term_ids = [self.lexical.vocab[t] for t in q.tokens if t in self.lexical.vocab]
-        lex = None
+        idx = self.index
+        empty_i, empty_f = np.zeros(0, np.int64), np.zeros(0, np.float32)
+        lex_rows, lex = empty_i, empty_f
+        flex_files, flex = empty_i, empty_f
+        path_files, path = empty_i, empty_f
+        sym_rows, exact_rows, stem_files = empty_i, empty_i, empty_i
+        posts: dict[str, Postings] = {}
         if use_lexical:
-            lex = np.zeros(n, dtype=np.float32)
-            lex[self._lex_dst] = self.lexical.bm25.scores(term_ids)[self._lex_src]
-            sources["lexical"] = lex
-            lexn = _maxnorm(lex)
-            total += p.w_lexical * lexn
-            if p.w_file_lexical:
-                flex = _maxnorm(self.file_bm25.scores(term_ids))
-                total += p.w_file_lexical * flex[c.file_idx]
+            posts = {t: pt for t in q.tokens if (pt := idx.postings(t)) is not None}
+            lex_rows, lex = self._chunk_bm25(list(posts.values()))
+            if p.w_file_lexical or (p.w_path and q.tokens):
+                flex_files, flex, file_idf = self._file_bm25(list(posts.values()), p.file_b)
             if p.w_path and q.tokens:
-                total += p.w_path * self.path_share(q.tokens, p.path_prefix)[c.file_idx]
+                path_files, path = self.path_share(q.tokens, dict(zip(posts, file_idf.tolist())), p.path_prefix)
             if p.w_symbol and q.identifiers:
-                idents = set(q.identifiers)
-                # Half for a case-insensitive hit on any defined name ("session()" for
-                # "Session"), full for the exact name as defined ("class Session").
-                sym = np.zeros(n, dtype=np.float32)
-                sym[lookup(self._by_symbol, idents)] += 0.5
-                sym[lookup(self._by_exact, q.exact)] += 0.5
-                total += p.w_symbol * sym
+                sym_rows = c.symbol_rows(q.identifiers)
             if p.w_stem and q.identifiers:
                 names = {norm_ident(i) for i in q.identifiers}
                 names |= {n[:-1] for n in names if n.endswith("s")} | {n + "s" for n in names}
-                stem_hit = np.zeros(len(c.files), dtype=np.float32)
-                stem_hit[lookup(self._by_stem, names)] = 1.0
-                total += p.w_stem * stem_hit[c.file_idx]
+                stem_files = c.stem_files(names)
+        if (use_lexical and p.w_symbol and q.identifiers) or (p.demote < 1.0 and q.is_symbol):
+            exact_rows = c.exact_rows(q.exact)
+        vector_rows = {
+            name: cand.rows[cand.rows >= 0] for name, cand in (vectors or {}).items() if len(cand.rows)
+        }
+        fd_files, fd_scores = empty_i, empty_f
+        w_fd = p.w_file_centroid or p.w_file_dense
+        if file_dense is not None and len(file_dense[0]) and w_fd:
+            fidx, fscores = (np.asarray(x) for x in file_dense)
+            keep = fidx >= 0
+            keep[keep] = idx.live[fidx[keep]] != 0  # (a dead file's centroid is no file's score)
+            # One score per file, the last one given for it (as an assignment by index keeps).
+            fd_files, last = np.unique(fidx[keep][::-1], return_index=True)
+            fd_scores = fscores[keep][::-1][last].astype(np.float32)
+        # The candidates: every row of every file something above touched.
+        touched_rows = [sym_rows, exact_rows, *vector_rows.values()]
+        if include is not None:
+            touched_rows.append(np.asarray(include, dtype=np.int64))
+        extra = np.concatenate(touched_rows)
+        lex_files = union([runs(pt.files)[0] for pt in posts.values()]) if use_lexical else empty_i
+        files = union([lex_files, path_files, stem_files, fd_files, np.sort(c.file_of(extra))])
+        rows, owner = c.file_rows(files)
+        n = len(rows)
+        row_at, file_at = _positions(idx.n_rows, rows), _positions(idx.n_files, files)
+
+        def at_rows(r: np.ndarray, v: np.ndarray) -> np.ndarray:
+            out = np.zeros(n, dtype=np.float32)
+            out[row_at[r]] = v
+            return out
+
+        def at_files(f: np.ndarray, v: np.ndarray) -> np.ndarray:
+            out = np.zeros(len(files), dtype=np.float32)
+            out[file_at[f]] = v
+            return out
+
+        total = np.zeros(n, dtype=np.float32)
+        sources: dict[str, np.ndarray] = {}
+        lex_c = None
+        if use_lexical:
+            lex_c = at_rows(lex_rows, lex)
+            sources["lexical"] = lex_c
+            total += p.w_lexical * _maxnorm(lex_c)
+            if p.w_file_lexical:
+                total += p.w_file_lexical * _maxnorm(at_files(flex_files, flex))[owner]
+            if p.w_path and q.tokens:
+                total += p.w_path * at_files(path_files, path)[owner]
+            if p.w_symbol and q.identifiers:
+                # Half for a case-insensitive hit on any defined name ("session()" for
+                # "Session"), full for the exact name as defined ("class Session").
+                sym = np.zeros(n, dtype=np.float32)
+                sym[row_at[sym_rows]] += 0.5
+                sym[row_at[exact_rows]] += 0.5
+                total += p.w_symbol * sym
+            if p.w_stem and q.identifiers:
+                total += p.w_stem * at_files(stem_files, np.ones(len(stem_files), np.float32))[owner]
         # A bare identifier is a lookup: the exact-name signals know best, vectors blur it.
         vscale = p.vector_symbol_scale if q.is_symbol else 1.0
         for name, cand in (vectors or {}).items():
             w = cand.weight * vscale
             if not len(cand.rows):
                 continue
-            rows, scores = cand.rows, cand.scores
-            keep = rows >= 0
+            keep = cand.rows >= 0
+            at = row_at[cand.rows[keep]]
             raw = np.zeros(n, dtype=np.float32)
             present = np.zeros(n, dtype=bool)
-            raw[rows[keep]] = scores[keep]
-            present[rows[keep]] = True
+            raw[at] = cand.scores[keep]
+            present[at] = True
             sources[name] = np.where(present, raw, 0)
             if p.fusion == "rank":
                 norm = np.zeros(n, dtype=np.float32)
-                order = rows[keep][np.argsort(-scores[keep], kind="stable")]
+                order = at[np.argsort(-cand.scores[keep], kind="stable")]
                 norm[order] = (p.rank_k + 1.0) / (p.rank_k + 1.0 + np.arange(len(order), dtype=np.float32))
             else:
                 norm = _normalise(raw, present, p.vector_norm)
             if covered is not None and name in covered:
-                norm = _impute(norm, covered[name], lex)
+                norm = _impute(norm, covered[name][rows], lex_c)
             total += w * norm
-        w_fd = p.w_file_centroid or p.w_file_dense
-        if file_dense is not None and len(file_dense[0]) and w_fd:
-            fidx, scores = file_dense
-            keep = fidx >= 0
-            raw = np.zeros(len(c.files), dtype=np.float32)
-            present = np.zeros(len(c.files), dtype=bool)
-            raw[fidx[keep]] = scores[keep]
-            present[fidx[keep]] = True
-            fnorm = _normalise(raw, present, p.vector_norm)
+        if len(fd_files):
+            present = np.zeros(len(files), dtype=bool)
+            present[file_at[fd_files]] = True
+            fnorm = _normalise(at_files(fd_files, fd_scores), present, p.vector_norm)
             if covered is not None and "files" in covered:
-                flex = None if lex is None else np.bincount(c.file_idx, weights=lex, minlength=len(c.files))
-                fnorm = _impute(fnorm, covered["files"], flex)
-            total += w_fd * vscale * fnorm[c.file_idx]
+                pooled = None if lex_c is None else np.bincount(owner, weights=lex_c, minlength=len(files))
+                fnorm = _impute(fnorm, covered["files"][files], pooled)
+            total += w_fd * vscale * fnorm[owner]
         if p.w_central:
-            total *= 1.0 + p.w_central * self.centrality[c.file_idx]
+            total *= 1.0 + p.w_central * c.centrality(files)[owner]
         if p.demote < 1.0:
+            kind = c.file_kind(files)
             factor = np.ones(4, dtype=np.float32)
             factor[1] = 1.0 if q.wants_tests else p.demote
             factor[2] = 1.0 if q.wants_docs else p.demote
             factor[3] = 1.0 if q.wants_bench else p.demote
-            row_factor = factor[c.file_kind][c.file_idx]
+            row_factor = factor[kind][owner]
             if not q.wants_tests:
                 # Test code inside a source file (a Rust `#[cfg(test)] mod tests`, Zig `test`
                 # blocks) repeats the names of the code it tests, as a test file does, and
                 # is demoted the same way (once: a test file's chunks already are).
-                row_factor[c.test_code & (c.file_kind[c.file_idx] == 0)] *= p.demote
+                row_factor[c.test_code(rows) & (kind[owner] == 0)] *= p.demote
             if q.is_symbol:
                 # A bare name asks for its definition: where every definition of it sits in
                 # a test, doc or benchmark file, that is the answer, not something to demote.
-                defs = lookup(self._by_exact, q.exact)
+                defs = row_at[exact_rows]
                 if len(defs) and (row_factor[defs] < 1.0).all():
                     row_factor[defs] = 1.0
             total *= row_factor
         if p.demote_imports < 1.0 and not q.wants_imports:
             # An import block names what a file uses, not what it does: it matches a query
             # through the same names as the code that uses them, which is the better answer.
-            total[c.imports] *= p.demote_imports
+            total[c.imports(rows)] *= p.demote_imports
         if mask is not None:
-            total = np.where(mask, total, 0.0).astype(np.float32)
-        return total, sources
+            kept = mask(rows, files, owner)
+            total = np.where(kept, total, 0.0).astype(np.float32)
+            if floor:
+                total = np.where(kept, np.maximum(total, floor), 0.0).astype(np.float32)
+        return Scored(rows, owner, files, total, sources)
+
+    # ---- selection -----------------------------------------------------------------
 
     def select(
-        self, total: np.ndarray, k: int, *, files_only: bool = False, params: RankingParams | None = None
+        self, scored: Scored, k: int, *, files_only: bool = False, params: RankingParams | None = None
     ) -> list[tuple[int, float]]:
         """The best ``k`` hits, as ``(row, score)``, best first.
 
-        The rule: take chunks by fused score (ties by row); skip one that overlaps a chunk
-        already taken from its file, or past the per-file cap (one with ``files_only``);
-        the m-th chunk taken from a file scores ``score * file_decay ** (m - 1)``; answer
-        the ``k`` best of those.
+        The rule: take chunks by fused score (ties by chunk id); skip one that overlaps a
+        chunk already taken from its file, or past the per-file cap (one with
+        ``files_only``); the m-th chunk taken from a file scores ``score * file_decay ** (m
+        - 1)``; answer the ``k`` best of those.
 
         Exact whatever ``k``: the answer for ``k`` is the first ``k`` of the answer for any
         larger ``k``, and ``k`` hits come back whenever ``k`` chunks score above 0. Only the
@@ -375,33 +418,38 @@ class Ranker:
         a score, and a chunk never changes what was taken before it).
         """
         p = params or self.params
+        total = scored.total
         pos = np.flatnonzero(total > 0)
+        values = total[pos]
+        key = self.corpus.ids(scored.rows[pos])
         cap = 1 if files_only else p.max_per_file
         pool = max(16 * k, 256)
         while True:
-            order = _top_rows(total, pos, pool + 1)  # one more: the best raw score outside
-            inside, outside = order[:pool], order[pool:]
-            rows, scores = self._taken(inside, total, cap, p.file_decay)
+            order = _top(values, key, pool + 1)  # one more: the best raw score outside
+            inside, outside = pos[order[:pool]], pos[order[pool:]]
+            taken, scores = self._taken(scored, inside, cap, p.file_decay)
             best = np.argsort(-scores, kind="stable")[:k]  # equal scores: taken first, first
             if not len(outside) or (len(best) == k and scores[best[-1]] >= total[outside[0]]):
-                return [(int(rows[i]), float(scores[i])) for i in best]
+                return [(int(scored.rows[taken[i]]), float(scores[i])) for i in best]
             pool *= 4
 
-    def _taken(self, order: np.ndarray, total: np.ndarray, cap: int, decay: float) -> tuple[np.ndarray, np.ndarray]:
-        """The rows of ``order`` (best first) that the rule takes, in that order, and their
-        decayed scores (float64)."""
-        c = self.corpus
-        files = c.file_idx[order]
+    def _taken(self, scored: Scored, order: np.ndarray, cap: int, decay: float) -> tuple[np.ndarray, np.ndarray]:
+        """The candidates ``order`` (best first) that the rule takes, in that order, and
+        their decayed scores (float64)."""
+        files = scored.owner[order]
         keep = np.ones(len(order), dtype=bool)
-        if self._overlapping[files].any():  # sequential, for those files' chunks only
-            taken: dict[int, list[int]] = {}
-            for i in np.flatnonzero(self._overlapping[files]).tolist():
-                r = int(order[i])
+        seen = np.unique(files)
+        overlapping = seen[self.corpus.overlapping(scored.files[seen])]
+        check = np.isin(files, overlapping)
+        if check.any():  # sequential, for those files' chunks only
+            lines = self.corpus.lines(scored.rows[order[check]])
+            taken: dict[int, list[tuple[int, int]]] = {}
+            for i, (start, end) in zip(np.flatnonzero(check).tolist(), lines.tolist()):
                 prev = taken.setdefault(int(files[i]), [])
-                if any(c.start[r] <= c.end[o] and c.start[o] <= c.end[r] for o in prev):
+                if any(start <= e and s <= end for s, e in prev):
                     keep[i] = False
                 else:
-                    prev.append(r)
+                    prev.append((start, end))
         order, files = order[keep], files[keep]
         # Place of each row among its file's rows taken so far (0 for the first).
         by_file = np.argsort(files, kind="stable")
@@ -411,31 +459,26 @@ class Ranker:
         place[by_file] = np.arange(len(order)) - first
         if cap:
             order, place = order[place < cap], place[place < cap]
-        return order, total[order].astype(np.float64) * decay**place
+        return order, scored.total[order].astype(np.float64) * decay**place
 
 
-def _overlapping_files(corpus: Corpus) -> np.ndarray:
-    """Per file: whether two of its chunks share a line."""
-    out = np.zeros(len(corpus.files), dtype=bool)
-    if len(corpus) < 2:
-        return out
-    order = np.lexsort((corpus.start, corpus.file_idx))
-    files = corpus.file_idx[order].astype(np.int64)
-    # Running max of end within each file: offset by file so the max restarts per file.
-    span = int(corpus.end.max()) + 2
-    ends = np.maximum.accumulate(files * span + corpus.end[order])
-    prev_end = np.concatenate([[-1], ends[:-1] - files[1:] * span])
-    same = np.concatenate([[False], files[1:] == files[:-1]])
-    out[files[same & (corpus.start[order] <= prev_end)]] = True
-    return out
+def _positions(size: int, keys: np.ndarray) -> np.ndarray:
+    """A map from each of ``keys`` (distinct, in ``[0, size)``) to its index in ``keys``, read
+    only at those keys: an uninitialised array over the whole space costs nothing until
+    written, and only the pages of ``keys`` are (a search per lookup cost ~40% of a query)."""
+    at = np.empty(size, dtype=np.int64)
+    at[keys] = np.arange(len(keys))
+    return at
 
 
-def _top_rows(total: np.ndarray, pos: np.ndarray, n: int) -> np.ndarray:
-    """The ``n`` rows of ``pos`` with the highest ``total``, best first; ties by row, so
-    every pool is a prefix of any larger one."""
-    if len(pos) > n:
-        cut = np.partition(total[pos], len(pos) - n)[len(pos) - n]  # the n-th highest score
-        above = pos[total[pos] > cut]
-        at = pos[total[pos] == cut]  # pos is sorted: the lowest rows of the tie come first
-        pos = np.concatenate([above, at[: n - len(above)]])
-    return pos[np.lexsort((pos, -total[pos]))]
+def _top(values: np.ndarray, key: np.ndarray, n: int) -> np.ndarray:
+    """Indexes of the ``n`` highest ``values``, best first; ties by ``key`` (chunk ids,
+    distinct), so every pool is a prefix of any larger one."""
+    idx = np.arange(len(values))
+    if len(values) > n:
+        cut = np.partition(values, len(values) - n)[len(values) - n]  # the n-th highest value
+        above = np.flatnonzero(values > cut)
+        at = np.flatnonzero(values == cut)
+        at = at[np.argsort(key[at], kind="stable")][: n - len(above)]
+        idx = np.concatenate([above, at])
+    return idx[np.lexsort((key[idx], -values[idx]))]

@@ -10,7 +10,6 @@ Example
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 from collections.abc import Sequence
@@ -21,19 +20,14 @@ import numpy as np
 from codesearch.encoder.base import Encoders
 from codesearch.errors import CodeSearchError, IndexCorruptError, NotIndexedError, QueryError
 from codesearch.globs import GlobFilter
-from codesearch.indexes.lexical import (
-    LexicalIndex,
-)
-from codesearch.indexes.registry import DERIVED, IndexSpec, load_derived
-from codesearch.search.corpus import CENTRALITY_VERSION, Corpus
+from codesearch.indexes.registry import DERIVED, IndexSpec, load_derived, rebuild_lexical
 from codesearch.search.phrase import CANDIDATES, exact_first, pasted_phrase
-from codesearch.search.query import analyse
-from codesearch.search.ranking import FILE_VECTOR_MIN_TOKENS, Candidates, Ranker, RankingParams
-from codesearch.store import IndexLock, Store, atomic_write
-from codesearch.store.arrays import check_finite, read_npz
+from codesearch.search.query import Query, analyse
+from codesearch.search.ranking import FILE_VECTOR_MIN_TOKENS, Candidates, Ranker, RankingParams, RowFilter, Scored
+from codesearch.store import IndexLock, Store
 from codesearch.store.schema import DISABLED_KEY
 from codesearch.textregex import compile_regex
-from codesearch.types import CENTRALITY_FILE, STORE_FILE, Mode, SearchHit, SearchRequest, SearchResult
+from codesearch.types import STORE_FILE, Mode, SearchHit, SearchRequest, SearchResult
 
 
 def _chunk_vectors() -> list[IndexSpec]:
@@ -121,18 +115,13 @@ class Searcher:
             )
         self._indexes = load_derived(self.index_dir, self._store)
         self._encoders = encoders
-        lexical = self._indexes.get("lexical")
-        if not isinstance(lexical, LexicalIndex):
-            lexical = LexicalIndex()
-            lexical.add(*_lexical_inputs(self._store))
-        # Metadata only: chunk text is fetched for the returned hits (see _hits), which
-        # keeps start-up on a large index to reading a few small columns.
-        rows = list(self._store.iter_chunk_meta())
-        rows = _in_lexical_order(rows, lexical.ids)
-        self._ranker = Ranker(Corpus.build(rows), lexical, params)
+        # What ranking needs of every chunk and file is in the lexical index, computed when
+        # it was written and read in place: opening it maps arrays, and a query reads the
+        # rows it touches (chunk text is fetched for the returned hits only, see _hits).
+        lexical = self._indexes["lexical"]
+        self._ranker = Ranker(lexical, params)
+        self._notices = list(lexical.notices)  # said once, on the next answer
         self._generation = self._store.generation
-        self._ranker.centrality_source = self._cached_centrality
-        self._file_row = {int(f): j for j, f in enumerate(self._ranker.corpus.file_ids.tolist())}
         self._covered = self._coverage()
         # A run told '--multi-model none' (the vector model of every device): lexical-only
         # was asked for, so a hybrid query that finds no vectors is no surprise to say.
@@ -188,7 +177,7 @@ class Searcher:
         return self._search(request, rules)
 
     def _search(self, request: SearchRequest, rules: tuple[str, ...]) -> SearchResult:
-        query, k, mode = request.query, request.k, request.mode.value
+        query, mode = request.query, request.mode.value
         notices: list[str] = []
         q = analyse(query)
         encoders = self._encoders.by_role() if self._encoders is not None else {}
@@ -222,9 +211,22 @@ class Searcher:
                 "lexical index only: this index's model is not loaded, so its vectors were not searched "
                 "(make the model available again, or 'codesearch index --rebuild --model PATH_OR_ID')"
             )
+        try:
+            return self._ranked(request, rules, q, searched, encoders, use_lex, notices)
+        except IndexCorruptError:
+            # A lexical index file found damaged by this query (files are checked where they
+            # are read): rebuilt from the store, and the query asked again, once.
+            self._reopen_lexical()
+            return self._ranked(request, rules, q, searched, encoders, use_lex, notices)
+
+    def _ranked(self, request: SearchRequest, rules: tuple[str, ...], q: Query, searched: list[IndexSpec],
+                encoders: dict, use_lex: bool, notices: list[str]) -> SearchResult:
+        query, k, mode = request.query, request.k, request.mode.value
+        notices = list(notices)
         mask = self._mask(request.languages, rules)
+        include = None
         if request.regex is not None:
-            mask = self._regex_mask(request.regex, mask)
+            include, mask = self._regex_mask(request.regex, mask)
         p = self._ranker.params
         n_cand = max(p.dense_candidates, 4 * k)
         vectors: dict[str, Candidates] = {}
@@ -240,7 +242,10 @@ class Searcher:
             if spec is file_chunks:
                 # The whole-file signal reads the same query vector.
                 file_dense = self._file_scores(queries, encoders[spec.role()].max_length, k, used)
-        shares = [f"{int(100 * self._covered[name].mean())}% of chunks" for name in vectors if name in self._covered]
+        live = max(1, len(self._ranker.corpus))
+        shares = [
+            f"{int(100 * self._covered[name].sum() / live)}% of chunks" for name in vectors if name in self._covered
+        ]
         if shares:
             notices.append(
                 f"semantic vectors for {' and '.join(shares)} so far ({self._still_embedding()}); lexical for all"
@@ -248,25 +253,27 @@ class Searcher:
         covered = dict(self._covered)
         if "file_vectors" in covered and file_dense is not None and file_dense[2]:
             covered["files"] = covered["file_vectors"]
-        total, sources = self._ranker.score(
+        scored = self._ranker.score(
             q,
             use_lexical=use_lex,
             vectors=vectors,
             file_dense=None if file_dense is None else file_dense[:2],
             mask=mask,
             covered=covered or None,
-        )
-        if request.regex is not None:
             # Every chunk the regex keeps can be ranked, the ones no signal scores last (by
-            # row): a regex match is itself a reason to show it, as grep would.
-            total = np.where(mask, np.maximum(total, _MATCHED_FLOOR), 0.0).astype(np.float32)
+            # chunk id): a regex match is itself a reason to show it, as grep would.
+            include=include,
+            floor=_MATCHED_FLOOR if include is not None else 0.0,
+        )
         # A pasted piece of code finds the chunks that hold it first (codesearch.search.phrase).
         phrase = pasted_phrase(query) if use_lex else None
-        picked = self._ranker.select(total, max(k, CANDIDATES) if phrase else k, files_only=request.files_only)
+        picked = self._ranker.select(scored, max(k, CANDIDATES) if phrase else k, files_only=request.files_only)
         if phrase is not None:
             picked = exact_first(picked, phrase, self._chunk_texts)[:k]
-        hits = self._hits(picked, sources)
-        return SearchResult(query=query, mode=mode, hits=hits, indexes_used=tuple(used), notices=notices)
+        hits = self._hits(picked, scored)
+        with self._lock:
+            said, self._notices = self._notices, []
+        return SearchResult(query=query, mode=mode, hits=hits, indexes_used=tuple(used), notices=[*said, *notices])
 
     def set_encoders(self, encoders: Encoders | None) -> None:
         """Use these query encoders from the next search on (``None``: lexical only)."""
@@ -350,38 +357,8 @@ class Searcher:
         if long_context and index is not None and len(index):
             fids, fscores = index.search(query, max(50, k * 5))[0]
             used.append(file_vectors.signal)
-            return np.array([self._file_row.get(int(f), -1) for f in fids], dtype=np.int64), fscores, True
+            return self._ranker.corpus.files_of(np.asarray(fids, dtype=np.int64)), fscores, True
         return None
-
-    def _cached_centrality(self) -> np.ndarray:
-        """The ranker's centrality from ``centrality.npz`` when that file was written for this
-        generation and these files; else computed, and written for the next process (a CLI
-        query is one process per query) when the folder is writable.
-
-        The file validates itself (algorithm version, generation, sizes, file ids), so it
-        needs no lock: an index run makes it stale by moving the generation on, and two readers
-        writing at once each replace it atomically with the same array.
-        """
-        c = self._ranker.corpus
-        path = self.index_dir / CENTRALITY_FILE
-        # What the array depends on, beyond the generation (a store rebuilt after damage
-        # counts generations from 0 again): the chunks, and the term counts it reads.
-        tf = self._ranker._file_tf
-        shape = np.array([CENTRALITY_VERSION, self._generation, len(c), tf.shape[1], tf.nnz], dtype=np.int64)
-        try:
-            z = read_npz(path, what="Centrality cache", names=("shape", "file_ids", "values"))
-            if np.array_equal(z["shape"], shape) and np.array_equal(z["file_ids"], c.file_ids):
-                # (each value is log(1 + u) / log(1 + max u): one per file, in [0, 1])
-                check_finite(z["values"], what="Centrality cache", path=path, bound=1.0)
-                if z["values"].shape == (len(c.files),):
-                    return z["values"].astype(np.float32)
-        except IndexCorruptError:
-            pass  # missing, stale or damaged: compute it
-        values = self._ranker.compute_centrality()
-        if os.access(self.index_dir, os.W_OK):
-            with contextlib.suppress(OSError), atomic_write(path) as fh:
-                np.savez(fh, shape=shape, file_ids=c.file_ids, values=values)
-        return values
 
     def _still_embedding(self) -> str:
         if IndexLock.writer_active(self.index_dir):
@@ -392,13 +369,13 @@ class Searcher:
         """Which rows (and files) have a vector yet, for each vector index that lacks some:
         empty when every vector is in (the usual case), so ranking is then untouched."""
         c = self._ranker.corpus
-        n = len(c.file_idx)
+        n = len(c)
         out: dict[str, np.ndarray] = {}
         for spec in _chunk_vectors():
             index = self._indexes.get(spec.name)
             if index is None or len(index) >= n:
                 continue
-            cov = np.zeros(n, dtype=bool)
+            cov = np.zeros(c.n_rows, dtype=bool)
             rows = self._ranker.rows_of(index.ids())
             cov[rows[rows >= 0]] = True
             out[spec.signal] = cov
@@ -407,13 +384,13 @@ class Searcher:
         if chunk_signal in out:
             # Files: by chunk centroids (short-context models), covered when any chunk is;
             # by their own vectors (long-context models), covered when they have one.
-            files = np.zeros(len(c.files), dtype=bool)
-            files[c.file_idx[out[chunk_signal]]] = True
+            files = np.zeros(c.n_files, dtype=bool)
+            files[c.file_of(np.flatnonzero(out[chunk_signal]))] = True
             out["files"] = files
-            vectors = np.zeros(len(c.files), dtype=bool)
+            vectors = np.zeros(c.n_files, dtype=bool)
             index = self._indexes.get(file_vectors.name)
             if index is not None and len(index):
-                fr = np.array([self._file_row.get(int(f), -1) for f in index.ids()], dtype=np.int64)
+                fr = c.files_of(np.asarray(index.ids(), dtype=np.int64))
                 vectors[fr[fr >= 0]] = True
             out["file_vectors"] = vectors
         return out
@@ -427,35 +404,39 @@ class Searcher:
                 # holds), so a large index never holds a second full copy in memory.
                 c = self._ranker.corpus
                 _, file_chunks = _file_vectors()
-                cent = np.zeros((len(c.files), self._indexes[file_chunks.name].dim), dtype=np.float32)
+                cent = np.zeros((c.n_files, self._indexes[file_chunks.name].dim), dtype=np.float32)
                 for ids, arrays in self._store.iter_vectors(file_chunks.kind):
                     rows = self._ranker.rows_of(ids)
                     ok = rows >= 0
                     if ok.any():
                         vecs = np.concatenate(arrays, axis=0).astype(np.float32, copy=False)
-                        np.add.at(cent, c.file_idx[rows[ok]], vecs[ok])
+                        np.add.at(cent, c.file_of(rows[ok]), vecs[ok])
                 cent /= np.maximum(np.linalg.norm(cent, axis=1, keepdims=True), 1e-9)
                 self._centroids = cent
         return cent
 
-    def _mask(self, languages: tuple[str, ...], globs: tuple[str, ...]) -> np.ndarray | None:
-        """Rows kept by the language and path filters (None: every row). Both are checked
-        already: a language is canonical, a glob parses."""
+    def _mask(self, languages: tuple[str, ...], globs: tuple[str, ...]) -> RowFilter | None:
+        """The language and path filters, for the rows a query scores (None: every row). Both
+        are checked already: a language is canonical, a glob parses. Paths are matched for
+        the candidate files only, not for every file of the index."""
+        if not languages and not globs:
+            return None
         c = self._ranker.corpus
-        mask = None
-        if languages:
-            # A language this index lacks keeps nothing.
-            mask = np.isin(c.language, languages)
-        if globs:
-            spec = GlobFilter.of(globs)
-            fmask = np.fromiter(spec.matches(c.files), dtype=bool, count=len(c.files))
-            gm = fmask[c.file_idx]
-            mask = gm if mask is None else mask & gm
-        return mask
+        spec = GlobFilter.of(globs) if globs else None
 
-    def _regex_mask(self, pattern: str, mask: np.ndarray | None) -> np.ndarray:
-        """``mask`` narrowed to the rows whose chunk text matches ``pattern`` (checked when the
-        request was made).
+        def keep(rows: np.ndarray, files: np.ndarray, owner: np.ndarray) -> np.ndarray:
+            # A language this index lacks keeps nothing.
+            out = c.in_languages(rows, languages) if languages else np.ones(len(rows), dtype=bool)
+            if spec is not None:
+                fmask = np.fromiter(spec.matches(c.paths(files)), dtype=bool, count=len(files))
+                out &= fmask[owner]
+            return out
+
+        return keep
+
+    def _regex_mask(self, pattern: str, mask: RowFilter | None) -> tuple[np.ndarray, RowFilter]:
+        """The rows whose chunk text matches ``pattern`` (checked when the request was made)
+        among those ``mask`` keeps, and the filter that keeps just them.
 
         Why in batches: the texts are most of an index's bytes. They are read from the store
         `_TEXT_BATCH` chunks at a time, only for rows the other filters keep, and each batch
@@ -465,41 +446,59 @@ class Searcher:
         """
         c = self._ranker.corpus
         regex = compile_regex(pattern)
-        n = len(c.ids)
-        keep = np.zeros(n, dtype=bool)
-        rows = np.arange(n) if mask is None else np.flatnonzero(mask)
-        rows = rows[np.argsort(c.ids[rows], kind="stable")]  # by id: each batch is one stretch of the table
-        ids = c.ids[rows]
+        files = c.live_files()
+        rows, owner = c.file_rows(files)
+        if mask is not None:
+            rows = rows[mask(rows, files, owner)]
+        ids = c.ids(rows)
+        order = np.argsort(ids, kind="stable")  # by id: each batch is one stretch of the table
+        rows, ids = rows[order], ids[order]
+        keep = np.zeros(len(rows), dtype=bool)
         for start in range(0, len(rows), _TEXT_BATCH):
             part = ids[start : start + _TEXT_BATCH]
             with self._lock:
                 batch = self._store.chunk_texts(part.tolist())  # by id, a subset of part
             found = np.fromiter((i for i, _ in batch), dtype=ids.dtype, count=len(batch))
             hits = np.fromiter(regex.matches(text for _, text in batch), dtype=bool, count=len(batch))
-            keep[rows[start + np.searchsorted(part, found[hits])]] = True
+            keep[start + np.searchsorted(part, found[hits])] = True
             del batch
-        return keep
+        matched = np.sort(rows[keep])
+
+        def kept(rows: np.ndarray, files: np.ndarray, owner: np.ndarray) -> np.ndarray:
+            at = np.searchsorted(matched, rows).clip(0, max(len(matched) - 1, 0))
+            return matched[at] == rows if len(matched) else np.zeros(len(rows), dtype=bool)
+
+        return matched, kept
 
     def _chunk_texts(self, rows: list[int]) -> list[tuple[str, str]]:
         """(path, code) of the chunks at ``rows`` of the ranker's corpus, in order."""
-        ids = [int(self._ranker.corpus.ids[r]) for r in rows]
+        ids = self._ranker.corpus.ids(np.array(rows, dtype=np.int64)).tolist()
         with self._lock:
             stored = {r.id: (r.chunk.path, r.chunk.text) for r in self._store.chunk_records(ids)}
         return [stored.get(i, ("", "")) for i in ids]
 
-    def _hits(self, picked: list[tuple[int, float]], sources: dict[str, np.ndarray]) -> list[SearchHit]:
-        c = self._ranker.corpus
-        ids = [int(c.ids[r]) for r, _ in picked]
+    def _hits(self, picked: list[tuple[int, float]], scored: Scored) -> list[SearchHit]:
+        rows = np.array([r for r, _ in picked], dtype=np.int64)
+        ids = self._ranker.corpus.ids(rows).tolist()
         with self._lock:
             stored = {r.id: r for r in self._store.chunk_records(ids)}
         hits = []
-        for r, s in picked:
-            rec = stored.get(int(c.ids[r]))
+        for (_, s), cid, i in zip(picked, ids, scored.positions(rows).tolist()):
+            rec = stored.get(cid)
             if rec is None:
                 continue
-            src = tuple(name for name, v in sources.items() if v[r] > 0)
+            src = tuple(name for name, v in scored.sources.items() if v[i] > 0)
             hits.append(SearchHit.of(rec.chunk, chunk_id=rec.id, score=float(s), sources=src))
         return hits
+
+    def _reopen_lexical(self) -> None:
+        """Rebuild the lexical index from the store (a query found a file of it damaged)."""
+        with self._lock:
+            index = rebuild_lexical(self.index_dir, self._store)
+            self._indexes["lexical"] = index
+            self._ranker = Ranker(index, self._ranker.params)
+            self._covered = self._coverage()
+            self._centroids = None
 
 
 #: The least score of a chunk the regex keeps: above 0, so that one no signal scores can be
@@ -507,25 +506,6 @@ class Searcher:
 _MATCHED_FLOOR = 1e-6
 #: Chunk texts read from the store per lock, by the regex filter.
 _TEXT_BATCH = 2000
-
-
-def _in_lexical_order(rows: list[tuple], lex_ids: np.ndarray) -> list[tuple]:
-    """``rows`` (by chunk id) reordered to the lexical index's row order; ids it lacks last, by id."""
-    ids = np.array([r[0] for r in rows], dtype=np.int64)
-    lex_ids = np.asarray(lex_ids, dtype=np.int64)
-    if len(ids) == len(lex_ids) and np.array_equal(ids, lex_ids):
-        return rows
-    # Key = position in the lexical index, or len + id for rows it does not hold.
-    order = np.argsort(lex_ids, kind="stable")
-    pos = np.searchsorted(lex_ids[order], ids).clip(0, max(len(lex_ids) - 1, 0))
-    found = (lex_ids[order][pos] == ids) if len(lex_ids) else np.zeros(len(ids), dtype=bool)
-    key = np.where(found, order[pos] if len(lex_ids) else 0, len(lex_ids) + ids)
-    return [rows[i] for i in np.argsort(key, kind="stable").tolist()]
-
-
-def _lexical_inputs(store: Store) -> tuple[np.ndarray, list[str]]:
-    recs = list(store.iter_chunk_records())
-    return np.array([r.id for r in recs], dtype=np.int64), [r.chunk.encoder_text for r in recs]
 
 
 def _file_id(path: Path) -> tuple[int, int] | None:

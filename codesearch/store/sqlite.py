@@ -28,6 +28,7 @@ Example
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator, Sequence
 
 from codesearch.store.records import ChunkMeta, FileRecord, ModelRecord, StoredChunk
@@ -168,6 +169,33 @@ class Store(VectorCache):
         if self._exec("SELECT 1 FROM files WHERE typeof(path) = 'blob' LIMIT 1").fetchone():
             rows = paths_at(rows, 2)  # (only then: a pass over every row costs on a large index)
         return map(ChunkMeta._make, rows)
+
+    def iter_file_chunks(self, file_ids: Sequence[int] | None = None) -> Iterator[tuple]:
+        """The chunks of ``file_ids`` (of every file when None), grouped by file: files by id,
+        a file's chunks by id, each as ``(id, file_id, path, start_line, end_line, language,
+        symbol, kind, scope, header, text)``.
+
+        What the lexical index is written from. A cursor read row by row (the chunks table's
+        ``file_id`` index gives the order, so SQLite sorts nothing), so a large index is
+        never held in memory at once.
+        """
+        sql = (
+            "SELECT c.id, c.file_id, f.path, c.start_line, c.end_line, c.language, c.symbol, c.kind, c.scope,"
+            " c.header, c.text FROM chunks c JOIN files f ON f.id = c.file_id"
+        )
+        parts = [None] if file_ids is None else list(chunked(sorted({int(i) for i in file_ids})))
+        for part in parts:
+            if part is None:
+                cursor = self._exec(f"{sql} ORDER BY c.file_id, c.id")
+            else:
+                cursor = self._exec(f"{sql} WHERE c.file_id IN ({','.join('?' * len(part))}) ORDER BY c.file_id, c.id",
+                                    part)
+            try:
+                for row in cursor:
+                    yield row if not isinstance(row[2], bytes) else (*row[:2], from_db(row[2]), *row[3:])
+            except sqlite3.DatabaseError as exc:
+                self._raise_for(exc)
+                raise
 
     def file_chunk_ids(self, file_id: int) -> list[int]:
         """Ids of a file's chunks, in file order."""

@@ -88,7 +88,7 @@ except SystemExit as exc:
     code = exc.code
 else:
     code = 0
-heavy = sorted(m for m in ("torch", "transformers", "faiss") if m in sys.modules)
+heavy = sorted(m for m in ("torch", "transformers", "faiss", "scipy") if m in sys.modules)
 print("PROBE", code, ",".join(heavy), file=sys.stderr)
 """
 
@@ -109,10 +109,12 @@ def test_help_imports_no_torch(argv):
 
 
 def test_lexical_query_imports_no_torch(indexed):
-    # The index has dense and ColBERT vectors; a lexical query must still not load a model.
+    # The index has dense and ColBERT vectors; a lexical query must still not load a model,
+    # nor scipy (the lexical index is read with numpy alone: importing scipy.sparse alone
+    # cost a cold query 0.1-0.2 s).
     code, heavy = _probe(["query", "parseConfigFile", "-p", str(indexed), "--mode", "lexical"])
     assert code == 0
-    assert "torch" not in heavy and "transformers" not in heavy
+    assert "torch" not in heavy and "transformers" not in heavy and "scipy" not in heavy
 
 
 def test_query_uses_a_running_server_and_falls_back_without_it(tmp_path):
@@ -147,4 +149,4 @@ def test_lexical_only_index_imports_no_torch(tmp_path):
     root = write_sample_repo(tmp_path / "repo")
     code, heavy = _probe(["index", str(root), "--model", "none", "--multi-model", "none", "-q"])
     assert code == 0 and (root / ".codesearch" / "store.sqlite").is_file()
-    assert "torch" not in heavy and "transformers" not in heavy
+    assert "torch" not in heavy and "transformers" not in heavy and "scipy" not in heavy

@@ -1,4 +1,4 @@
-"""LexicalIndex: tokenizer, BM25 against a hand computation, persistence, updates."""
+"""LexicalIndex: tokenizer, BM25 against a hand computation, postings, persistence, updates, damage."""
 
 from __future__ import annotations
 
@@ -6,14 +6,17 @@ import math
 
 import numpy as np
 import pytest
+from fixtures.lexical import chunk, file_ids, store_of, write_lexical
 
 from codesearch.errors import IndexCorruptError
+from codesearch.indexes import lexical_writer
 from codesearch.indexes.lexical import (
     LexicalIndex,
     query_tokens,
     split_identifier,
     tokenize,
 )
+from codesearch.store import Store
 
 
 @pytest.mark.parametrize(
@@ -57,96 +60,114 @@ def _bm25(tf: int, dl: int, avgdl: float, n: int, df: int, k1: float = 1.2, b: f
     return idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl))
 
 
-def test_bm25_scores_match_hand_computation():
-    idx = LexicalIndex(stem=False, stopwords=False)
-    docs = ["apple apple banana", "banana cherry", "cherry cherry cherry date"]
-    idx.add(np.array([10, 20, 30]), docs)
+def _index(tmp_path, texts: dict[str, str], **params) -> LexicalIndex:
+    """One chunk per file; single-letter folders and names, which give no tokens, so each
+    document is its text."""
+    store = store_of({path: [chunk(path, 1, 1, text)] for path, text in texts.items()})
+    return write_lexical(store, tmp_path / "lexical", **params)
+
+
+def _ids(index: LexicalIndex) -> dict[str, int]:
+    """path -> chunk id of a one-chunk-per-file index."""
+    rows, _ = index.file_rows(index.live_files())
+    ids = index.row_values("ids", rows).tolist()
+    return dict(zip(index.paths(index.file_of(rows)), ids))
+
+
+def test_bm25_scores_match_hand_computation(tmp_path):
+    idx = _index(tmp_path, {"a/x": "apple apple banana", "b/x": "banana cherry", "c/x": "cherry cherry cherry date"},
+                 stem=False, stopwords=False)
+    by_path = _ids(idx)
     avgdl = (3 + 2 + 4) / 3
     ids, scores = idx.search(["apple cherry"], k=10)[0]
     expected = {
-        10: _bm25(2, 3, avgdl, 3, 1),
-        20: _bm25(1, 2, avgdl, 3, 2),
-        30: _bm25(3, 4, avgdl, 3, 2),
+        by_path["a/x"]: _bm25(2, 3, avgdl, 3, 1),
+        by_path["b/x"]: _bm25(1, 2, avgdl, 3, 2),
+        by_path["c/x"]: _bm25(3, 4, avgdl, 3, 2),
     }
     assert ids.tolist() == sorted(expected, key=lambda i: -expected[i])
-    np.testing.assert_allclose(scores, [expected[i] for i in ids.tolist()], rtol=1e-5)
+    np.testing.assert_allclose(scores, [expected[i] for i in ids.tolist()], rtol=1e-6)
     # A term no document has scores nothing; k cuts the list.
     assert idx.search(["zebra"], k=5)[0][0].tolist() == []
     assert len(idx.search(["cherry"], k=1)[0][0]) == 1
 
 
-def test_search_takes_a_list_of_queries():
-    idx = LexicalIndex()
-    idx.add(np.array([1]), ["fn main() {}"])
+def test_search_takes_a_list_of_queries(tmp_path):
+    idx = _index(tmp_path, {"a/x": "fn main() {}"})
     with pytest.raises(TypeError):
         idx.search("main", k=1)
-    assert [r[0].tolist() for r in idx.search(["main", "nothing"], k=3)] == [[1], []]
+    assert [len(r[0]) for r in idx.search(["main", "nothing"], k=3)] == [1, 0]
 
 
-def test_identifier_matches_split_and_whole_queries():
-    idx = LexicalIndex()
-    idx.add(np.array([1, 2]), ["class HttpClient:\n    pass", "def parse_url(url): ..."])
+def test_identifier_matches_split_and_whole_queries(tmp_path):
+    idx = _index(tmp_path, {"a/x": "class HttpClient:\n    pass", "b/x": "def parse_url(url): ..."})
+    by_path = _ids(idx)
     for q in ("HttpClient", "http client", "httpclient"):
-        assert idx.search([q], k=1)[0][0].tolist() == [1], q
-    assert idx.search(["parse url"], k=1)[0][0].tolist() == [2]
+        assert idx.search([q], k=1)[0][0].tolist() == [by_path["a/x"]], q
+    assert idx.search(["parse url"], k=1)[0][0].tolist() == [by_path["b/x"]]
 
 
-def test_remove_and_add_update_statistics():
-    idx = LexicalIndex(stem=False, stopwords=False)
-    idx.add(np.array([1, 2, 3]), ["alpha beta", "beta gamma", "gamma delta"])
-    idx.remove(np.array([2, 99]))  # unknown ids are ignored
-    assert len(idx) == 2
-    assert idx.search(["beta"], k=5)[0][0].tolist() == [1]
-    # Re-adding an id replaces its text.
-    idx.add(np.array([1]), ["omega"])
-    assert idx.search(["beta"], k=5)[0][0].tolist() == []
-    assert idx.search(["omega"], k=5)[0][0].tolist() == [1]
-    # The scores equal those of an index built from scratch on the same live texts.
-    fresh = LexicalIndex(stem=False, stopwords=False)
-    fresh.add(np.array([3, 1]), ["gamma delta", "omega"])
-    for q in ("gamma", "omega delta"):
+def test_updates_give_the_scores_of_an_index_built_from_scratch(tmp_path):
+    """A removed file, a file written again and a new one: live counts, document
+    frequencies and lengths are those of the live files only."""
+    files = {"a/x": "alpha beta", "b/x": "beta gamma", "c/x": "gamma delta"}
+    store = store_of({p: [chunk(p, 1, 1, t)] for p, t in files.items()})
+    idx = write_lexical(store, tmp_path / "lexical", stem=False, stopwords=False)
+    gone = file_ids(store, ["b/x"])
+    store_of({"a/x": [chunk("a/x", 1, 1, "omega")], "d/x": [chunk("d/x", 1, 1, "omega omega beta")]}, store,
+             removed=("b/x",))
+    idx = lexical_writer.update(idx, store, gone, file_ids(store, ["a/x", "d/x"]))
+    idx.save(tmp_path / "lexical")
+    idx = LexicalIndex.load(tmp_path / "lexical")
+    assert len(idx) == 3
+    fresh = _index(tmp_path / "fresh", {"a/x": "omega", "c/x": "gamma delta", "d/x": "omega omega beta"},
+                   stem=False, stopwords=False)
+    for q in ("beta", "gamma", "omega delta", "alpha"):
         a, b = idx.search([q], k=5)[0], fresh.search([q], k=5)[0]
-        assert a[0].tolist() == b[0].tolist()
-        np.testing.assert_allclose(a[1], b[1], rtol=1e-6)
+        paths = [sorted(i.paths(i.file_of(i.rows_of(ids)))) for i, ids in ((idx, a[0]), (fresh, b[0]))]
+        assert paths[0] == paths[1]
+        np.testing.assert_array_equal(np.sort(a[1]), np.sort(b[1]))  # bit for bit
 
 
 def test_save_load_round_trip(tmp_path):
-    idx = LexicalIndex(k1=1.5, b=0.5)
-    idx.add(np.array([5, 6, 7]), ["def open_db(path)", "class Cursor: fetch rows", "fetchAll rows from db"])
-    path = tmp_path / "lexical.npz"
-    idx.save(path)
-    assert not list(tmp_path.glob("*.tmp"))
-    back = LexicalIndex.load(path)
+    texts = {"a/x": "def open_db(path)", "b/x": "class Cursor: fetch rows", "c/x": "fetchAll rows from db"}
+    idx = _index(tmp_path, texts, k1=1.5, b=0.5)
+    back = LexicalIndex.load(tmp_path / "lexical")
     assert (back.k1, back.b, len(back)) == (1.5, 0.5, 3)
+    assert not [p for p in (tmp_path / "lexical").iterdir() if ".tmp" in p.name]
     for q in ("db", "fetch rows", "Cursor"):
         a, b = idx.search([q], k=3)[0], back.search([q], k=3)[0]
         assert a[0].tolist() == b[0].tolist()
-        np.testing.assert_allclose(a[1], b[1])
-    back.add(np.array([8]), ["open cursor"])  # a loaded index keeps growing
-    assert 8 in back.search(["cursor"], k=5)[0][0].tolist()
+        np.testing.assert_array_equal(a[1], b[1])
 
 
 def test_empty_index_round_trip(tmp_path):
-    LexicalIndex().save(tmp_path / "l.npz")
-    back = LexicalIndex.load(tmp_path / "l.npz")
-    assert len(back) == 0 and back.search(["x y"], k=3)[0][0].tolist() == []
+    idx = write_lexical(Store(":memory:"), tmp_path / "lexical")
+    back = LexicalIndex.load(tmp_path / "lexical")
+    assert len(idx) == len(back) == 0 and back.search(["x y"], k=3)[0][0].tolist() == []
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncate", "missing"])
+@pytest.mark.parametrize("damage", ["garbage", "truncate", "missing", "version", "segment gone", "segment cut"])
 def test_corrupt_file_raises_index_corrupt_error(tmp_path, damage):
-    idx = LexicalIndex()
-    idx.add(np.array([1, 2]), ["alpha beta", "gamma"])
-    path = tmp_path / "lexical.npz"
-    idx.save(path)
+    _index(tmp_path, {"a/x": "alpha beta", "b/x": "gamma"})
+    folder = tmp_path / "lexical"
+    manifest = folder / "manifest.json"
+    segment = next(folder.glob("seg-*.bin"))
     if damage == "garbage":
-        path.write_bytes(b"not an npz file at all")
+        manifest.write_bytes(b"not a manifest at all")
     elif damage == "truncate":
-        path.write_bytes(path.read_bytes()[:100])
+        manifest.write_bytes(manifest.read_bytes()[:100])
+    elif damage == "missing":
+        manifest.unlink()
+    elif damage == "version":
+        manifest.write_text(manifest.read_text().replace('"version": 1', '"version": 99'))
+    elif damage == "segment gone":
+        segment.unlink()
     else:
-        path.unlink()
+        segment.write_bytes(segment.read_bytes()[:300])
     with pytest.raises(IndexCorruptError, match="--rebuild") as err:
-        LexicalIndex.load(path)
-    assert "lexical.npz" in str(err.value)
+        LexicalIndex.load(folder)
+    assert "lexical" in str(err.value)
 
 
 def _reference_tokenize(text: str, stem: bool) -> list[str]:
@@ -188,22 +209,19 @@ def test_cached_tokenizer_matches_reference(stem):
         assert tokenize(text, stem=stem) == _reference_tokenize(text, stem)
 
 
-def test_add_builds_the_same_matrix_as_per_token_counting():
-    """Vocabulary ids and every term frequency equal those of counting each token."""
+def test_postings_hold_the_counts_of_per_token_counting(tmp_path):
+    """Every term's postings (rows and counts) equal those of counting each token of each
+    chunk's header and text (the reference tokenizer)."""
     from collections import Counter
 
     texts = _REAL_SOURCES * 2 + [t.upper() for t in _REAL_SOURCES]
-    idx = LexicalIndex()
-    idx.add(np.arange(len(texts)), texts)
-    vocab: dict[str, int] = {}
-    rows = []
-    for text in texts:
-        counts = Counter(_reference_tokenize(text, stem=True))
-        rows.append({vocab.setdefault(t, len(vocab)): c for t, c in counts.items()})
-    assert idx.vocab == vocab
-    dense = idx.tf.toarray()
-    expected = np.zeros_like(dense)
-    for r, row in enumerate(rows):
-        for col, c in row.items():
-            expected[r, col] = c
-    np.testing.assert_array_equal(dense, expected)
+    files = {f"d{i}/f{i}.py": [chunk(f"d{i}/f{i}.py", 1, 1, t)] for i, t in enumerate(texts)}
+    idx = write_lexical(store_of(files), tmp_path / "lexical")
+    expected: dict[str, dict[str, int]] = {}
+    for path, (c,) in files.items():
+        for term, n in Counter(_reference_tokenize(c.header + "\n" + c.text, stem=True)).items():
+            expected.setdefault(term, {})[path] = n
+    for term, by_path in expected.items():
+        p = idx.postings(term)
+        assert dict(zip(idx.paths(p.files), p.tf.astype(int).tolist())) == by_path, term
+    assert idx.postings("nosuchterm") is None

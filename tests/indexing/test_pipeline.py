@@ -288,15 +288,16 @@ def test_reader_waits_for_a_syncing_writer_instead_of_rebuilding(repo, monkeypat
     idir = pipeline.default_index_dir(repo)
     rebuilt = []
     real = registry._rebuild_index
-    monkeypatch.setattr(registry, "_rebuild_index", lambda name, store: rebuilt.append(name) or real(name, store))
+    monkeypatch.setattr(registry, "_rebuild_index",
+                        lambda name, store, **kw: rebuilt.append(name) or real(name, store, **kw))
     # A writer between its store commit and its derived-index writes.
     lock = IndexLock(idir).acquire()
     with _store(repo) as w:
         w.set_meta("generation", w.generation + 1)
-        lexical = real("lexical", w)
+        lexical = real("lexical", w, path=idir / "lexical")
 
         def finish_sync():
-            lexical.save(idir / "lexical.npz")
+            lexical.save(idir / "lexical")
             w.set_meta("gen.lexical", w.generation)
             lock.release()
 
@@ -323,9 +324,9 @@ def test_reader_rebuilds_in_memory_when_the_writer_takes_too_long(repo):
 def test_missing_derived_file_is_rebuilt(repo):
     build_index(repo)
     idir = pipeline.default_index_dir(repo)
-    (idir / "lexical.npz").unlink()
+    shutil.rmtree(idir / "lexical")
     check_consistent(idir)
-    assert (idir / "lexical.npz").exists()
+    assert (idir / "lexical" / "manifest.json").exists()
 
 
 def test_store_readers_see_the_last_commit_while_the_writer_holds_the_lock(repo):

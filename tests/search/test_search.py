@@ -288,8 +288,9 @@ def test_file_centroids_are_the_normalised_mean_of_chunk_vectors(minilm_index):
     c = minilm_index._ranker.corpus
     ids, vecs = minilm_index._indexes["dense_chunks"]._all_vectors()
     rows = minilm_index._ranker.rows_of(ids)
-    f = next(i for i, p in enumerate(c.files) if p == "src/net/http_client.py")
-    mine = vecs[c.file_idx[rows] == f]
+    files = c.live_files()
+    f = files[c.paths(files).index("src/net/http_client.py")]
+    mine = vecs[c.file_of(rows) == f]
     assert len(mine) >= 1
     expected = mine.sum(axis=0) / np.linalg.norm(mine.sum(axis=0))
     np.testing.assert_allclose(cent[f], expected, rtol=1e-5, atol=1e-6)
@@ -312,51 +313,48 @@ def test_vectors_without_a_query_encoder_fall_back_to_lexical(minilm_index):
 def test_stem_and_parent_match_purepath(path):
     from pathlib import PurePosixPath
 
-    from codesearch.search.corpus import _stem_and_parent
+    from codesearch.indexes.features import stem_and_parent
 
     p = PurePosixPath(path)
-    assert _stem_and_parent(path) == (p.stem, p.parent.name)
-
-
-def test_rows_in_lexical_order_and_id_to_row_mapping():
-    """The start-up reordering equals sorting by lexical position, unknown ids last by id."""
-    import numpy as np
-
-    from codesearch.search.searcher import _in_lexical_order
-
-    rows = [(i, 0, "a.py", 1, 2, "python", None) for i in (3, 5, 8, 9, 12)]
-    lex_ids = np.array([9, 3, 12, 40])  # 5 and 8 missing from the lexical index, 40 from the store
-    order = {int(i): n for n, i in enumerate(lex_ids.tolist())}
-    expected = sorted(rows, key=lambda r: order.get(r[0], len(order) + r[0]))
-    assert _in_lexical_order(rows, lex_ids) == expected
-    assert _in_lexical_order(rows, np.array([3, 5, 8, 9, 12])) == rows
-    assert [r[0] for r in _in_lexical_order(rows, np.zeros(0, np.int64))] == [3, 5, 8, 9, 12]
+    assert stem_and_parent(path) == (p.stem, p.parent.name)
 
 
 def test_ranker_maps_chunk_ids_to_rows(lexical_index):
     import numpy as np
 
     r = lexical_index._ranker
-    ids = r.corpus.ids
+    rows, _ = r.corpus.file_rows(r.corpus.live_files())
+    ids = r.corpus.ids(rows)
     probe = np.concatenate([ids[::-1], [ids.max() + 1, -5]])
-    assert r.rows_of(probe).tolist() == [*list(range(len(ids)))[::-1], -1, -1]
+    assert r.rows_of(probe).tolist() == [*rows.tolist()[::-1], -1, -1]
 
 
 def test_path_word_matching_equals_the_scan(lexical_index):
-    """The bisect-based lookup finds exactly what comparing every path word finds."""
-    r = lexical_index._ranker
-    words = list(r._by_path_token)
-    probes = [*words, *(w[:4] for w in words), *(w + "ing" for w in words)]
+    """The bisection of the sorted path-word tables finds exactly the files that comparing
+    every path word of every file finds."""
+    import numpy as np
+
+    from codesearch.indexes.features import path_tokens
+
+    c = lexical_index._ranker.corpus
+    files = c.live_files()
+    words = {f: path_tokens(p) for f, p in zip(files.tolist(), c.paths(files))}
+    every = set().union(*words.values())
+    probes = [*every, *(w[:4] for w in every), *(w + "ing" for w in every)]
     probes += ["h", "ht", "zzzz", "config", "configurations"]
     for min_prefix in (0, 3, 4):
         for t in probes:
-            expected = {
-                pt
-                for pt in words
-                if pt == t
-                or (min_prefix and min(len(pt), len(t)) >= min_prefix and (pt.startswith(t) or t.startswith(pt)))
-            }
-            assert r._path_matches(t, min_prefix) == expected, (t, min_prefix)
+            expected = sorted(
+                f
+                for f, ws in words.items()
+                if any(
+                    pt == t
+                    or (min_prefix and min(len(pt), len(t)) >= min_prefix and (pt.startswith(t) or t.startswith(pt)))
+                    for pt in ws
+                )
+            )
+            assert c.path_files(t, min_prefix).tolist() == expected, (t, min_prefix)
+    assert isinstance(c.path_files("zzzz", 4), np.ndarray)
 
 
 CENTRAL_FILES = {
@@ -391,6 +389,12 @@ def central_index(tmp_path_factory):
     searcher.close()
 
 
+def _central_files(searcher):
+    c = searcher._ranker.corpus
+    files = c.live_files()
+    return c, files, c.paths(files)
+
+
 def test_centrality_counts_the_files_that_use_what_a_file_defines(central_index):
     """Against sets built from the files' own text: the other files whose code holds a name
     the file defines (a symbol, or its file name: ``plan_store`` for plan_store.py), a name
@@ -398,41 +402,46 @@ def test_centrality_counts_the_files_that_use_what_a_file_defines(central_index)
     engine.py), a name in more than a quarter of the files ignored."""
     import math
 
+    from codesearch.indexes.features import labels_owner, symbol_names
     from codesearch.indexes.lexical import stem_word, tokenize
+    from codesearch.store import Store
 
     root, searcher = central_index
-    r = searcher._ranker
-    c = r.corpus
-    uses = {f: set(tokenize((root / f).read_text())) - set(tokenize(f)) for f in c.files}
-    defined: dict[str, set[str]] = {f: set() for f in c.files}
-    for i, names in enumerate(c.symbols):
-        defined[c.files[c.file_idx[i]]] |= {stem_word(n) for n in names if n.isidentifier() and len(n) >= 3}
-    for f in c.files:
+    c, files, paths = _central_files(searcher)
+    uses = {f: set(tokenize((root / f).read_text())) - set(tokenize(f)) for f in paths}
+    defined: dict[str, set[str]] = {f: set() for f in paths}
+    with Store(root / ".codesearch" / "store.sqlite", readonly=True) as store:
+        for m in store.iter_chunk_meta():
+            if not labels_owner(m.symbol, m.scope):
+                defined[m.path] |= {stem_word(n) for n in symbol_names(m.symbol) if n.isidentifier() and len(n) >= 3}
+    for f in paths:
         stem = Path(f).stem.lower()
         defined[f] |= {stem_word(stem), stem_word(stem.replace("_", ""))}
     df = {t: sum(t in u for u in uses.values()) for t in set().union(*uses.values())}
-    cap = max(5.0, 0.25 * len(c.files))
+    cap = max(5.0, 0.25 * len(paths))
     users = {
-        f: sum(1 for g in c.files if g != f and any(t in uses[g] and df[t] <= cap for t in defined[f])) for f in c.files
+        f: sum(1 for g in paths if g != f and any(t in uses[g] and df[t] <= cap for t in defined[f])) for f in paths
     }
     assert (users["core/engine.py"], users["core/plan_store.py"], users["app/util.py"]) == (3, 1, 1)
     assert users["core/engine_cache.py"] == 0 and users["app/api.py"] == 0
     top = max(math.log1p(u) for u in users.values())
-    got = dict(zip(c.files, r.centrality.tolist()))
-    for f in c.files:
+    got = dict(zip(paths, c.centrality(files).tolist()))
+    for f in paths:
         assert got[f] == pytest.approx(math.log1p(users[f]) / top, abs=1e-6), f
 
 
 def test_centrality_bounds_the_work_with_a_lower_bound_for_widely_used_names(central_index):
     """Exact counting limited to names in at most one file: a file whose users all come
     through one name keeps its count (the bound is that name's users), never less."""
-    from codesearch.search.corpus import centrality
+    from codesearch.indexes.features import centrality, centrality_top
+    from codesearch.indexes.lexical_writer import compute_users
 
     _, searcher = central_index
-    r = searcher._ranker
-    exact = r.centrality
-    bounded = centrality(r.corpus, r._file_tf, r.lexical.vocab, exact_max_users=1)
-    assert bounded.tolist() == pytest.approx(exact.tolist(), abs=1e-6)
+    c, files, _ = _central_files(searcher)
+    index = searcher._ranker.index
+    bounded = compute_users(index, None, len(files), exact_max_users=1)[files]
+    assert centrality(bounded, centrality_top(bounded)).tolist() == pytest.approx(
+        c.centrality(files).tolist(), abs=1e-6)
 
 
 def test_centrality_multiplies_each_files_score(central_index):
@@ -456,37 +465,37 @@ def test_centrality_multiplies_each_files_score(central_index):
     assert lifted["core/engine_cache.py"] == pytest.approx(base["core/engine_cache.py"], rel=1e-6)
 
 
-def test_centrality_is_kept_per_generation_for_the_next_process(tmp_path, monkeypatch):
-    """The first searcher that needs centrality writes it beside the index; the next one
-    (a new CLI process) reads it instead of computing; an index run or a damaged file
-    makes it computed again."""
-    from codesearch.search import ranking as search_mod
+def test_centrality_is_computed_when_the_index_is_written_not_per_process(tmp_path, monkeypatch):
+    """An index run computes centrality (once) and writes it in the lexical index; a searcher
+    (a new CLI process each query) reads it, never computes it; the next index run that
+    changes the files computes it again."""
+    from codesearch.indexes import lexical_writer
 
     root = tmp_path / "repo"
     for rel, text in CENTRAL_FILES.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
+    computed = []
+    real = lexical_writer.file_users
+    monkeypatch.setattr(lexical_writer, "file_users", lambda *a, **kw: computed.append(1) or real(*a, **kw))
     pipeline.build_index(root)
     idir = root / ".codesearch"
-    computed = []
-    real = search_mod.centrality
-    monkeypatch.setattr(search_mod, "centrality", lambda *a, **kw: computed.append(1) or real(*a, **kw))
+    assert computed == [1]
 
     def first_query() -> list[float]:
         with Searcher(idir) as s:
             s.search("engine plan", 3, mode="lexical")
-            return s._ranker.centrality.tolist()
+            c, files, _ = _central_files(s)
+            return c.centrality(files).tolist()
 
     values = first_query()
-    assert computed == [1] and (idir / "centrality.npz").is_file()
-    assert first_query() == values and computed == [1]  # read back, not computed
-    (idir / "centrality.npz").write_bytes(b"not a zip file")
-    assert first_query() == values and computed == [1, 1]  # damaged: computed, rewritten
-    assert first_query() == values and computed == [1, 1]
+    assert first_query() == values and computed == [1]  # read, not computed
+    pipeline.build_index(root)  # nothing changed: nothing computed
+    assert computed == [1]
     (root / "app" / "extra.py").write_text("from core.plan_store import PlanStore\n")
     pipeline.build_index(root)  # a new generation
     after = first_query()
-    assert computed == [1, 1, 1] and after != values
+    assert computed == [1, 1] and after != values
 
 
 # ---- chunks that are rarely the answer (issue 11) ----------------------------------------

@@ -5,6 +5,7 @@ not_indexed with the next action, and the MCP ``repair_index`` tool does it."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 
@@ -32,9 +33,9 @@ def test_status_json_says_the_state_and_the_next_action(tmp_path):
     assert CliRunner().invoke(app, ["index", str(repo), *LEXICAL, "-q"]).exit_code == 0
     assert _health(repo) == {"state": "complete", "problems": [], "next_action": "none"}
 
-    (repo / ".codesearch" / "lexical.npz").unlink()  # a derived file lost
+    shutil.rmtree(repo / ".codesearch" / "lexical")  # a derived index lost
     health = _health(repo)
-    assert health["state"] == "damaged" and "lexical.npz is missing" in health["problems"][0]
+    assert health["state"] == "damaged" and "lexical is missing" in health["problems"][0]
     assert f"codesearch index {repo}" in health["next_action"]
     # The action it names repairs it.
     assert CliRunner().invoke(app, ["index", str(repo), *LEXICAL, "-q"]).exit_code == 0
