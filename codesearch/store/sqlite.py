@@ -28,12 +28,13 @@ Example
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
 
 from codesearch.store.records import ChunkMeta, FileRecord, ModelRecord, StoredChunk
 from codesearch.store.rows import CHUNK_SQL, chunked, from_db, paths_at, stored_chunk, to_db
 from codesearch.store.vectors import KIND_ROLE, SEGMENT_KINDS, VectorCache, decode_array, encode_array
-from codesearch.types import Chunk
+from codesearch.types import Chunk, encoder_text
 
 __all__ = [
     "KIND_ROLE",
@@ -76,6 +77,10 @@ class Store(VectorCache):
         """File id -> relative path."""
         return {i: from_db(p) for i, p in self._exec("SELECT id, path FROM files").fetchall()}
 
+    def file_sizes(self) -> list[tuple[int, str, int]]:
+        """``(file id, path, size)`` of every indexed file."""
+        return paths_at(self._exec("SELECT id, path, size FROM files").fetchall(), 1)  # type: ignore[return-value]
+
     def file_record(self, file_id: int) -> FileRecord | None:
         row = self._exec(
             "SELECT id, path, hash, size, mtime_ns, language, n_lines FROM files WHERE id = ?", (file_id,)
@@ -113,6 +118,12 @@ class Store(VectorCache):
         """Record a new stat for a file whose content did not change."""
         self._write("UPDATE files SET size = ?, mtime_ns = ? WHERE id = ?", (size, mtime_ns, file_id))
 
+    def touch_files(self, stats: Sequence[tuple[int, int, int]]) -> None:
+        """`touch_file` for many ``(file id, size, mtime_ns)``."""
+        if stats:
+            self._writemany("UPDATE files SET size = ?, mtime_ns = ? WHERE id = ?",
+                            [(size, mtime_ns, fid) for fid, size, mtime_ns in stats])
+
     def delete_files(self, file_ids: Sequence[int]) -> None:
         """Delete files and (cascade) their chunks."""
         with self.transaction():
@@ -143,6 +154,18 @@ class Store(VectorCache):
             marks = ",".join("?" * len(part))
             out.extend(self._exec(f"SELECT id, text FROM chunks WHERE id IN ({marks})", part).fetchall())
         return sorted(out)
+
+    def encoder_texts(self, ids: Sequence[int]) -> dict[int, tuple[str, str]]:
+        """Chunk id -> (`Chunk.encoder_text`, text hash) of the chunks of ``ids``: what an
+        encode batch reads (missing ids are left out)."""
+        out: dict[int, tuple[str, str]] = {}
+        for part in chunked([int(i) for i in ids]):
+            marks = ",".join("?" * len(part))
+            for cid, header, text, h in self._exec(
+                f"SELECT id, header, text, text_hash FROM chunks WHERE id IN ({marks})", part
+            ):
+                out[cid] = (encoder_text(header, text), h)
+        return out
 
     def iter_chunk_records(self) -> Iterator[StoredChunk]:
         """Every chunk, by id."""
@@ -199,6 +222,29 @@ class Store(VectorCache):
             ),
         )
         return int(cur.lastrowid)
+
+    def insert_chunks(self, items: Iterable[tuple[int, Chunk, str]]) -> list[int]:
+        """Insert chunks ``(file id, chunk, text hash)``, in order, in one statement; returns
+        their ids, in that order.
+
+        ``AUTOINCREMENT`` gives a new row an id above any the table has had, so the new rows
+        are those above the largest id before the statement.
+        """
+        with self.transaction():
+            row = self._exec("SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'chunks'), 0),"
+                             " coalesce((SELECT max(id) FROM chunks), 0))").fetchone()
+            before = int(row[0])
+            try:
+                self.conn.executemany(
+                    "INSERT INTO chunks(file_id, start_line, end_line, start_byte, end_byte, language, symbol,"
+                    " kind, scope, header, text, text_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    ((fid, c.start_line, c.end_line, c.start_byte, c.end_byte, c.language, c.symbol, c.kind,
+                      c.scope, c.header, c.text, h) for fid, c, h in items),
+                )
+            except sqlite3.DatabaseError as exc:
+                self._raise_for(exc)
+                raise
+            return [r[0] for r in self._exec("SELECT id FROM chunks WHERE id > ? ORDER BY id", (before,))]
 
     def update_chunk_position(self, chunk_id: int, c: Chunk) -> None:
         """Move a kept chunk (same header and text) to its new place in an edited file."""
