@@ -25,6 +25,7 @@ from codesearch.indexes.registry import Delta
 from codesearch.indexing.chunking import CHUNKER_VERSION
 from codesearch.indexing.encoders import DISABLED_KEY, EMBEDDED_KEY, TOKENIZER_KEY, tokenizer_of
 from codesearch.indexing.options import Run, Work
+from codesearch.indexing.walk import WALK_SKIPPED_KEY, WALK_STAMP_KEY
 from codesearch.store import Store
 
 __all__ = ["COMMIT_GROUP_S", "WALK_EXCLUDE_KEY", "WALK_INCLUDE_KEY", "ChangeWriter", "Commits", "writing"]
@@ -119,6 +120,11 @@ class ChangeWriter:
         # The walk options, so a later staleness check compares with the index as built.
         store.set_meta(WALK_INCLUDE_KEY, json.dumps(list(run.opts.include)))
         store.set_meta(WALK_EXCLUDE_KEY, json.dumps(list(run.opts.exclude)))
+        if run.changes.stamp is not None:
+            store.set_meta(WALK_STAMP_KEY, run.changes.stamp.to_json())
+            store.set_meta(WALK_SKIPPED_KEY, json.dumps(run.changes.skipped, sort_keys=True))
+        else:
+            store.delete_meta(WALK_STAMP_KEY)
         store.set_meta("generation", run.prev_gen + 1 if changed else run.prev_gen)
         return Delta(
             removed_chunks=self.removed_chunks,

@@ -20,7 +20,7 @@ from codesearch.store import FileRecord, ModelRecord, Store
 from codesearch.types import Chunk, ProgressEvent
 
 if TYPE_CHECKING:  # pragma: no cover
-    from codesearch.indexing.walk import SourceFile
+    from codesearch.indexing.walk import SourceFile, WalkStamp
 
 __all__ = ["Changes", "ChunkPlan", "Progress", "Run", "RunOptions", "Work"]
 
@@ -69,6 +69,10 @@ class Changes:
     renamed: int = 0  # of those, new paths whose content was a removed file's
     unchanged: int = 0
     files_read: int = 0
+    # What the walk's verdicts rested on, recorded with the files for a no-op check that
+    # needs no walk (`walk.unchanged_since`); None: not recordable (listed without git, or a
+    # file the walk kept could not be read).
+    stamp: WalkStamp | None = None
 
 
 @dataclass

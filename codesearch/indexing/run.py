@@ -384,6 +384,7 @@ def _walk_and_read(run: Run) -> None:
         index_dir=run.opts.idir,
     )
     run.changes.skipped = {reason: len(paths) for reason, paths in result.skipped.items() if paths}
+    run.changes.stamp = result.stamp
     run.changes.all_old = store.files()
     old_files = {} if run.opts.rebuild else run.changes.all_old
     if not result.files and not old_files:
@@ -490,6 +491,7 @@ def _read_batches(run: Run) -> Iterator[tuple[list[Work], list[tuple[int, int, i
         except OSError:
             run.changes.skipped["unreadable"] = run.changes.skipped.get("unreadable", 0) + 1
             run.changes.seen.discard(sf.path)  # a file that vanished mid-run leaves the index
+            run.changes.stamp = None  # (the walk kept it: its stamp no longer says what the index holds)
             continue
         run.changes.files_read += 1
         digest = hash_bytes(data)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import json
 import logging
 import os
 import re
@@ -32,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+import xxhash
+
 from codesearch.errors import PathError
 from codesearch.globs import GitIgnore
 from codesearch.languages import CPP_HINTS, detect_language
@@ -42,9 +45,11 @@ __all__ = [
     "SKIP_REASONS",
     "SourceFile",
     "WalkResult",
+    "WalkStamp",
     "detect_language",
     "quiet_skips",
     "read_source",
+    "unchanged_since",
     "walk",
 ]
 
@@ -193,6 +198,56 @@ class SourceFile:
         }
 
 
+#: The stat of a watched file that was not there.
+ABSENT = (-1, -1)
+#: Meta keys of an index store: the last run's `WalkStamp` (JSON), and what its walk
+#: skipped (JSON: reason -> files).
+WALK_STAMP_KEY, WALK_SKIPPED_KEY = "walk.stamp", "walk.skipped"
+
+
+@dataclass(frozen=True)
+class WalkStamp:
+    """What a walk's verdicts rested on besides the files it kept: git's listing of each
+    repository it listed, and the stat of every file it looked at and left out (a binary, a
+    huge or a generated file, a tracked file deleted from the work tree, a
+    ``.codesearchignore``, a symlink), or that would change a verdict if it appeared.
+
+    With the same listings, the same stats of those files and the same stat of every kept
+    file, a walk keeps the same files with the same verdicts: `unchanged_since` checks that
+    with ``git ls-files`` and a ``stat`` per file, without a verdict made again or a file read.
+
+    Attributes
+    ----------
+    listings : tuple of (str, str)
+        (folder relative to the root, ``""`` for the root; xxh3_128 of what ``git ls-files``
+        printed there), for the root and each nested repository, in walk order.
+    watched : dict of str to (int, int)
+        Path -> (size, mtime_ns) when walked; `ABSENT` for a file that was not there.
+    """
+
+    listings: tuple[tuple[str, str], ...]
+    watched: dict[str, tuple[int, int]]
+
+    def to_json(self) -> str:
+        return json.dumps({"listings": [list(x) for x in self.listings],
+                           "watched": [[p, *st] for p, st in sorted(self.watched.items())]},
+                          ensure_ascii=False, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | None) -> WalkStamp | None:
+        """The stamp `to_json` wrote; None for nothing, or anything else (an older or damaged
+        value: the caller walks)."""
+        if not text:
+            return None
+        try:
+            doc = json.loads(text)
+            listings = tuple((str(rel), str(digest)) for rel, digest in doc["listings"])
+            watched = {str(p): (int(size), int(mtime)) for p, size, mtime in doc["watched"]}
+        except (ValueError, TypeError, KeyError):
+            return None
+        return cls(listings, watched) if listings else None
+
+
 @dataclass
 class WalkResult:
     """What `walk` found: the files to index, and what it left out and why.
@@ -206,11 +261,15 @@ class WalkResult:
         (``node_modules/``, ``build/``) is listed once, with a trailing ``/``.
     git : bool
         True when the listing came from ``git ls-files``.
+    stamp : WalkStamp or None
+        What the verdicts rested on, for `unchanged_since`; None when some folder was
+        listed without git (outside a work tree, an uninitialised submodule).
     """
 
     files: list[SourceFile]
     skipped: dict[str, list[str]] = field(default_factory=lambda: {r: [] for r in SKIP_REASONS})
     git: bool = False
+    stamp: WalkStamp | None = None
 
     def to_dict(self) -> dict:
         """Plain-JSON form."""
@@ -312,6 +371,14 @@ def _list_folder(abs_dir: Path) -> list[tuple[str, bool]]:
         os.close(fd)
 
 
+def _followed(path: str | os.PathLike) -> os.stat_result | None:
+    """The stat of what ``path`` leads to (None: nothing)."""
+    try:
+        return os.stat(path)
+    except OSError:
+        return None
+
+
 def _is_folder(entry: os.DirEntry) -> bool:
     try:
         return entry.is_dir(follow_symlinks=False)
@@ -332,26 +399,51 @@ def _git_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
 
 
-def _git_listing(root: Path) -> list[str] | None:
-    """Paths git shows under `root` (tracked + untracked-not-ignored), or None outside git."""
+_GIT_LS = ("ls-files", "-co", "--exclude-standard", "-z")
+
+
+def _git_ls(root: str | os.PathLike) -> subprocess.Popen | None:
+    """``git ls-files -co --exclude-standard -z`` in ``root``, started (None without git)."""
     git = shutil.which("git")
     if git is None:
         return None
     try:
-        proc = subprocess.run(
-            [git, "-C", str(root), "ls-files", "-co", "--exclude-standard", "-z"],
-            capture_output=True,
-            env=_git_env(),
-            timeout=300,
-        )
+        return subprocess.Popen([git, "-C", os.fspath(root), *_GIT_LS], stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=_git_env())
     except (OSError, subprocess.SubprocessError):
         return None
-    if proc.returncode != 0:
+
+
+def _git_output(proc: subprocess.Popen | None) -> bytes | None:
+    """What a `_git_ls` printed, or None when it failed (outside a work tree)."""
+    if proc is None:
         return None
-    out = proc.stdout.decode("utf-8", errors="surrogateescape")
+    try:
+        out, _ = proc.communicate(timeout=300)
+    except (OSError, subprocess.SubprocessError):
+        proc.kill()
+        proc.wait()
+        return None
+    return out if proc.returncode == 0 else None
+
+
+def _digest(raw: bytes) -> str:
+    """The hash of the set of paths a listing holds: git prints untracked files before
+    tracked ones, and a ``git add`` changes no verdict."""
+    return xxhash.xxh3_128_hexdigest(b"\0".join(sorted(set(raw.split(b"\0")))))
+
+
+def _parse_listing(raw: bytes) -> list[str]:
+    out = raw.decode("utf-8", errors="surrogateescape")
     # An unmerged path (a merge conflict) is listed once per conflict stage. An empty,
     # uninitialised submodule lists itself as "./": that is no file.
     return sorted({p for p in out.split("\0") if p and p not in ("./", ".")})
+
+
+def _git_listing(root: Path) -> list[str] | None:
+    """Paths git shows under `root` (tracked + untracked-not-ignored), or None outside git."""
+    raw = _git_output(_git_ls(root))
+    return None if raw is None else _parse_listing(raw)
 
 
 class _Walker:
@@ -366,6 +458,12 @@ class _Walker:
         self.cs_rules = _IgnoreRules()  # .codesearchignore, both modes
         self.files: list[SourceFile] = []
         self.skipped: dict[str, set[str]] = {r: set() for r in SKIP_REASONS}
+        # The stamp (`WalkStamp`): None once a folder is listed here, without git.
+        self.listings: list[tuple[str, str]] | None = []
+        self.watched: dict[str, tuple[int, int]] = {}
+
+    def watch(self, rel: str, st: os.stat_result | None) -> None:
+        self.watched[rel] = ABSENT if st is None else (st.st_size, st.st_mtime_ns)
 
     # -- per-directory decisions, shared by both listings
 
@@ -392,8 +490,10 @@ class _Walker:
         try:
             st = os.lstat(abs_path)
         except FileNotFoundError:
+            self.watch(rel, None)  # (git still lists it: its return changes no listing)
             return  # tracked by git but deleted from the work tree
         except OSError as exc:
+            self.watch(rel, None)
             self._unreadable(rel, exc)
             return
         if stat.S_ISDIR(st.st_mode):
@@ -411,23 +511,29 @@ class _Walker:
         if self.include is not None and not self.include.match(rel):
             return
         if stat.S_ISLNK(st.st_mode):
+            # (A link is watched by its target's stat, as `unchanged_since` stats it.)
             try:
                 target = abs_path.resolve(strict=False)
             except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
+                self.watch(rel, _followed(abs_path))
                 self._unreadable(rel, exc)
                 return
             if not target.is_relative_to(self.root):
+                self.watch(rel, _followed(abs_path))
                 self.skipped["symlink_outside"].add(rel)
                 return
             try:
                 st = os.stat(abs_path)
             except OSError as exc:
+                self.watch(rel, None)
                 self._unreadable(rel, exc)  # dangling link
                 return
             if stat.S_ISDIR(st.st_mode):
+                self.watch(rel, st)
                 return  # its files are walked under their real path already
         if not stat.S_ISREG(st.st_mode):
             # FIFOs, sockets, devices: opening a FIFO would block the indexer forever.
+            self.watch(rel, st)
             self._unreadable(rel, "not a regular file")
             return
         name = rel.rsplit("/", 1)[-1]
@@ -450,16 +556,20 @@ class _Walker:
             # regular file): what is kept is what was looked at.
             head, st = read_inside(self.root, rel, limit=_SNIFF_BYTES)
         except OSError as exc:
+            self.watch(rel, None)  # (so an unreadable file there never passes for unchanged)
             self._unreadable(rel, exc)
             return
         if st.st_size > self.max_file_bytes:
+            self.watch(rel, st)
             self.skipped["too_large"].add(rel)
             return
         if _looks_binary(head):
+            self.watch(rel, st)
             self.skipped["binary"].add(rel)
             return
         prose = os.path.splitext(lower)[1] in _PROSE_SUFFIXES
         if _looks_minified(head, st.st_size, prose=prose) or _GENERATED_MARK.search(head, 0, 1024):
+            self.watch(rel, st)
             self.skipped["generated"].add(rel)
             return
         first_line = ""
@@ -478,6 +588,7 @@ class _Walker:
     # -- filesystem listing (no git): nested .gitignore, read as git reads them
 
     def walk_fs(self, abs_dir: Path, rel_dir: str, rules: _IgnoreRules) -> None:
+        self.listings = None  # (what no git listing says: no stamp)
         try:
             entries = _list_folder(abs_dir)
         except OSError as exc:
@@ -516,8 +627,10 @@ class _Walker:
         cs_files = {p for p in listing if p.rpartition("/")[2] == _IGNORE_FILE}
         if (abs_dir / _IGNORE_FILE).is_file():
             cs_files.add(_IGNORE_FILE)
+        self.watch(prefix + _IGNORE_FILE, None)  # (read even where git ignores it: one appearing there counts)
         for p in sorted(cs_files):
             d = p.rpartition("/")[0]
+            self.watch(prefix + p, _followed(abs_dir / p))
             self.cs_rules.add_file(prefix + d if d else rel_dir, abs_dir / p)
         tagged = {p[: -len("/CACHEDIR.TAG")] for p in listing if p.endswith("/CACHEDIR.TAG")}
         packages = {p[: -len("/__init__.py")] for p in listing if p.endswith("/__init__.py")}
@@ -556,8 +669,11 @@ class _Walker:
         # A nested folder is listed by git only when it is a repository of its own: asked
         # about an uninitialised submodule, git would answer for the enclosing repository.
         nested_repo = not rel_dir or (abs_dir / ".git").exists()
-        listing = _git_listing(abs_dir) if nested_repo else None
+        raw = _git_output(_git_ls(abs_dir)) if nested_repo else None
+        listing = _parse_listing(raw) if raw is not None else None
         if listing:
+            if self.listings is not None:
+                self.listings.append((rel_dir, _digest(raw)))  # type: ignore[arg-type]
             self.walk_git(listing, abs_dir, rel_dir)
             return True
         rules = _IgnoreRules()
@@ -631,4 +747,49 @@ def walk(
     git = walker.walk_dir(real_root, "")
     files = sorted(walker.files, key=lambda f: f.path)
     skipped = {reason: sorted(paths) for reason, paths in walker.skipped.items()}
-    return WalkResult(files=files, skipped=skipped, git=git)
+    stamp = WalkStamp(tuple(walker.listings), walker.watched) if git and walker.listings else None
+    return WalkResult(files=files, skipped=skipped, git=git, stamp=stamp)
+
+
+def unchanged_since(root: str | os.PathLike, stamp: WalkStamp, kept: Iterable[tuple[str, int, int]]) -> bool:
+    """Whether a walk of ``root`` now would keep exactly the files ``kept``, with the same
+    verdicts, as the walk that made ``stamp`` (same options): git lists what it listed,
+    every watched file has the stat it had, and every kept file has the stat given.
+
+    ``kept``: ``(path, size, mtime_ns)`` of every file that walk kept, as the index run
+    recorded them (a symlink by its target's stat). Costs a ``git ls-files`` per listed
+    repository, run beside one ``stat`` per file; no file is read and no verdict made again.
+    False at the first difference.
+    """
+    root = os.fspath(root)
+    procs = [_git_ls(os.path.join(root, rel) if rel else root) for rel, _ in stamp.listings]
+    try:
+        fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+        try:
+            if not all(_stat_at(fd, path) == (size, mtime_ns) for path, size, mtime_ns in kept):
+                return False
+            if not all(_stat_at(fd, path) == st for path, st in stamp.watched.items()):
+                return False
+        finally:
+            os.close(fd)
+        return all(
+            (raw := _git_output(proc)) is not None and _digest(raw) == digest
+            for proc, (_, digest) in zip(procs, stamp.listings)
+        )
+    finally:
+        for proc in procs:
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _stat_at(fd: int, path: str) -> tuple[int, int]:
+    """(size, mtime_ns) of ``path`` below the folder ``fd`` as a walk sees it: a symlink by
+    what it leads to; `ABSENT` for nothing there."""
+    try:
+        st = os.lstat(path, dir_fd=fd)
+        if stat.S_ISLNK(st.st_mode):
+            st = os.stat(path, dir_fd=fd)
+    except (OSError, ValueError):  # (ValueError: a name with a NUL byte)
+        return ABSENT
+    return st.st_size, st.st_mtime_ns

@@ -77,6 +77,11 @@ class Store(VectorCache):
         """File id -> relative path."""
         return {i: from_db(p) for i, p in self._exec("SELECT id, path FROM files").fetchall()}
 
+    def file_stats(self) -> list[tuple[str, int, int]]:
+        """``(path, size, mtime_ns)`` of every indexed file: what a no-op check compares
+        (without a `FileRecord` made for each)."""
+        return paths_at(self._exec("SELECT path, size, mtime_ns FROM files").fetchall(), 0)  # type: ignore[return-value]
+
     def file_sizes(self) -> list[tuple[int, str, int]]:
         """``(file id, path, size)`` of every indexed file."""
         return paths_at(self._exec("SELECT id, path, size FROM files").fetchall(), 1)  # type: ignore[return-value]

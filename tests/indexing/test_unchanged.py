@@ -123,3 +123,128 @@ def test_checks_for_changes_read_no_unchanged_file(lexical_repo, monkeypatch):
     found = staleness(lexical_repo)
     assert (found.changed, found.added) == (["server/main.go"], ["new.py"])
     assert sorted(opened) == ["new.py", "server/main.go"]  # sniffed: new, or changed
+
+
+# -- in a git work tree: git's listing and a stat per file, against the last run's stamp ----------
+
+
+def _git(root: Path, *args: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args], cwd=root, check=True,
+                   capture_output=True, env=env)
+
+
+def _write(root: Path, rel: str, text: str | bytes = "x = 1\n") -> Path:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    return path
+
+
+#: A little of everything a walk decides about: tracked, untracked, ignored (a pattern, a
+#: folder, a folder of ignored files only), force-tracked though ignored, a nested
+#: .codesearchignore, a binary file told by its bytes, a file over the size limit, a symlink.
+def _git_repo(root: Path) -> Path:
+    _write(root, ".gitignore", "*.log\nout/\n")
+    _write(root, "src/app.py", "def app():\n    return 1\n")
+    _write(root, "src/util.py", "def util():\n    return 2\n")
+    _write(root, "docs/guide.md", "# Guide\n\nWords.\n")
+    _write(root, "lib/.codesearchignore", "skip_me.py\n")
+    _write(root, "lib/skip_me.py", "def hidden():\n    return 3\n")
+    _write(root, "lib/kept.py", "def kept():\n    return 4\n")
+    _write(root, "blob.dat", b"\0\1\2\3" * 64)
+    _write(root, "big.txt", "y" * 3000)
+    _write(root, "forced.log", "a tracked log\n")
+    _write(root, "logs/run.log", "ignored\n")
+    _git(root, "init", "-q")
+    _git(root, "add", ".")
+    _git(root, "add", "-f", "forced.log")
+    _git(root, "commit", "-qm", "init")
+    _write(root, "notes.py", "def untracked():\n    return 5\n")  # untracked, not ignored
+    os.symlink("src/app.py", root / "link.py")
+    return root
+
+
+_LIMIT = 2000  # max_file_bytes of these runs: big.txt is over it
+
+
+def _index(root: Path):
+    with CodeSearch(root, model=None, multi_model=None, max_file_bytes=_LIMIT) as cs:
+        return cs.index()
+
+
+@pytest.fixture
+def git_repo(tmp_path) -> Path:
+    root = _git_repo(tmp_path / "repo")
+    _index(root)
+    from codesearch.indexing.walk import WALK_STAMP_KEY
+    from codesearch.store import Store
+
+    with Store(root / ".codesearch" / "store.sqlite", readonly=True) as store:
+        assert store.get_meta(WALK_STAMP_KEY), "the run recorded no stamp: the check below would walk"
+    return root
+
+
+def _move_mtime(path: Path, delta_ns: int = 1_000_000) -> None:
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + delta_ns))
+
+
+CHANGES = {
+    "edit": lambda r: _write(r, "src/app.py", "def app():\n    return 10\n"),
+    "touch": lambda r: _move_mtime(r / "src/util.py"),
+    "add untracked": lambda r: _write(r, "new.py", "def new():\n    pass\n"),
+    "add in a new folder": lambda r: _write(r, "pkg/deep/mod.py", "def mod():\n    pass\n"),
+    "add beside ignored files only": lambda r: _write(r, "logs/tool.py", "def tool():\n    pass\n"),
+    "delete tracked": lambda r: (r / "src/util.py").unlink(),
+    "delete untracked": lambda r: (r / "notes.py").unlink(),
+    "rename": lambda r: (r / "src/util.py").rename(r / "src/helpers.py"),
+    "gitignore lets a file in": lambda r: _write(r, ".gitignore", "out/\n"),
+    "gitignore keeps a file out": lambda r: _write(r, ".gitignore", "*.log\nout/\nnotes.py\n"),
+    "info/exclude keeps a file out": lambda r: _write(r, ".git/info/exclude", "notes.py\n"),
+    "codesearchignore appears": lambda r: _write(r, ".codesearchignore", "docs/\n"),
+    "codesearchignore edited": lambda r: _write(r, "lib/.codesearchignore", "kept.py\n"),
+    "binary becomes text": lambda r: _write(r, "blob.dat", "now text\n"),
+    "too large shrinks": lambda r: _write(r, "big.txt", "small now\n"),
+    "untracked from the index": lambda r: _git(r, "rm", "-q", "--cached", "forced.log"),
+    "symlink retargeted": lambda r: ((r / "link.py").unlink(), os.symlink("lib/kept.py", r / "link.py")),
+    "nested repository": lambda r: (_write(r, "vendor2/inner.py", "def inner():\n    pass\n"),
+                                    _git(r / "vendor2", "init", "-q")),
+}
+
+SAME = {
+    "nothing": lambda r: None,
+    "ignored file added": lambda r: _write(r, "debug.log", "noise\n"),
+    "ignored folder written": lambda r: _write(r, "out/gen.py", "def gen():\n    pass\n"),
+    "git add and commit": lambda r: (_git(r, "add", "notes.py"), _git(r, "commit", "-qm", "more")),
+    "index folder written": lambda r: _write(r, ".codesearch/scratch", "x"),
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_every_change_of_a_git_work_tree_means_a_run(git_repo, change):
+    CHANGES[change](git_repo)
+    assert unchanged_run(git_repo, model=None, multi_model=None, max_file_bytes=_LIMIT) is None
+    if change != "touch":  # (a touch records a stat, and changes no file of the index)
+        real = _index(git_repo)
+        assert real.files_indexed or real.files_removed, "the change was one a run does not see"
+
+
+@pytest.mark.parametrize("same", list(SAME))
+def test_what_changes_nothing_indexed_is_still_a_no_op(git_repo, same):
+    SAME[same](git_repo)
+    fast = unchanged_run(git_repo, model=None, multi_model=None, max_file_bytes=_LIMIT)
+    assert fast is not None
+    real = _index(git_repo)
+    assert (real.files_indexed, real.files_removed) == (0, 0)
+    assert (fast.files_unchanged, fast.chunks_total, fast.skipped) == (
+        real.files_unchanged, real.chunks_total, real.skipped)
+
+
+@pytest.mark.parametrize("option", [{"include": ("src/**",)}, {"exclude": ("docs/**",)}, {"max_file_bytes": 4000}])
+def test_other_walk_options_mean_a_run(git_repo, option):
+    kwargs = {"model": None, "multi_model": None, "max_file_bytes": _LIMIT, **option}
+    assert unchanged_run(git_repo, **kwargs) is None
