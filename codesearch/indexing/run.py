@@ -539,7 +539,7 @@ def _chunk(run: Run, work: list[Work], chunking: str | None, reuse: Reuse, chunk
     run.files_chunks_reused += len(work) - len(missing)
     made: list[tuple[str, bytes]] = []
     pieces = chunker.map([(names[i], work[i].text, work[i].language) for i in missing])
-    for i, chunks in zip(missing, pieces):
+    for i, chunks in zip(missing, pieces, strict=True):
         work[i].chunks = chunks
         if keys:
             made.append((keys[i], pack_chunks(names[i], chunks)))

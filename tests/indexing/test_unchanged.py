@@ -226,18 +226,23 @@ SAME = {
 
 @pytest.mark.parametrize("change", list(CHANGES))
 def test_every_change_of_a_git_work_tree_means_a_run(git_repo, change):
+    from codesearch.indexing.status import staleness
+
     CHANGES[change](git_repo)
     assert unchanged_run(git_repo, model=None, multi_model=None, max_file_bytes=_LIMIT) is None
     if change != "touch":  # (a touch records a stat, and changes no file of the index)
+        assert staleness(git_repo, max_file_bytes=_LIMIT).stale  # (what a query's refresh asks)
         real = _index(git_repo)
         assert real.files_indexed or real.files_removed, "the change was one a run does not see"
 
 
 @pytest.mark.parametrize("same", list(SAME))
 def test_what_changes_nothing_indexed_is_still_a_no_op(git_repo, same):
+    from codesearch.indexing.status import staleness
+
     SAME[same](git_repo)
     fast = unchanged_run(git_repo, model=None, multi_model=None, max_file_bytes=_LIMIT)
-    assert fast is not None
+    assert fast is not None and not staleness(git_repo, max_file_bytes=_LIMIT).stale
     real = _index(git_repo)
     assert (real.files_indexed, real.files_removed) == (0, 0)
     assert (fast.files_unchanged, fast.chunks_total, fast.skipped) == (

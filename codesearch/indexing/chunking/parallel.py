@@ -142,6 +142,8 @@ class Chunker:
                     for rows in pool.map(_chunk_item, items, chunksize=chunksize):  # type: ignore[attr-defined]
                         done += 1
                         yield [Chunk(*row) for row in rows]
+                except GeneratorExit:  # the caller stopped taking this batch: the pool stays for the next
+                    raise
                 except BaseException:  # Ctrl-C: the workers ignore it, and their files are not wanted
                     _stop_workers(pool)
                     self._method = None  # (the pool is gone; whatever comes next is chunked here)
