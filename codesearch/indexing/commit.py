@@ -60,16 +60,21 @@ class ChangeWriter:
     def write(self, works: Sequence[Work]) -> None:
         """Write a batch of (re)chunked files and their chunks."""
         store = self.run.store
-        new: list[tuple[int, Work]] = []
+        # New files (most of a first index's writing): their rows, then their chunks, each in
+        # one statement.
+        new = [w for w in works if w.old_id is None]
+        fids = store.insert_files((w.path, w.hash, w.size, w.mtime_ns, w.language, _n_lines(w.text)) for w in new)
+        self.changed_files += fids
+        self.added_chunks += store.insert_chunks(
+            (fid, c, h) for fid, w in zip(fids, new, strict=True) for c, h in zip(w.chunks, w.hashes))
         for w in works:
+            if w.old_id is None:
+                continue
             fid = store.upsert_file(
                 w.path, hash=w.hash, size=w.size, mtime_ns=w.mtime_ns, language=w.language,
                 n_lines=_n_lines(w.text),
             )
             self.changed_files.append(fid)
-            if w.old_id is None:
-                new.append((fid, w))
-                continue
             # Keep the id of a chunk whose header and text are unchanged (it only moved):
             # every derived index holds exactly the same thing for it.
             pool: dict[tuple[str, str], list[int]] = defaultdict(list)
@@ -86,8 +91,6 @@ class ChangeWriter:
             gone = [cid for ids in pool.values() for cid in ids]
             store.delete_chunks(gone)
             self.removed_chunks += [(cid, old_hash[cid]) for cid in gone]
-        # The chunks of new files in one statement (most of a first index's writing).
-        self.added_chunks.extend(store.insert_chunks((fid, c, h) for fid, w in new for c, h in zip(w.chunks, w.hashes)))
         self.files += len(works)
 
     def finish(self) -> Delta:

@@ -228,28 +228,41 @@ class Store(VectorCache):
         )
         return int(cur.lastrowid)
 
+    def insert_files(self, rows: Iterable[tuple[str, str, int, int, str, int]]) -> list[int]:
+        """Insert files ``(path, hash, size, mtime_ns, language, n_lines)`` that are not in the
+        store, in order, in one statement; returns their ids, in that order."""
+        return self._insert_many(
+            "files", "INSERT INTO files(path, hash, size, mtime_ns, language, n_lines) VALUES (?, ?, ?, ?, ?, ?)",
+            ((to_db(path), *rest) for path, *rest in rows),
+        )
+
     def insert_chunks(self, items: Iterable[tuple[int, Chunk, str]]) -> list[int]:
         """Insert chunks ``(file id, chunk, text hash)``, in order, in one statement; returns
-        their ids, in that order.
+        their ids, in that order."""
+        return self._insert_many(
+            "chunks",
+            "INSERT INTO chunks(file_id, start_line, end_line, start_byte, end_byte, language, symbol,"
+            " kind, scope, header, text, text_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            ((fid, c.start_line, c.end_line, c.start_byte, c.end_byte, c.language, c.symbol, c.kind, c.scope,
+              c.header, c.text, h) for fid, c, h in items),
+        )
+
+    def _insert_many(self, table: str, sql: str, rows: Iterable[Sequence[object]]) -> list[int]:
+        """``executemany`` of an insert into ``table`` (``files`` or ``chunks``); the new rows' ids.
 
         ``AUTOINCREMENT`` gives a new row an id above any the table has had, so the new rows
-        are those above the largest id before the statement.
+        are those above the largest id before the statement (one writer, under the index lock).
         """
         with self.transaction():
-            row = self._exec("SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'chunks'), 0),"
-                             " coalesce((SELECT max(id) FROM chunks), 0))").fetchone()
+            row = self._exec(f"SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = '{table}'), 0),"
+                             f" coalesce((SELECT max(id) FROM {table}), 0))").fetchone()
             before = int(row[0])
             try:
-                self.conn.executemany(
-                    "INSERT INTO chunks(file_id, start_line, end_line, start_byte, end_byte, language, symbol,"
-                    " kind, scope, header, text, text_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    ((fid, c.start_line, c.end_line, c.start_byte, c.end_byte, c.language, c.symbol, c.kind,
-                      c.scope, c.header, c.text, h) for fid, c, h in items),
-                )
+                self.conn.executemany(sql, rows)
             except sqlite3.DatabaseError as exc:
                 self._raise_for(exc)
                 raise
-            return [r[0] for r in self._exec("SELECT id FROM chunks WHERE id > ? ORDER BY id", (before,))]
+            return [r[0] for r in self._exec(f"SELECT id FROM {table} WHERE id > ? ORDER BY id", (before,))]
 
     def update_chunk_position(self, chunk_id: int, c: Chunk) -> None:
         """Move a kept chunk (same header and text) to its new place in an edited file."""
