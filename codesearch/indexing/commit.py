@@ -138,6 +138,13 @@ class ChangeWriter:
         )
 
 
+#: SQLite's page cache (KiB) while the run's transaction is open. Writing the 602,640 chunks
+#: of a 114k-file first index took 13.7 CPU-s with SQLite's default 2 MB, 6.5 with 16 MB, 5.5
+#: with 32 MB and 5.0 with 64 MB (load 16-19): the pages of the chunks' indexes stay in
+#: memory instead of spilling to the WAL and being read back.
+WRITE_CACHE_KIB = 65536
+
+
 @contextlib.contextmanager
 def writing(run: Run) -> Iterator[ChangeWriter]:
     """The run's ONE transaction: the body writes its batches through the `ChangeWriter`,
@@ -145,7 +152,7 @@ def writing(run: Run) -> Iterator[ChangeWriter]:
     indexes to it, is then the writer's ``delta``) and the transaction commits. An error (or
     Ctrl-C) in the body rolls every batch back: readers never saw any of them."""
     store = run.store
-    with store.transaction():
+    with store.page_cache(WRITE_CACHE_KIB), store.transaction():
         if run.opts.rebuild:
             embedded = store.get_meta(EMBEDDED_KEY)
             store.clear()  # files, chunks, models, meta (and so every derived generation)

@@ -171,21 +171,27 @@ class SourceFile:
     ----------
     path : str
         Path relative to the walked root, with ``/`` separators.
-    abs_path : Path
-        Absolute path, to open the file.
     size : int
         Size in bytes when walked.
     mtime_ns : int
         Modification time in nanoseconds when walked (with `size`, the cheap change check).
     language : str
         Language name from `detect_language`; ``"text"`` when unknown.
+    root : str
+        The walked root, resolved (`abs_path` is made from it when asked for: a `Path` per
+        file cost more than the rest of a no-op walk).
     """
 
     path: str
-    abs_path: Path
     size: int
     mtime_ns: int
     language: str
+    root: str = field(default="", repr=False)
+
+    @property
+    def abs_path(self) -> Path:
+        """Absolute path, to open the file."""
+        return Path(self.root, self.path)
 
     def to_dict(self) -> dict:
         """Plain-JSON form (``abs_path`` as a string)."""
@@ -428,9 +434,10 @@ def _git_output(proc: subprocess.Popen | None) -> bytes | None:
 
 
 def _digest(raw: bytes) -> str:
-    """The hash of the set of paths a listing holds: git prints untracked files before
-    tracked ones, and a ``git add`` changes no verdict."""
-    return xxhash.xxh3_128_hexdigest(b"\0".join(sorted(set(raw.split(b"\0")))))
+    """The hash of the paths a listing holds, whatever their order: git prints untracked
+    files before tracked ones, and a ``git add`` changes no verdict. (A path in a merge
+    conflict is there once per stage: its resolution counts as a change.)"""
+    return xxhash.xxh3_128_hexdigest(b"\0".join(sorted(raw.split(b"\0"))))
 
 
 def _parse_listing(raw: bytes) -> list[str]:
@@ -450,6 +457,7 @@ class _Walker:
     def __init__(self, root: Path, include, exclude, max_file_bytes: int, skip_dirs: set[str],
                  known: Mapping[str, Known] | None = None):
         self.root = root
+        self.root_str = str(root)
         self.known = known
         self.include = _glob_spec(include)
         self.exclude = _glob_spec(exclude)
@@ -485,7 +493,7 @@ class _Walker:
             return "generated"
         return None
 
-    def consider(self, rel: str, abs_path: Path) -> None:
+    def consider(self, rel: str, abs_path: str) -> None:
         """Decide about one listed file (or symlink) and record the outcome."""
         try:
             st = os.lstat(abs_path)
@@ -500,7 +508,7 @@ class _Walker:
             # A submodule (git lists it as one entry): list it on its own terms.
             verdict = self.dir_verdict(rel, rel.rpartition("/")[2])
             if verdict is None:
-                self.walk_dir(abs_path, rel)
+                self.walk_dir(Path(abs_path), rel)
             elif verdict != "skip":
                 self.skipped[verdict].add(rel + "/")
             return
@@ -513,7 +521,7 @@ class _Walker:
         if stat.S_ISLNK(st.st_mode):
             # (A link is watched by its target's stat, as `unchanged_since` stats it.)
             try:
-                target = abs_path.resolve(strict=False)
+                target = Path(abs_path).resolve(strict=False)
             except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
                 self.watch(rel, _followed(abs_path))
                 self._unreadable(rel, exc)
@@ -549,7 +557,7 @@ class _Walker:
                 and st.st_size <= self.max_file_bytes:
             # Kept by the run that recorded it, and not changed since: the same verdict
             # without reading it again (a check before each query reads no file).
-            self.files.append(SourceFile(rel, abs_path, st.st_size, st.st_mtime_ns, seen.language))
+            self.files.append(SourceFile(rel, st.st_size, st.st_mtime_ns, seen.language, self.root_str))
             return
         try:
             # Opened as the pipeline opens it (inside the root, no symlink swapped in, a
@@ -578,7 +586,7 @@ class _Walker:
         language = detect_language(rel, first_line)
         if language == "c" and lower.endswith(".h") and CPP_HINTS.search(head):
             language = "cpp"  # a C++ header: the C grammar would choke on it
-        self.files.append(SourceFile(rel, abs_path, st.st_size, st.st_mtime_ns, language))
+        self.files.append(SourceFile(rel, st.st_size, st.st_mtime_ns, language, self.root_str))
 
     def _unreadable(self, rel: str, why: object) -> None:
         if not _QUIET_SKIPS.get():
@@ -617,12 +625,13 @@ class _Walker:
                 continue  # a .git *file*: a worktree or submodule pointer
             if rules.ignored(rel):
                 continue
-            self.consider(rel, Path(path))
+            self.consider(rel, path)
 
     # -- git listing
 
     def walk_git(self, listing: list[str], abs_dir: Path, rel_dir: str) -> None:
         prefix = rel_dir + "/" if rel_dir else ""
+        base = str(abs_dir)
         # .codesearchignore files apply even when git itself ignores them.
         cs_files = {p for p in listing if p.rpartition("/")[2] == _IGNORE_FILE}
         if (abs_dir / _IGNORE_FILE).is_file():
@@ -663,7 +672,7 @@ class _Walker:
                 if blocked(p) is None:
                     self.walk_dir(abs_dir / p, prefix + p)
                 continue
-            self.consider(rel=prefix + p, abs_path=abs_dir / p)
+            self.consider(rel=prefix + p, abs_path=os.path.join(base, p))
 
     def walk_dir(self, abs_dir: Path, rel_dir: str) -> bool:
         # A nested folder is listed by git only when it is a repository of its own: asked
@@ -766,7 +775,7 @@ def unchanged_since(root: str | os.PathLike, stamp: WalkStamp, kept: Iterable[tu
     try:
         fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
         try:
-            if not all(_stat_at(fd, path) == (size, mtime_ns) for path, size, mtime_ns in kept):
+            if not _same_stats(fd, kept):
                 return False
             if not all(_stat_at(fd, path) == st for path, st in stamp.watched.items()):
                 return False
@@ -781,6 +790,21 @@ def unchanged_since(root: str | os.PathLike, stamp: WalkStamp, kept: Iterable[tu
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def _same_stats(fd: int, kept: Iterable[tuple[str, int, int]]) -> bool:
+    """Whether every ``(path, size, mtime_ns)`` below the folder ``fd`` has that stat (the
+    loop of a no-op check: one ``lstat`` a file, and little else)."""
+    lstat, islink = os.lstat, stat.S_ISLNK
+    try:
+        for path, size, mtime_ns in kept:
+            st = lstat(path, dir_fd=fd)
+            if (st.st_mtime_ns != mtime_ns or st.st_size != size) and (
+                    not islink(st.st_mode) or _stat_at(fd, path) != (size, mtime_ns)):
+                return False
+    except (OSError, ValueError):  # gone (ValueError: a name with a NUL byte)
+        return False
+    return True
 
 
 def _stat_at(fd: int, path: str) -> tuple[int, int]:

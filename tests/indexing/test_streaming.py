@@ -186,3 +186,48 @@ def test_kill_between_batches_keeps_the_previous_index(tmp_path):
     build_index(repo)
     assert chunk_set(idir) == chunk_set(clean) and _generation(idir) == gen + 1
     check_consistent(idir)
+
+
+def test_the_encode_stage_reads_its_texts_a_batch_at_a_time(tmp_path, monkeypatch, single_vector_dir):
+    """Texts to encode are read from the store (a chunk's) or the file (a whole file's) as
+    the encoder takes each batch, never all at once; the vectors are those of a run that
+    encodes in one batch."""
+    import numpy as np
+
+    import codesearch.encoder as E
+    from codesearch.encoder.base import Encoders
+    from codesearch.indexing import encode
+
+    repo = _repo(tmp_path / "repo")
+    enc = Encoders(dense=E.load(str(single_vector_dir)))
+    one = tmp_path / "one"
+    build_index(repo, index_dir=one, encoders=enc)
+
+    monkeypatch.setenv("CODESEARCH_CACHE_DIR", str(tmp_path / "another_cache"))  # encoded again, not reused
+    monkeypatch.setattr(encode, "ENCODE_BATCH", 3)
+    monkeypatch.setattr(encode, "_REUSE_BATCH", 3)  # (the lookups in the user's cache, by part)
+    read: list[int] = []
+    real = encode._texts
+
+    def texts(run, encoder, items):
+        read.append(len(items))
+        return real(run, encoder, items)
+
+    monkeypatch.setattr(encode, "_texts", texts)
+    many = tmp_path / "many"
+    summary = build_index(repo, index_dir=many, encoders=enc)
+    n_chunks = summary.chunks_total
+    assert summary.chunks_encoded >= n_chunks and sum(read) >= n_chunks  # chunks and whole files
+    assert max(read) <= 3, read
+
+    def vectors(idir):
+        with Store(idir / STORE_FILE, readonly=True) as s:
+            recs = sorted(s.iter_chunk_records(), key=lambda r: (r.chunk.path, r.chunk.start_line))
+            ids, arrays = s.vectors_for([r.id for r in recs], "dense")
+            by_id = dict(zip(ids.tolist(), arrays))
+            return np.stack([by_id[r.id] for r in recs])
+
+    a, b = vectors(one).reshape(n_chunks, -1), vectors(many).reshape(n_chunks, -1)
+    cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    assert cos.min() > 0.99, cos  # the same texts (batches pack them otherwise: bf16 rounds otherwise)
+    check_consistent(many)
