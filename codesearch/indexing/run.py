@@ -60,7 +60,7 @@ from codesearch.indexing.options import Progress, Run, RunOptions, Work
 from codesearch.indexing.reuse import Reuse
 from codesearch.pathnames import text_name
 from codesearch.store import IndexLock, Store
-from codesearch.store.files import decode_source, hash_bytes, hash_text, read_inside
+from codesearch.store.files import FolderReader, decode_source, hash_bytes, hash_text
 from codesearch.types import (
     CENTRALITY_FILE,
     LOCK_FILE,
@@ -480,6 +480,11 @@ def _removed(run: Run) -> list:
 def _read_batches(run: Run) -> Iterator[tuple[list[Work], list[tuple[int, int, int]]]]:
     """The changed files, read and hashed a batch at a time: ``(files to chunk, files only
     touched (id, size, mtime_ns))``, at most `BATCH_BYTES` or `BATCH_FILES` at a time."""
+    with FolderReader(run.opts.root) as reader:
+        yield from _read_into_batches(run, reader)
+
+
+def _read_into_batches(run: Run, reader: FolderReader) -> Iterator[tuple[list[Work], list[tuple[int, int, int]]]]:
     batch: list[Work] = []
     touched: list[tuple[int, int, int]] = []
     size = 0
@@ -487,7 +492,7 @@ def _read_batches(run: Run) -> Iterator[tuple[list[Work], list[tuple[int, int, i
         try:
             # Inside the root and a regular file, as the walk found it: a file swapped since
             # (for a symlink out of the repository, a FIFO) is not read.
-            data, st = read_inside(run.opts.root, sf.path)
+            data, st = reader.read(sf.path)
         except OSError:
             run.changes.skipped["unreadable"] = run.changes.skipped.get("unreadable", 0) + 1
             run.changes.seen.discard(sf.path)  # a file that vanished mid-run leaves the index

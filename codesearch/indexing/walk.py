@@ -39,7 +39,7 @@ from codesearch.errors import PathError
 from codesearch.globs import GitIgnore
 from codesearch.languages import CPP_HINTS, detect_language
 from codesearch.pathnames import quote_name
-from codesearch.store.files import read_inside, read_source
+from codesearch.store.files import FolderReader, read_source
 
 __all__ = [
     "SKIP_REASONS",
@@ -458,6 +458,7 @@ class _Walker:
                  known: Mapping[str, Known] | None = None):
         self.root = root
         self.root_str = str(root)
+        self.reader = FolderReader(root)  # (files come in path order: a folder opened once)
         self.known = known
         self.include = _glob_spec(include)
         self.exclude = _glob_spec(exclude)
@@ -562,7 +563,7 @@ class _Walker:
         try:
             # Opened as the pipeline opens it (inside the root, no symlink swapped in, a
             # regular file): what is kept is what was looked at.
-            head, st = read_inside(self.root, rel, limit=_SNIFF_BYTES)
+            head, st = self.reader.read(rel, limit=_SNIFF_BYTES)
         except OSError as exc:
             self.watch(rel, None)  # (so an unreadable file there never passes for unchanged)
             self._unreadable(rel, exc)
@@ -753,7 +754,8 @@ def walk(
         if idx.is_relative_to(real_root) and idx != real_root:
             skip_dirs.add(idx.relative_to(real_root).as_posix())
     walker = _Walker(real_root, include, exclude, max_file_bytes, skip_dirs, known)
-    git = walker.walk_dir(real_root, "")
+    with walker.reader:
+        git = walker.walk_dir(real_root, "")
     files = sorted(walker.files, key=lambda f: f.path)
     skipped = {reason: sorted(paths) for reason, paths in walker.skipped.items()}
     stamp = WalkStamp(tuple(walker.listings), walker.watched) if git and walker.listings else None

@@ -102,17 +102,17 @@ def test_default_model_notices_are_said_once_per_index(offline_hub, tmp_path):
 def test_checks_for_changes_read_no_unchanged_file(lexical_repo, monkeypatch):
     """A staleness check (before each query, in the daemon too) and the no-op index cost a
     ``stat`` per file: a file whose size and mtime the store records is not opened again."""
-    import codesearch.indexing.walk as walk_module
     from codesearch.indexing.status import staleness
+    from codesearch.store.files import FolderReader
 
     opened: list[str] = []
-    real = walk_module.read_inside
+    real = FolderReader.read
 
-    def counting(root, rel, *args, **kwargs):
+    def counting(self, rel, *args, **kwargs):
         opened.append(rel)
-        return real(root, rel, *args, **kwargs)
+        return real(self, rel, *args, **kwargs)
 
-    monkeypatch.setattr(walk_module, "read_inside", counting)
+    monkeypatch.setattr(FolderReader, "read", counting)
     assert not staleness(lexical_repo).stale
     assert unchanged_run(lexical_repo) is not None
     assert opened == []
