@@ -379,14 +379,20 @@ def _walk_and_read(run: Run) -> None:
 
     store = run.store
     run.report("walk", 0, 0, message="walking files")
+    run.changes.all_old = store.files()
+    old_files = {} if run.opts.rebuild else run.changes.all_old
+    _plan_chunks(run, bool(old_files))
     result = walk(
         run.opts.root, include=run.opts.include, exclude=run.opts.exclude, max_file_bytes=run.opts.max_file_bytes,
         index_dir=run.opts.idir,
+        # A file this index kept, whose size and mtime are unchanged, is kept with its
+        # language without being opened again (this run does not read it either): an edit
+        # in a 114k-file repository sniffs one file, not all. Not when every file is
+        # chunked again: then each is read, so each is looked at.
+        known=old_files if not run.plan.rechunk_all else None,
     )
     run.changes.skipped = {reason: len(paths) for reason, paths in result.skipped.items() if paths}
     run.changes.stamp = result.stamp
-    run.changes.all_old = store.files()
-    old_files = {} if run.opts.rebuild else run.changes.all_old
     if not result.files and not old_files:
         what = ", ".join(f"{n} {reason}" for reason, n in sorted(run.changes.skipped.items())) or "no files at all"
         raise NothingToIndexError(
@@ -394,6 +400,19 @@ def _walk_and_read(run: Run) -> None:
         )
     run.report("walk", len(result.files), len(result.files), files=len(result.files))
 
+    for sf in result.files:
+        run.changes.seen.add(sf.path)
+        old = old_files.get(sf.path)
+        if old is not None and not run.plan.rechunk_all and old.size == sf.size and old.mtime_ns == sf.mtime_ns:
+            run.changes.unchanged += 1
+        else:
+            run.changes.changed.append((sf, old))
+    run.changes.removed = [f for p, f in old_files.items() if p not in run.changes.seen]
+
+
+def _plan_chunks(run: Run, has_files: bool) -> None:
+    """The chunk budget and token count of this run, and whether every file is chunked again."""
+    store = run.store
     budget, counter, counter_id = chunk_budget(run.encoders, run.opts.chunk_tokens)
     old_budget, old_counter = (
         (None, None) if run.opts.rebuild else (store.get_meta("chunk_tokens"), store.get_meta("chunk_counter"))
@@ -410,21 +429,12 @@ def _walk_and_read(run: Run) -> None:
     # approximate count (a short-window ColBERT model added to a lexical-only index). Chunks
     # counted exactly stay when a run estimates with the same model (the estimate never
     # makes a chunk too long for a window that does not need exact counts).
-    run.plan.rechunk_all = bool(old_files) and (
+    run.plan.rechunk_all = has_files and (
         old_budget != str(budget) or (not degraded and counter_id != "approx" and old_counter != counter_id)
         # chunks from another release's chunker (kept ids and vectors where the text is the same)
         or (not degraded and store.get_meta("chunker_version") != str(CHUNKER_VERSION))
     )
     run.plan.budget, run.plan.counter, run.plan.counter_id = budget, counter, counter_id
-
-    for sf in result.files:
-        run.changes.seen.add(sf.path)
-        old = old_files.get(sf.path)
-        if old is not None and not run.plan.rechunk_all and old.size == sf.size and old.mtime_ns == sf.mtime_ns:
-            run.changes.unchanged += 1
-        else:
-            run.changes.changed.append((sf, old))
-    run.changes.removed = [f for p, f in old_files.items() if p not in run.changes.seen]
 
 
 # -- 2. read, chunk and write, a batch at a time -------------------------------------------------
@@ -451,7 +461,9 @@ def _read_chunk_write(run: Run, stages: _Stopwatch) -> Delta:
                 writer.touch(touched)
                 done += len(touched)
                 stages.lap("walk")  # (reading is the walk's, as it always was)
-                _chunk(run, batch, chunking, reuse, chunker)
+                _chunk(run, batch, chunking, reuse, chunker,
+                       lambda k, done=done: run.report("chunk", done + k, n, files=run.changes.indexed + k,
+                                                       chunks=run.chunks_made))
                 done += len(batch)
                 run.report("chunk", done, n, files=run.changes.indexed + len(batch), chunks=run.chunks_made)
                 stages.lap("chunk")
@@ -461,8 +473,7 @@ def _read_chunk_write(run: Run, stages: _Stopwatch) -> Delta:
                 run.report("write", done, n, files=run.changes.indexed, chunks=run.chunks_made)
                 stages.lap("write")
             run.changes.removed = _removed(run)
-            run.report("chunk", run.changes.indexed, run.changes.indexed, files=run.changes.indexed,
-                       chunks=run.chunks_made)
+            run.report("chunk", n, n, files=run.changes.indexed, chunks=run.chunks_made)
         stages.lap("write")
     finally:
         reuse.close()
@@ -518,11 +529,12 @@ def _read_into_batches(run: Run, reader: FolderReader) -> Iterator[tuple[list[Wo
         yield batch, touched
 
 
-def _chunk(run: Run, work: list[Work], chunking: str | None, reuse: Reuse, chunker: Chunker) -> None:
+def _chunk(run: Run, work: list[Work], chunking: str | None, reuse: Reuse, chunker: Chunker,
+           progress: Callable[[int], None] = lambda done: None) -> None:
     """Chunk a batch of new and changed files (per file, sharing nothing: the `Chunker`'s
     process pool for many), taking from the user's cache the chunks of every file another
     index chunked the same way (a worktree, a branch, a clone: tree-sitter and the tokenizer
-    skipped)."""
+    skipped). ``progress`` gets the files of the batch done so far, now and then."""
     from codesearch.indexing.reuse import chunk_key, pack_chunks, unpack_chunks
 
     if not work:
@@ -544,10 +556,12 @@ def _chunk(run: Run, work: list[Work], chunking: str | None, reuse: Reuse, chunk
     run.files_chunks_reused += len(work) - len(missing)
     made: list[tuple[str, bytes]] = []
     pieces = chunker.map([(names[i], work[i].text, work[i].language) for i in missing])
-    for i, chunks in zip(missing, pieces, strict=True):
+    for done, (i, chunks) in enumerate(zip(missing, pieces, strict=True), start=len(work) - len(missing) + 1):
         work[i].chunks = chunks
         if keys:
             made.append((keys[i], pack_chunks(names[i], chunks)))
+        if done % 50 == 0:
+            progress(done)
     # Kept before the batch is written: a run killed before its commit chunks none of
     # these again.
     reuse.keep_chunks(made)

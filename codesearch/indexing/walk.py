@@ -730,7 +730,8 @@ def walk(
         The files an index run kept (the store's `FileRecord` by path). One whose size and
         mtime are unchanged is kept unread, with its recorded language: a staleness check
         then costs a ``stat`` per file, not an open and a read (and, in a watching server,
-        no inotify event per file). Not for an index run, which must look at what it keeps.
+        no inotify event per file). An index run passes the files it kept: it reads no
+        unchanged file either (except when it chunks every file again: then it passes none).
 
     Returns
     -------

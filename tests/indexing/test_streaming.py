@@ -231,3 +231,26 @@ def test_the_encode_stage_reads_its_texts_a_batch_at_a_time(tmp_path, monkeypatc
     cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
     assert cos.min() > 0.99, cos  # the same texts (batches pack them otherwise: bf16 rounds otherwise)
     check_consistent(many)
+
+
+def test_an_incremental_run_opens_only_what_changed(tmp_path, monkeypatch):
+    """A run after an edit looks at the edited file only: an unchanged file (same size and
+    mtime as the store records) is neither sniffed by the walk nor read (a 114k-file
+    repository: one open, not 114k of them, after each save the daemon's watcher sees)."""
+    from codesearch.store.files import FolderReader
+
+    repo = _repo(tmp_path / "repo")
+    build_index(repo)
+    opened: list[str] = []
+    real = FolderReader.read
+
+    def counting(self, rel, *args, **kwargs):
+        opened.append(rel)
+        return real(self, rel, *args, **kwargs)
+
+    monkeypatch.setattr(FolderReader, "read", counting)
+    path = repo / "pkg/mod2.py"
+    path.write_text(path.read_text() + "\n\ndef added():\n    return 1\n")
+    summary = build_index(repo)
+    assert summary.files_indexed == 1 and summary.files_unchanged == 9
+    assert sorted(set(opened)) == ["pkg/mod2.py"], opened
