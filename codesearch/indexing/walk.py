@@ -28,6 +28,7 @@ import re
 import shutil
 import stat
 import subprocess
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -775,6 +776,17 @@ def unchanged_since(root: str | os.PathLike, stamp: WalkStamp, kept: Iterable[tu
     """
     root = os.fspath(root)
     procs = [_git_ls(os.path.join(root, rel) if rel else root) for rel, _ in stamp.listings]
+    # Each listing read on a thread of its own: git blocks once the pipe is full (64 KiB of
+    # an 11 MB listing), and would only run while this thread waits for it.
+    outputs: list[bytes | None] = [None] * len(procs)
+
+    def collect(i: int, proc: subprocess.Popen | None) -> None:
+        outputs[i] = _git_output(proc)
+
+    readers = [threading.Thread(target=collect, args=(i, p), name="codesearch-git-listing", daemon=True)
+               for i, p in enumerate(procs)]
+    for reader in readers:
+        reader.start()
     try:
         fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
         try:
@@ -784,15 +796,15 @@ def unchanged_since(root: str | os.PathLike, stamp: WalkStamp, kept: Iterable[tu
                 return False
         finally:
             os.close(fd)
-        return all(
-            (raw := _git_output(proc)) is not None and _digest(raw) == digest
-            for proc, (_, digest) in zip(procs, stamp.listings)
-        )
+        for reader in readers:
+            reader.join()
+        return all(raw is not None and _digest(raw) == digest for raw, (_, digest) in zip(outputs, stamp.listings))
     finally:
         for proc in procs:
             if proc is not None and proc.poll() is None:
                 proc.kill()
-                proc.wait()
+        for reader in readers:
+            reader.join()
 
 
 def _same_stats(fd: int, kept: Iterable[tuple[str, int, int]]) -> bool:
