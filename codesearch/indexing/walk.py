@@ -297,6 +297,14 @@ def _looks_binary(head: bytes) -> bool:
     return controls > len(head) * 0.3
 
 
+def _generated_mark(head: bytes) -> bool:
+    """Whether the first KiB of ``head`` carries a generator's mark (`_GENERATED_MARK`). Every
+    mark says "generated": the pattern runs only where that word is (a walk of a 114k-file
+    repository spent a sixth of its time in the pattern, on files that never said it)."""
+    start = head[:1024]
+    return b"generated" in start.lower() and _GENERATED_MARK.search(start) is not None
+
+
 def _looks_minified(head: bytes, size: int, *, prose: bool = False) -> bool:
     if size < 2048:
         return False
@@ -578,7 +586,7 @@ class _Walker:
             self.skipped["binary"].add(rel)
             return
         prose = os.path.splitext(lower)[1] in _PROSE_SUFFIXES
-        if _looks_minified(head, st.st_size, prose=prose) or _GENERATED_MARK.search(head, 0, 1024):
+        if _looks_minified(head, st.st_size, prose=prose) or _generated_mark(head):
             self.watch(rel, st)
             self.skipped["generated"].add(rel)
             return

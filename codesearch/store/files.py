@@ -100,11 +100,20 @@ def _not_regular(path: object, mode: int) -> OSError:
 
 def _read_fd(fd: int, path: object, limit: int | None) -> tuple[bytes, os.stat_result]:
     """Read an open descriptor (closed here) that must be a regular file."""
-    with os.fdopen(fd, "rb", buffering=0) as fh:
+    try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise _not_regular(path, st.st_mode)
-        return (fh.readall() if limit is None else fh.read(limit)), st
+        # os.read, not a file object: one read of the size fstat gives (a file object cost
+        # as much again as the read itself, a file at a time over a whole repository).
+        want = st.st_size + 1 if limit is None else limit  # (+1: a file that grew is read to its end)
+        parts = [os.read(fd, want)]
+        while limit is None and len(parts[-1]) == want:
+            want = max(want, 1 << 16)
+            parts.append(os.read(fd, want))
+        return b"".join(parts) if len(parts) > 1 else parts[0], st
+    finally:
+        os.close(fd)
 
 
 def read_regular(path: str | os.PathLike, *, limit: int | None = None) -> tuple[bytes, os.stat_result]:
