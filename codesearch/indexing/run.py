@@ -407,7 +407,7 @@ def _walk_and_read(run: Run) -> None:
             run.changes.unchanged += 1
         else:
             run.changes.changed.append((sf, old))
-    run.changes.removed = [f for p, f in old_files.items() if p not in run.changes.seen]
+    run.changes.removed = _removed(run)
 
 
 def _plan_chunks(run: Run, has_files: bool) -> None:
@@ -492,41 +492,37 @@ def _read_batches(run: Run) -> Iterator[tuple[list[Work], list[tuple[int, int, i
     """The changed files, read and hashed a batch at a time: ``(files to chunk, files only
     touched (id, size, mtime_ns))``, at most `BATCH_BYTES` or `BATCH_FILES` at a time."""
     with FolderReader(run.opts.root) as reader:
-        yield from _read_into_batches(run, reader)
-
-
-def _read_into_batches(run: Run, reader: FolderReader) -> Iterator[tuple[list[Work], list[tuple[int, int, int]]]]:
-    batch: list[Work] = []
-    touched: list[tuple[int, int, int]] = []
-    size = 0
-    for sf, old in run.changes.changed:
-        try:
-            # Inside the root and a regular file, as the walk found it: a file swapped since
-            # (for a symlink out of the repository, a FIFO) is not read.
-            data, st = reader.read(sf.path)
-        except OSError:
-            run.changes.skipped["unreadable"] = run.changes.skipped.get("unreadable", 0) + 1
-            run.changes.seen.discard(sf.path)  # a file that vanished mid-run leaves the index
-            run.changes.stamp = None  # (the walk kept it: its stamp no longer says what the index holds)
-            continue
-        run.changes.files_read += 1
-        digest = hash_bytes(data)
-        if old is not None and old.hash == digest and not run.plan.rechunk_all:
-            touched.append((old.id, st.st_size, st.st_mtime_ns))
-            run.changes.unchanged += 1
-        else:
-            if batch and (size + len(data) > BATCH_BYTES or len(batch) >= BATCH_FILES):
-                yield batch, touched
-                batch, touched, size = [], [], 0
-            batch.append(Work(sf.path, sf.language, st.st_size, st.st_mtime_ns, digest, decode_source(data),
-                              old_id=old.id if old else None))
-            size += len(data)
-        del data
-        if len(touched) >= BATCH_FILES:
-            yield [], touched
-            touched = []
-    if batch or touched:
-        yield batch, touched
+        batch: list[Work] = []
+        touched: list[tuple[int, int, int]] = []
+        size = 0
+        for sf, old in run.changes.changed:
+            try:
+                # Inside the root and a regular file, as the walk found it: a file swapped since
+                # (for a symlink out of the repository, a FIFO) is not read.
+                data, st = reader.read(sf.path)
+            except OSError:
+                run.changes.skipped["unreadable"] = run.changes.skipped.get("unreadable", 0) + 1
+                run.changes.seen.discard(sf.path)  # a file that vanished mid-run leaves the index
+                run.changes.stamp = None  # (the walk kept it: its stamp no longer says what the index holds)
+                continue
+            run.changes.files_read += 1
+            digest = hash_bytes(data)
+            if old is not None and old.hash == digest and not run.plan.rechunk_all:
+                touched.append((old.id, st.st_size, st.st_mtime_ns))
+                run.changes.unchanged += 1
+            else:
+                if batch and (size + len(data) > BATCH_BYTES or len(batch) >= BATCH_FILES):
+                    yield batch, touched
+                    batch, touched, size = [], [], 0
+                batch.append(Work(sf.path, sf.language, st.st_size, st.st_mtime_ns, digest, decode_source(data),
+                                  old_id=old.id if old else None))
+                size += len(data)
+            del data
+            if len(touched) >= BATCH_FILES:
+                yield [], touched
+                touched = []
+        if batch or touched:
+            yield batch, touched
 
 
 def _chunk(run: Run, work: list[Work], chunking: str | None, reuse: Reuse, chunker: Chunker,
