@@ -145,8 +145,9 @@ def _write(root: Path, rel: str, text: str | bytes = "x = 1\n") -> Path:
 
 
 #: A little of everything a walk decides about: tracked, untracked, ignored (a pattern, a
-#: folder, a folder of ignored files only), force-tracked though ignored, a nested
-#: .codesearchignore, a binary file told by its bytes, a file over the size limit, a symlink.
+#: folder, a folder of ignored files only), force-tracked though ignored, tracked but deleted,
+#: a nested .codesearchignore, a binary file told by its bytes, a file over the size limit,
+#: a symlink.
 def _git_repo(root: Path) -> Path:
     _write(root, ".gitignore", "*.log\nout/\n")
     _write(root, "src/app.py", "def app():\n    return 1\n")
@@ -159,10 +160,12 @@ def _git_repo(root: Path) -> Path:
     _write(root, "big.txt", "y" * 3000)
     _write(root, "forced.log", "a tracked log\n")
     _write(root, "logs/run.log", "ignored\n")
+    _write(root, "gone.py", "def gone():\n    return 6\n")
     _git(root, "init", "-q")
     _git(root, "add", ".")
     _git(root, "add", "-f", "forced.log")
     _git(root, "commit", "-qm", "init")
+    (root / "gone.py").unlink()  # tracked, deleted from the work tree: git still lists it
     _write(root, "notes.py", "def untracked():\n    return 5\n")  # untracked, not ignored
     os.symlink("src/app.py", root / "link.py")
     return root
@@ -210,6 +213,7 @@ CHANGES = {
     "binary becomes text": lambda r: _write(r, "blob.dat", "now text\n"),
     "too large shrinks": lambda r: _write(r, "big.txt", "small now\n"),
     "untracked from the index": lambda r: _git(r, "rm", "-q", "--cached", "forced.log"),
+    "deleted tracked file back": lambda r: _git(r, "checkout", "--", "gone.py"),
     "symlink retargeted": lambda r: ((r / "link.py").unlink(), os.symlink("lib/kept.py", r / "link.py")),
     "nested repository": lambda r: (_write(r, "vendor2/inner.py", "def inner():\n    pass\n"),
                                     _git(r / "vendor2", "init", "-q")),
