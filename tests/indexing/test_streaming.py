@@ -12,7 +12,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from fixtures.pipeline_helpers import check_consistent, chunk_set, function_source, make_repo, module_source
+from fixtures.pipeline_helpers import (
+    check_consistent,
+    chunk_set,
+    count_reads,
+    function_source,
+    make_repo,
+    module_source,
+)
 
 from codesearch.indexing import run as pipeline
 from codesearch.indexing.chunking import parallel
@@ -237,18 +244,9 @@ def test_an_incremental_run_opens_only_what_changed(tmp_path, monkeypatch):
     """A run after an edit looks at the edited file only: an unchanged file (same size and
     mtime as the store records) is neither sniffed by the walk nor read (a 114k-file
     repository: one open, not 114k of them, after each save the daemon's watcher sees)."""
-    from codesearch.store.files import FolderReader
-
     repo = _repo(tmp_path / "repo")
     build_index(repo)
-    opened: list[str] = []
-    real = FolderReader.read
-
-    def counting(self, rel, *args, **kwargs):
-        opened.append(rel)
-        return real(self, rel, *args, **kwargs)
-
-    monkeypatch.setattr(FolderReader, "read", counting)
+    opened = count_reads(monkeypatch)
     path = repo / "pkg/mod2.py"
     path.write_text(path.read_text() + "\n\ndef added():\n    return 1\n")
     summary = build_index(repo)

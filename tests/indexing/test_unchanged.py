@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from fixtures.pipeline_helpers import count_reads
 from fixtures.sample_repo import write_sample_repo
+from fixtures.trees import git, write
 
 from codesearch.api import CodeSearch
 from codesearch.indexing.unchanged import unchanged_run
@@ -103,16 +105,8 @@ def test_checks_for_changes_read_no_unchanged_file(lexical_repo, monkeypatch):
     """A staleness check (before each query, in the daemon too) and the no-op index cost a
     ``stat`` per file: a file whose size and mtime the store records is not opened again."""
     from codesearch.indexing.status import staleness
-    from codesearch.store.files import FolderReader
 
-    opened: list[str] = []
-    real = FolderReader.read
-
-    def counting(self, rel, *args, **kwargs):
-        opened.append(rel)
-        return real(self, rel, *args, **kwargs)
-
-    monkeypatch.setattr(FolderReader, "read", counting)
+    opened = count_reads(monkeypatch)
     assert not staleness(lexical_repo).stale
     assert unchanged_run(lexical_repo) is not None
     assert opened == []
@@ -128,45 +122,29 @@ def test_checks_for_changes_read_no_unchanged_file(lexical_repo, monkeypatch):
 # -- in a git work tree: git's listing and a stat per file, against the last run's stamp ----------
 
 
-def _git(root: Path, *args: str) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args], cwd=root, check=True,
-                   capture_output=True, env=env)
-
-
-def _write(root: Path, rel: str, text: str | bytes = "x = 1\n") -> Path:
-    path = root / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(text, bytes):
-        path.write_bytes(text)
-    else:
-        path.write_text(text)
-    return path
-
-
 #: A little of everything a walk decides about: tracked, untracked, ignored (a pattern, a
 #: folder, a folder of ignored files only), force-tracked though ignored, tracked but deleted,
 #: a nested .codesearchignore, a binary file told by its bytes, a file over the size limit,
 #: a symlink.
 def _git_repo(root: Path) -> Path:
-    _write(root, ".gitignore", "*.log\nout/\n")
-    _write(root, "src/app.py", "def app():\n    return 1\n")
-    _write(root, "src/util.py", "def util():\n    return 2\n")
-    _write(root, "docs/guide.md", "# Guide\n\nWords.\n")
-    _write(root, "lib/.codesearchignore", "skip_me.py\n")
-    _write(root, "lib/skip_me.py", "def hidden():\n    return 3\n")
-    _write(root, "lib/kept.py", "def kept():\n    return 4\n")
-    _write(root, "blob.dat", b"\0\1\2\3" * 64)
-    _write(root, "big.txt", "y" * 3000)
-    _write(root, "forced.log", "a tracked log\n")
-    _write(root, "logs/run.log", "ignored\n")
-    _write(root, "gone.py", "def gone():\n    return 6\n")
-    _git(root, "init", "-q")
-    _git(root, "add", ".")
-    _git(root, "add", "-f", "forced.log")
-    _git(root, "commit", "-qm", "init")
+    write(root, ".gitignore", "*.log\nout/\n")
+    write(root, "src/app.py", "def app():\n    return 1\n")
+    write(root, "src/util.py", "def util():\n    return 2\n")
+    write(root, "docs/guide.md", "# Guide\n\nWords.\n")
+    write(root, "lib/.codesearchignore", "skip_me.py\n")
+    write(root, "lib/skip_me.py", "def hidden():\n    return 3\n")
+    write(root, "lib/kept.py", "def kept():\n    return 4\n")
+    write(root, "blob.dat", b"\0\1\2\3" * 64)
+    write(root, "big.txt", "y" * 3000)
+    write(root, "forced.log", "a tracked log\n")
+    write(root, "logs/run.log", "ignored\n")
+    write(root, "gone.py", "def gone():\n    return 6\n")
+    git(root, "init", "-q")
+    git(root, "add", ".")
+    git(root, "add", "-f", "forced.log")
+    git(root, "commit", "-qm", "init")
     (root / "gone.py").unlink()  # tracked, deleted from the work tree: git still lists it
-    _write(root, "notes.py", "def untracked():\n    return 5\n")  # untracked, not ignored
+    write(root, "notes.py", "def untracked():\n    return 5\n")  # untracked, not ignored
     os.symlink("src/app.py", root / "link.py")
     return root
 
@@ -197,34 +175,34 @@ def _move_mtime(path: Path, delta_ns: int = 1_000_000) -> None:
 
 
 CHANGES = {
-    "edit": lambda r: _write(r, "src/app.py", "def app():\n    return 10\n"),
+    "edit": lambda r: write(r, "src/app.py", "def app():\n    return 10\n"),
     "touch": lambda r: _move_mtime(r / "src/util.py"),
-    "add untracked": lambda r: _write(r, "new.py", "def new():\n    pass\n"),
-    "add in a new folder": lambda r: _write(r, "pkg/deep/mod.py", "def mod():\n    pass\n"),
-    "add beside ignored files only": lambda r: _write(r, "logs/tool.py", "def tool():\n    pass\n"),
+    "add untracked": lambda r: write(r, "new.py", "def new():\n    pass\n"),
+    "add in a new folder": lambda r: write(r, "pkg/deep/mod.py", "def mod():\n    pass\n"),
+    "add beside ignored files only": lambda r: write(r, "logs/tool.py", "def tool():\n    pass\n"),
     "delete tracked": lambda r: (r / "src/util.py").unlink(),
     "delete untracked": lambda r: (r / "notes.py").unlink(),
     "rename": lambda r: (r / "src/util.py").rename(r / "src/helpers.py"),
-    "gitignore lets a file in": lambda r: _write(r, ".gitignore", "out/\n"),
-    "gitignore keeps a file out": lambda r: _write(r, ".gitignore", "*.log\nout/\nnotes.py\n"),
-    "info/exclude keeps a file out": lambda r: _write(r, ".git/info/exclude", "notes.py\n"),
-    "codesearchignore appears": lambda r: _write(r, ".codesearchignore", "docs/\n"),
-    "codesearchignore edited": lambda r: _write(r, "lib/.codesearchignore", "kept.py\n"),
-    "binary becomes text": lambda r: _write(r, "blob.dat", "now text\n"),
-    "too large shrinks": lambda r: _write(r, "big.txt", "small now\n"),
-    "untracked from the index": lambda r: _git(r, "rm", "-q", "--cached", "forced.log"),
-    "deleted tracked file back": lambda r: _git(r, "checkout", "--", "gone.py"),
+    "gitignore lets a file in": lambda r: write(r, ".gitignore", "out/\n"),
+    "gitignore keeps a file out": lambda r: write(r, ".gitignore", "*.log\nout/\nnotes.py\n"),
+    "info/exclude keeps a file out": lambda r: write(r, ".git/info/exclude", "notes.py\n"),
+    "codesearchignore appears": lambda r: write(r, ".codesearchignore", "docs/\n"),
+    "codesearchignore edited": lambda r: write(r, "lib/.codesearchignore", "kept.py\n"),
+    "binary becomes text": lambda r: write(r, "blob.dat", "now text\n"),
+    "too large shrinks": lambda r: write(r, "big.txt", "small now\n"),
+    "untracked from the index": lambda r: git(r, "rm", "-q", "--cached", "forced.log"),
+    "deleted tracked file back": lambda r: git(r, "checkout", "--", "gone.py"),
     "symlink retargeted": lambda r: ((r / "link.py").unlink(), os.symlink("lib/kept.py", r / "link.py")),
-    "nested repository": lambda r: (_write(r, "vendor2/inner.py", "def inner():\n    pass\n"),
-                                    _git(r / "vendor2", "init", "-q")),
+    "nested repository": lambda r: (write(r, "vendor2/inner.py", "def inner():\n    pass\n"),
+                                    git(r / "vendor2", "init", "-q")),
 }
 
 SAME = {
     "nothing": lambda r: None,
-    "ignored file added": lambda r: _write(r, "debug.log", "noise\n"),
-    "ignored folder written": lambda r: _write(r, "out/gen.py", "def gen():\n    pass\n"),
-    "git add and commit": lambda r: (_git(r, "add", "notes.py"), _git(r, "commit", "-qm", "more")),
-    "index folder written": lambda r: _write(r, ".codesearch/scratch", "x"),
+    "ignored file added": lambda r: write(r, "debug.log", "noise\n"),
+    "ignored folder written": lambda r: write(r, "out/gen.py", "def gen():\n    pass\n"),
+    "git add and commit": lambda r: (git(r, "add", "notes.py"), git(r, "commit", "-qm", "more")),
+    "index folder written": lambda r: write(r, ".codesearch/scratch", "x"),
 }
 
 
