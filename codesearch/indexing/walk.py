@@ -236,9 +236,9 @@ class WalkStamp:
     watched: dict[str, tuple[int, int]]
 
     def to_json(self) -> str:
+        # (ASCII: a name that is not UTF-8, held with surrogate escapes, goes as \udcXX)
         return json.dumps({"listings": [list(x) for x in self.listings],
-                           "watched": [[p, *st] for p, st in sorted(self.watched.items())]},
-                          ensure_ascii=False, separators=(",", ":"))
+                           "watched": [[p, *st] for p, st in sorted(self.watched.items())]}, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str | None) -> WalkStamp | None:

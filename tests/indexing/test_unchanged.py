@@ -235,3 +235,13 @@ def test_what_changes_nothing_indexed_is_still_a_no_op(git_repo, same):
 def test_other_walk_options_mean_a_run(git_repo, option):
     kwargs = {"model": None, "multi_model": None, "max_file_bytes": _LIMIT, **option}
     assert unchanged_run(git_repo, **kwargs) is None
+
+
+def test_the_stamp_holds_names_that_are_not_utf8(git_repo):
+    odd = os.fsdecode(b"data-\xff.dat")  # watched (binary by its bytes), and kept beside it
+    write(git_repo, odd, b"\0\1\2" * 100)
+    write(git_repo, os.fsdecode(b"caf\xe9.py"), "def cafe():\n    return 1\n")
+    _index(git_repo)
+    assert unchanged_run(git_repo, model=None, multi_model=None, max_file_bytes=_LIMIT) is not None
+    write(git_repo, odd, "text now\n")
+    assert unchanged_run(git_repo, model=None, multi_model=None, max_file_bytes=_LIMIT) is None
