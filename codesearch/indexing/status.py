@@ -121,7 +121,7 @@ def staleness(
 def _unchanged(root: Path, store_path: Path, include: Sequence[str], exclude: Sequence[str],
                max_file_bytes: int | None) -> bool:
     """Whether the last run's walk stamp, made with these walk options, still holds."""
-    from codesearch.indexing.commit import WALK_EXCLUDE_KEY, WALK_INCLUDE_KEY
+    from codesearch.indexing.unchanged import same_walk
     from codesearch.indexing.walk import WALK_STAMP_KEY, WalkStamp, unchanged_since
 
     if not store_path.is_file():
@@ -129,15 +129,10 @@ def _unchanged(root: Path, store_path: Path, include: Sequence[str], exclude: Se
     with Store(store_path, readonly=True) as store:
         meta = store.meta()
         stamp = WalkStamp.from_json(meta.get(WALK_STAMP_KEY))
-        same = (
-            stamp is not None
-            and meta.get("root") == str(root)
-            and json.loads(meta.get(WALK_INCLUDE_KEY) or "[]") == list(include)
-            and json.loads(meta.get(WALK_EXCLUDE_KEY) or "[]") == list(exclude)
-            and (max_file_bytes is None or meta.get("max_file_bytes") == str(max_file_bytes))
-        )
-        kept = store.file_stats() if same else None
-    return kept is not None and unchanged_since(root, stamp, kept)
+        if stamp is None or not same_walk(meta, root, include, exclude, max_file_bytes):
+            return False
+        kept = store.file_stats()
+    return unchanged_since(root, stamp, kept)
 
 
 def index_info(index_dir: str | os.PathLike[str]) -> IndexInfo:

@@ -20,6 +20,7 @@ import json
 import os
 import sqlite3
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from codesearch.errors import CodeSearchError
@@ -131,12 +132,21 @@ def _same_options(meta: dict[str, str], root: Path, include: tuple[str, ...], ex
                   max_file_bytes: int, chunker_version: int) -> bool:
     """The run would record what the index records: root, walk options, chunker, no vectors pending."""
     return (
+        same_walk(meta, root, include, exclude, max_file_bytes)
+        and meta.get("chunker_version") == str(chunker_version)
+        and not meta.get("vectors.pending")
+    )
+
+
+def same_walk(meta: dict[str, str], root: Path, include: Sequence[str], exclude: Sequence[str],
+              max_file_bytes: int | None) -> bool:
+    """Whether the index's last run walked ``root`` with these options (``max_file_bytes``
+    None: whatever it was): what its walk stamp holds for."""
+    return (
         meta.get("root") == str(root)
         and json.loads(meta.get("walk.include") or "[]") == list(include)
         and json.loads(meta.get("walk.exclude") or "[]") == list(exclude)
-        and meta.get("max_file_bytes") == str(max_file_bytes)
-        and meta.get("chunker_version") == str(chunker_version)
-        and not meta.get("vectors.pending")
+        and (max_file_bytes is None or meta.get("max_file_bytes") == str(max_file_bytes))
     )
 
 
