@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import re
-from pathlib import PurePosixPath
 
 __all__ = ["CPP_HINTS", "LANGUAGES", "canonical_language", "detect_language"]
 
@@ -121,10 +120,13 @@ def detect_language(path: str, first_line: str = "") -> str:
     >>> detect_language("bin/tool", "#!/usr/bin/env python3")
     'python'
     """
-    name = PurePosixPath(path).name
+    # (PurePosixPath(path).name and .suffix, without two Path objects a file: a walk of a
+    # 114k-file repository spent a fifth of its time making them)
+    name = path.rstrip("/").rpartition("/")[2]
     if name in _FILENAMES:
         return _FILENAMES[name]
-    suffix = PurePosixPath(name.lower()).suffix
+    dot = name.rfind(".")
+    suffix = name[dot:].lower() if 0 < dot < len(name) - 1 else ""
     if suffix in _EXTENSIONS:
         return _EXTENSIONS[suffix]
     if name.startswith("Dockerfile.") or name.endswith(".Dockerfile"):

@@ -42,6 +42,7 @@ __all__ = [
     "SearchResult",
     "canonical_languages",
     "default_index_dir",
+    "encoder_text",
     "hit_document",
     "model_option",
     "path_kind",
@@ -336,6 +337,13 @@ def path_kind(path: str) -> int:
 # -- records ---------------------------------------------------------------------------------
 
 
+def encoder_text(header: str, text: str) -> str:
+    """What the encoder embeds of a chunk, and the lexical index reads: the header line,
+    then the code. The one place this text is made (`Chunk.encoder_text`, and the store's
+    reads of it without a `Chunk`)."""
+    return header + "\n" + text
+
+
 @dataclass(frozen=True, slots=True)
 class Chunk:
     """A contiguous run of whole lines of one file, with what it defines.
@@ -389,8 +397,8 @@ class Chunk:
     @property
     def encoder_text(self) -> str:
         """What the encoder embeds, and the lexical index reads: the header line, then the
-        code. The one place this text is made."""
-        return self.header + "\n" + self.text
+        code (`encoder_text`)."""
+        return encoder_text(self.header, self.text)
 
     def to_dict(self) -> dict:
         """Plain-JSON form of the chunk."""

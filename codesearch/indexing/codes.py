@@ -46,10 +46,11 @@ def _codes_capable(enc: Encoder) -> bool:
     return bool(enc.multivector and enc.offloaded and callable(getattr(enc, "set_codec", None)))
 
 
-def window_tokens(text: str, max_length: int) -> int:
-    """A text's tokens in the window, before tokenising it: ~4 characters a code token (a
-    central estimate, for sizes and shares; chunking's `estimate_tokens` is conservative)."""
-    return max(1, min(len(text) // 4, max_length))  # ~4 characters a code token
+def window_tokens(chars: int, max_length: int) -> int:
+    """The tokens in the window of a text of ``chars`` characters, before tokenising it: ~4
+    characters a code token (a central estimate, for sizes and shares; chunking's
+    `estimate_tokens` is conservative)."""
+    return max(1, min(chars // 4, max_length))  # ~4 characters a code token
 
 
 class RunCodes:
@@ -141,7 +142,8 @@ class RunCodes:
 
 
 def plan_codes(idir: Path, enc: Encoder, items: list, known: CodeBook | None = None) -> tuple[RunCodes | None, list]:
-    """The run's codes for the stream ``items`` of ``enc`` (``(priority, kind, hash, text)``),
+    """The run's codes for the stream ``items`` of ``enc`` (``(priority, kind, hash, characters,
+    where)``, as `codesearch.indexing.encode` plans it),
     and the stream in the order to encode it: the sample first. ``known``: the codec the run
     has already (the stored index's, or one adopted from the user's vector cache), with any
     codes it holds."""

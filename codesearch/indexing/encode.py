@@ -1,15 +1,20 @@
 """The encode stage: every chunk and file that lacks a vector of each model, most useful
 first, encoded in batches that are each committed whole and published to the vector indexes
-as they come."""
+as they come.
+
+The stream is planned without the texts (a text's size is what batching and the PLAID
+sample need); each batch reads its own from the store (a chunk's) or the file (a whole
+file's) when its turn comes, so the stage holds one batch of texts whatever the number of
+texts to encode."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import time
 from collections import defaultdict
-from collections.abc import Iterable
-from pathlib import Path
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -31,8 +36,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["ENCODE_BATCH", "ENCODE_BATCH_CHARS", "encode_missing"]
 
-#: One text to encode: (priority, vector kind, text hash, text); priority sorts the stream.
-_Item = tuple[tuple[int, int], str, str, str]
+#: One text to encode: (priority, vector kind, text hash, characters, where the text is: a
+#: chunk id, or a file id for a per-file kind); priority sorts the stream.
+_Item = tuple[tuple[int, int], str, str, int, int]
 
 #: Texts per encode call (and per committed batch of cached vectors).
 ENCODE_BATCH = 64
@@ -40,10 +46,14 @@ ENCODE_BATCH = 64
 ENCODE_BATCH_CHARS = 64_000
 
 
-def _file_text_for_encoder(path: str, text: str, max_length: int) -> str:
+def _file_chars(max_length: int) -> int:
     # The encoder truncates at its max length anyway; cutting the string first keeps a
     # 1 MB file from being tokenized whole (code runs well under 16 chars per token).
-    return f"{text_name(path)}\n{text[: max(1, max_length) * 16]}"
+    return max(1, max_length) * 16
+
+
+def _file_text_for_encoder(path: str, text: str, max_length: int) -> str:
+    return f"{text_name(path)}\n{text[: _file_chars(max_length)]}"
 
 
 def _encodes_elsewhere(enc: Encoder) -> bool:
@@ -63,13 +73,13 @@ def encode_missing(run: Run) -> None:
     """
     store, roles = run.store, run.encoders.by_role()
     pending = [role for role in run.recorded if role not in roles]
-    if pending and run.opts.defer_vectors and (run.changes.work or run.plan.rechunk_all):
+    if pending and run.opts.defer_vectors and (run.changes.indexed or run.plan.rechunk_all):
         with store.transaction():  # the next search that uses the vectors adds them
             store.set_meta(VECTORS_PENDING_KEY, json.dumps(pending))
     elif roles and not pending:
         with store.transaction():  # this run encodes whatever lacks a vector
             store.delete_meta(VECTORS_PENDING_KEY)
-    changed = bool(run.changes.work or run.plan.rechunk_all)
+    changed = bool(run.changes.indexed or run.plan.rechunk_all)
     for role in run.recorded:
         if role not in roles:
             if run.opts.defer_vectors:
@@ -87,33 +97,29 @@ def encode_missing(run: Run) -> None:
                 )
     if not roles:
         return
-    files = {f.id: f for f in store.files().values()}
-    texts = {w.path: (w.hash, w.text) for w in run.changes.work}
-
-    def priority(path: str, size: int) -> tuple[int, int]:
-        return (path_kind(path), size)
+    # What sorts the stream: source code before tests, then docs, examples and benchmarks
+    # (`types.path_kind`), small files before large ones. Per file, made once.
+    priorities = {fid: (path_kind(path), size) for fid, path, size in store.file_sizes()}
 
     # One stream of texts per encoder (a dense model's chunks and whole files together), so
     # a small edit costs one encode call, not one per kind.
     streams: list[tuple[Encoder, list[_Item]]] = []
     for role, enc in roles.items():
-        items: dict[tuple[str, str], _Item] = {}
+        items: list[_Item] = []
         for kind in (k.name for k in VECTOR_KINDS.values() if k.role == role):
             if VECTOR_KINDS[kind].per_file:
+                seen: set[str] = set()  # the cache is keyed by text: a copy is encoded once
                 for fid, path, h in store.files_missing_vectors(enc.identity, kind):
-                    if (kind, h) not in items:
-                        text = _current_text(run.opts.root, path, h, texts)
-                        if text is not None:
-                            items[(kind, h)] = (priority(path, files[fid].size), kind, h,
-                                                _file_text_for_encoder(path, text, enc.max_length))
-            else:
-                for sc in store.chunks_missing_vectors(enc.identity, kind):
-                    h = sc.text_hash
-                    if (kind, h) not in items:  # the cache is keyed by text: a copy is encoded once
-                        f = files[sc.file_id]
-                        items[(kind, h)] = (priority(f.path, f.size), kind, h, sc.chunk.encoder_text)
+                    if h not in seen:
+                        seen.add(h)
+                        chars = len(text_name(path)) + 1 + min(priorities[fid][1], _file_chars(enc.max_length))
+                        items.append((priorities[fid], kind, h, chars, fid))
+            else:  # (one chunk of each text: the store's query keeps one)
+                items += [(priorities[fid], kind, h, chars, cid)
+                          for cid, fid, h, chars in store.chunks_missing_vectors(enc.identity, kind)]
         if items:
-            streams.append((enc, sorted(items.values(), key=lambda it: it[0])))
+            items.sort(key=lambda it: it[0])
+            streams.append((enc, items))
     if not streams:
         return
     commits = Commits(store)
@@ -171,7 +177,11 @@ def _take_cached(
         where = [i for i, it in enumerate(items) if it[1] == kind]
         for start in range(0, len(where), _REUSE_BATCH):  # a part in memory at a time
             part = where[start : start + _REUSE_BATCH]
-            found = reuse.take(model, kind, [items[i][3] for i in part])
+            texts = _texts(run, enc, [items[i] for i in part])
+            taken.update(i for i, t in zip(part, texts) if t is None)  # (a file changed since: the next run's)
+            part = [i for i, t in zip(part, texts) if t is not None]
+            found = reuse.take(model, kind, [t for t in texts if t is not None])
+            del texts
             if not found:
                 continue
             rows = [(items[part[j]][2], *v) for j, v in sorted(found.items())]
@@ -202,7 +212,7 @@ def _cached_codes(run: Run, enc: Encoder, reuse: Reuse, items: list[_Item], arra
     stored = read_codec(run.opts.idir / "plaid")
     try:
         total = sum(run.store.chunk_token_counts(enc.identity, "colbert").values())
-        total += sum(window_tokens(t, int(enc.max_length)) for _, kind, _, t in items if kind == "colbert")
+        total += sum(window_tokens(chars, int(enc.max_length)) for _, kind, _, chars, _ in items if kind == "colbert")
         found = adopt_codes(reuse.cache, keeper.model, dict(arrays.values()), total, codec=stored,
                             nbits=PlaidIndex().nbits, dim=enc.dim)
     except _CACHE_ERRORS as exc:
@@ -229,7 +239,7 @@ def _encode_streams(
     def committed() -> None:  # progress counts what is committed: a killed run keeps that much
         elapsed = max(time.perf_counter() - enc_t0, 1e-9)
         run.report(
-            "encode", run.texts_encoded, total, files=len(run.changes.work), chunks=run.chunks_made,
+            "encode", run.texts_encoded, total, files=run.changes.indexed, chunks=run.chunks_made,
             tokens=run.tokens_encoded, tokens_per_s=run.tokens_encoded / elapsed, message=kinds[0],
         )
 
@@ -238,8 +248,11 @@ def _encode_streams(
         model = cache_model(enc) if reuse.enabled else enc.identity
         # (nothing left to encode: the encoder is not asked how it batches, which loads a
         # deferred one)
-        batches = list(_batches([(kind, h, t) for _, kind, h, t in items], _batch_size(enc))) if items else []
-        texts_of = ([t for _, _, t in b] for b in batches)
+        # Each batch's texts are read as the encoder takes the batch, and dropped once its
+        # vectors are written: the batches in flight (a pool of workers holds a few) are
+        # all the texts in memory.
+        loaded: collections.deque[list[tuple[str, str, str]]] = collections.deque()
+        texts_of = _read_as_taken(run, enc, _batches(items, _batch_size(enc)) if items else iter(()), loaded)
 
         def idle() -> None:  # while a pool of workers (codesearch[ray]) computes
             commits.commit_if_older()
@@ -247,7 +260,8 @@ def _encode_streams(
 
         outputs = encode_stream(enc, texts_of, kind="document", idle=idle)
         codes = publisher.codes if publisher.codes is not None and publisher.codes.enc is enc else None
-        for batch, out in zip(batches, outputs):
+        for out in outputs:
+            batch = loaded.popleft()
             vectors = list(out) if enc.multivector else [np.asarray(out)[i] for i in range(len(batch))]
             if codes is not None:  # before a publication reads them
                 codes.take([t for *_, t in batch], [h for _, h, _ in batch], [k for k, *_ in batch], vectors)
@@ -286,16 +300,41 @@ def _encode_streams(
         publisher.start(background=False)  # the last one: nothing left to run beside
 
 
-def _current_text(root: Path, path: str, expected_hash: str, texts: dict[str, tuple[str, str]]) -> str | None:
-    """The text of ``path`` if it still has the hash the store records (else None: the next
+def _read_as_taken(run: Run, enc: Encoder, batches: Iterator[list[_Item]],
+                   loaded: collections.deque[list[tuple[str, str, str]]]) -> Iterator[list[str]]:
+    """The texts of each of ``batches`` for the encoder, read as it takes them; each batch
+    goes to ``loaded`` as ``(kind, hash, text)``, for the writer to take when its vectors come.
+    A text gone from its batch (a file changed since the walk) is the next run's."""
+    for part in batches:
+        batch = [(it[1], it[2], t) for it, t in zip(part, _texts(run, enc, part)) if t is not None]
+        if batch:
+            loaded.append(batch)
+            yield [t for _, _, t in batch]
+
+
+def _texts(run: Run, enc: Encoder, items: Sequence[_Item]) -> list[str | None]:
+    """The texts of ``items`` as ``enc`` reads them, in order: a chunk's from the store, a whole
+    file's from the file if it still has the hash the store records (else None: the next
     run, which sees the new content, encodes it)."""
-    if path in texts and texts[path][0] == expected_hash:
-        return texts[path][1]
-    try:
-        data, _ = read_inside(root, path)
-    except OSError:
-        return None
-    return decode_source(data) if hash_bytes(data) == expected_hash else None
+    store = run.store
+    chunks = store.encoder_texts([it[4] for it in items if not VECTOR_KINDS[it[1]].per_file])
+    out: list[str | None] = []
+    for _, kind, h, _, ref in items:
+        if not VECTOR_KINDS[kind].per_file:
+            found = chunks.get(ref)
+            out.append(found[0] if found is not None and found[1] == h else None)
+            continue
+        rec = store.file_record(ref)
+        text = None
+        if rec is not None and rec.hash == h:
+            try:
+                data, _ = read_inside(run.opts.root, rec.path)
+            except OSError:
+                data = None
+            if data is not None and hash_bytes(data) == h:
+                text = _file_text_for_encoder(rec.path, decode_source(data), enc.max_length)
+        out.append(text)
+    return out
 
 
 def _batch_size(enc: Encoder) -> tuple[int, int]:
@@ -312,18 +351,16 @@ def _batch_size(enc: Encoder) -> tuple[int, int]:
     return max(ENCODE_BATCH, budget // 64), max(ENCODE_BATCH_CHARS, 4 * budget)
 
 
-def _batches(
-    items: list[tuple[str, str, str]], size: tuple[int, int] | None = None
-) -> Iterable[list[tuple[str, str, str]]]:
-    """Consecutive runs of (kind, hash, text) of at most ``size`` = (texts, characters)."""
+def _batches(items: Sequence[_Item], size: tuple[int, int] | None = None) -> Iterator[list[_Item]]:
+    """Consecutive runs of ``items`` of at most ``size`` = (texts, characters)."""
     max_texts, max_chars = size or (ENCODE_BATCH, ENCODE_BATCH_CHARS)
-    batch: list[tuple[str, str, str]] = []
+    batch: list[_Item] = []
     chars = 0
     for item in items:
-        if batch and (len(batch) >= max_texts or chars + len(item[2]) > max_chars):
+        if batch and (len(batch) >= max_texts or chars + item[3] > max_chars):
             yield batch
             batch, chars = [], 0
         batch.append(item)
-        chars += len(item[2])
+        chars += item[3]
     if batch:
         yield batch

@@ -2,9 +2,10 @@
 (`RunOptions`, fixed), and what each stage found for the next (`Run`: the walk's `Changes`,
 the chunking `ChunkPlan`, the counters the summary reports).
 
-The stages, in order: walk and read, chunk (`codesearch.indexing.run`), commit
-(`codesearch.indexing.commit`), sync the derived indexes, encode and publish
-(`codesearch.indexing.encode`, `codesearch.indexing.publish`).
+The stages, in order: walk; read, chunk and write a batch of changed files at a time
+(`codesearch.indexing.run`, into the one transaction of `codesearch.indexing.commit`); sync
+the derived indexes; encode and publish (`codesearch.indexing.encode`,
+`codesearch.indexing.publish`).
 """
 
 from __future__ import annotations
@@ -13,11 +14,15 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from codesearch import _stagehook
 from codesearch.encoder.base import Encoders, TokenCounter
 from codesearch.store import FileRecord, ModelRecord, Store
 from codesearch.types import Chunk, ProgressEvent
+
+if TYPE_CHECKING:  # pragma: no cover
+    from codesearch.indexing.walk import SourceFile, WalkStamp
 
 __all__ = ["Changes", "ChunkPlan", "Progress", "Run", "RunOptions", "Work"]
 
@@ -53,16 +58,23 @@ class Work:
 
 @dataclass
 class Changes:
-    """What the walk found: files to (re-)chunk, files only touched, files gone."""
+    """What the walk found (files whose stat changed, files gone), and what reading them
+    found: files (re-)chunked, files only touched."""
 
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> files
     all_old: dict[str, FileRecord] = field(default_factory=dict)  # the store's files before the run
     seen: set[str] = field(default_factory=set)
-    work: list[Work] = field(default_factory=list)
-    touched: list[tuple[int, int, int]] = field(default_factory=list)  # (file id, size, mtime_ns)
+    # Files to read: new, or whose size or mtime differ from the store's (or all, to re-chunk).
+    changed: list[tuple[SourceFile, FileRecord | None]] = field(default_factory=list)
     removed: list[FileRecord] = field(default_factory=list)
+    indexed: int = 0  # files (re-)chunked and written
+    renamed: int = 0  # of those, new paths whose content was a removed file's
     unchanged: int = 0
     files_read: int = 0
+    # What the walk's verdicts rested on, recorded with the files for a no-op check that
+    # needs no walk (`walk.unchanged_since`); None: not recordable (listed without git, or a
+    # file the walk kept could not be read).
+    stamp: WalkStamp | None = None
 
 
 @dataclass

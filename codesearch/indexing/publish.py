@@ -139,7 +139,7 @@ class Publisher:
         self.last = time.monotonic()
         self.cost = self.last - started
         self.run.report(
-            "published", store.generation, store.generation, files=len(self.run.changes.work),
+            "published", store.generation, store.generation, files=self.run.changes.indexed,
             chunks=self.run.chunks_made,
             message=f"vectors of {sum(len(h) for h in encoded.values()):,} texts are searchable",
         )

@@ -4,16 +4,21 @@ The store (``store.sqlite``) is the truth; lexical, dense and PLAID indexes are 
 from it. A run does its work in an order that survives a crash or Ctrl-C at any moment:
 
 1. walk the files; a file whose size and mtime_ns match the store costs one ``stat``;
-   a file whose stat changed is read and hashed (xxh3_128); same hash -> only its stat is
-   recorded, no re-chunk; a new hash -> re-chunked;
-2. encode the texts that have no vector in the cache yet (keyed by model identity, kind
-   and text hash), committing each batch: a killed run leaves those vectors behind and
-   the next run skips them;
-3. ONE transaction writes files, chunks, models and meta (``generation + 1``);
-4. every derived index is brought to the new generation - incrementally when its saved
-   generation is the previous one, else rebuilt from the store's vectors (no encoding) -
-   written atomically, and its generation recorded in meta. A crash between 3 and 4 shows
-   up as a generation mismatch, which :func:`load_derived` and the next run heal.
+2. ONE transaction writes files, chunks, models and meta (``generation + 1``), filled a
+   batch of changed files at a time: each batch is read and hashed (xxh3_128; same hash ->
+   only its stat is recorded, no re-chunk), chunked (or its chunks taken from the user's
+   cache), written, and dropped, so a run holds at most one batch of texts and chunks
+   (`BATCH_BYTES`, `BATCH_FILES`) whatever the repository's size. A crash or Ctrl-C before
+   the commit leaves the previous generation (the chunks already made stay in the user's
+   cache: the next run does not chunk them again);
+3. every derived index is brought to the new generation - incrementally when its saved
+   generation is the previous one, else rebuilt from the store (no encoding) - written
+   atomically, and its generation recorded in meta. A crash between 2 and 3 shows up as a
+   generation mismatch, which :func:`load_derived` and the next run heal;
+4. encode the texts that have no vector in the cache yet (keyed by model identity, kind
+   and text hash), reading them from the store a batch at a time and committing each
+   batch: a killed run leaves those vectors behind and the next run skips them; the
+   vector indexes are published as the vectors come.
 
 This module holds the run and its first two stages; `options` what they hand on,
 `commit`, `encode` and `publish` the stages after them.
@@ -34,8 +39,9 @@ import dataclasses
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from codesearch import _compat
 from codesearch.encoder.base import Encoders
@@ -45,15 +51,16 @@ from codesearch.errors import (
     NothingToIndexError,
     PathError,
 )
-from codesearch.indexes.registry import DERIVED, LEGACY_FILES, sync_derived
+from codesearch.indexes.registry import DERIVED, LEGACY_FILES, Delta, sync_derived
 from codesearch.indexing.chunking import CHUNKER_VERSION
-from codesearch.indexing.commit import WALK_EXCLUDE_KEY, WALK_INCLUDE_KEY, commit_changes
+from codesearch.indexing.commit import WALK_EXCLUDE_KEY, WALK_INCLUDE_KEY, writing
 from codesearch.indexing.encode import encode_missing
 from codesearch.indexing.encoders import check_models, chunk_budget, forget_other_tokenizers
 from codesearch.indexing.options import Progress, Run, RunOptions, Work
+from codesearch.indexing.reuse import Reuse
 from codesearch.pathnames import text_name
 from codesearch.store import IndexLock, Store
-from codesearch.store.files import decode_source, hash_bytes, hash_text, read_inside
+from codesearch.store.files import FolderReader, decode_source, hash_bytes, hash_text
 from codesearch.types import (
     LOCK_FILE,
     STORE_FILE,
@@ -62,7 +69,16 @@ from codesearch.types import (
     default_index_dir,
 )
 
-__all__ = ["WALK_EXCLUDE_KEY", "WALK_INCLUDE_KEY", "build_index", "check_root"]
+if TYPE_CHECKING:  # pragma: no cover
+    from codesearch.indexing.chunking.parallel import Chunker
+
+__all__ = ["BATCH_BYTES", "BATCH_FILES", "WALK_EXCLUDE_KEY", "WALK_INCLUDE_KEY", "build_index", "check_root"]
+
+#: A batch of changed files is read, chunked and written together, then dropped: this many
+#: bytes of source at most (one larger file makes a batch of its own), or this many files.
+#: Its texts and chunks take about 3x its bytes in memory.
+BATCH_BYTES = 16 << 20
+BATCH_FILES = 2_000
 
 #: Names that moved to the stage modules (the tuning knobs are patched where they are read).
 __getattr__ = _compat.moved_names(__name__, {
@@ -298,31 +314,20 @@ def _build(run: Run) -> IndexSummary:
         forget_other_tokenizers(run.store, run.encoders)
     run.prev_gen = run.store.generation
     run.recorded = {} if run.opts.rebuild else run.store.models()
-    stages: dict[str, float] = {}
-    mark = time.perf_counter()
-
-    def timed(stage: str) -> None:
-        nonlocal mark
-        now = time.perf_counter()
-        stages[stage] = round(stages.get(stage, 0.0) + now - mark, 3)
-        mark = now
-
+    stages = _Stopwatch()
     _walk_and_read(run)
-    timed("walk")
-    _chunk(run)
-    timed("chunk")
-    delta = commit_changes(run)
-    timed("write")
+    stages.lap("walk")
+    delta = _read_chunk_write(run, stages)
     try:
         # Searchable now: lexical (and any vector index whose vectors were all cached).
         sync_derived(run.opts.idir, run.store, run.prev_gen, delta, run.report)
-        timed("sync")
+        stages.lap("sync")
         run.report(
-            "searchable", 1, 1, files=len(run.changes.work), chunks=run.chunks_made,
+            "searchable", 1, 1, files=run.changes.indexed, chunks=run.chunks_made,
             message=f"searchable: {run.store.count('chunks'):,} chunks in the lexical index",
         )
         encode_missing(run)
-        timed("encode")  # with the vector indexes' syncs while it ran
+        stages.lap("encode")  # with the vector indexes' syncs while it ran
     except IndexWriteError as exc:
         # Past the commit, "the last complete index still answers" is not so: the files' new
         # content does, without all of its vectors.
@@ -339,13 +344,13 @@ def _build(run: Run) -> IndexSummary:
     return IndexSummary(
         root=str(run.opts.root),
         index_dir=str(run.opts.idir),
-        files_indexed=len(run.changes.work),
+        files_indexed=run.changes.indexed,
         files_unchanged=run.changes.unchanged,
         files_removed=(
             len(run.changes.removed) if not run.opts.rebuild
             else sum(1 for p in run.changes.all_old if p not in run.changes.seen)
         ),
-        files_renamed=_renamed(run),
+        files_renamed=run.changes.renamed,
         skipped=run.changes.skipped,
         chunks_total=run.store.count("chunks"),
         chunks_encoded=run.texts_encoded,
@@ -354,27 +359,49 @@ def _build(run: Run) -> IndexSummary:
         models=models,
         notices=run.notices,
         files_read=run.changes.files_read,
-        stage_seconds=stages,
+        stage_seconds=stages.seconds,
         texts_reused=run.texts_reused,
     )
 
 
-# -- 1. walk and read what changed ---------------------------------------------------------------
+class _Stopwatch:
+    """Seconds by stage, a lap at a time (the stages of a batch take turns)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.mark = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.seconds[stage] = round(self.seconds.get(stage, 0.0) + now - self.mark, 3)
+        self.mark = now
+
+
+# -- 1. walk -------------------------------------------------------------------------------------
 
 
 def _walk_and_read(run: Run) -> None:
-    """Walk the files; read and hash only those whose stat changed; decide the chunk budget."""
+    """Walk the files and compare their stats with the store's: the files to read (new or
+    changed stat) and the files gone; decide the chunk budget. What the files hold is read
+    by the next stage, a batch at a time."""
     from codesearch.indexing.walk import walk
 
     store = run.store
     run.report("walk", 0, 0, message="walking files")
+    run.changes.all_old = store.files()
+    old_files = {} if run.opts.rebuild else run.changes.all_old
+    _plan_chunks(run, bool(old_files))
     result = walk(
         run.opts.root, include=run.opts.include, exclude=run.opts.exclude, max_file_bytes=run.opts.max_file_bytes,
         index_dir=run.opts.idir,
+        # A file this index kept, whose size and mtime are unchanged, is kept with its
+        # language without being opened again (this run does not read it either): an edit
+        # in a 114k-file repository sniffs one file, not all. Not when every file is
+        # chunked again: then each is read, so each is looked at.
+        known=old_files if not run.plan.rechunk_all else None,
     )
     run.changes.skipped = {reason: len(paths) for reason, paths in result.skipped.items() if paths}
-    run.changes.all_old = store.files()
-    old_files = {} if run.opts.rebuild else run.changes.all_old
+    run.changes.stamp = result.stamp
     if not result.files and not old_files:
         what = ", ".join(f"{n} {reason}" for reason, n in sorted(run.changes.skipped.items())) or "no files at all"
         raise NothingToIndexError(
@@ -382,6 +409,19 @@ def _walk_and_read(run: Run) -> None:
         )
     run.report("walk", len(result.files), len(result.files), files=len(result.files))
 
+    for sf in result.files:
+        run.changes.seen.add(sf.path)
+        old = old_files.get(sf.path)
+        if old is not None and not run.plan.rechunk_all and old.size == sf.size and old.mtime_ns == sf.mtime_ns:
+            run.changes.unchanged += 1
+        else:
+            run.changes.changed.append((sf, old))
+    run.changes.removed = _removed(run)
+
+
+def _plan_chunks(run: Run, has_files: bool) -> None:
+    """The chunk budget and token count of this run, and whether every file is chunked again."""
+    store = run.store
     budget, counter, counter_id = chunk_budget(run.encoders, run.opts.chunk_tokens)
     old_budget, old_counter = (
         (None, None) if run.opts.rebuild else (store.get_meta("chunk_tokens"), store.get_meta("chunk_counter"))
@@ -398,88 +438,138 @@ def _walk_and_read(run: Run) -> None:
     # approximate count (a short-window ColBERT model added to a lexical-only index). Chunks
     # counted exactly stay when a run estimates with the same model (the estimate never
     # makes a chunk too long for a window that does not need exact counts).
-    run.plan.rechunk_all = bool(old_files) and (
+    run.plan.rechunk_all = has_files and (
         old_budget != str(budget) or (not degraded and counter_id != "approx" and old_counter != counter_id)
         # chunks from another release's chunker (kept ids and vectors where the text is the same)
         or (not degraded and store.get_meta("chunker_version") != str(CHUNKER_VERSION))
     )
     run.plan.budget, run.plan.counter, run.plan.counter_id = budget, counter, counter_id
 
-    for sf in result.files:
-        run.changes.seen.add(sf.path)
-        old = old_files.get(sf.path)
-        if old is not None and not run.plan.rechunk_all and old.size == sf.size and old.mtime_ns == sf.mtime_ns:
-            run.changes.unchanged += 1
-            continue
-        try:
-            # Inside the root and a regular file, as the walk found it: a file swapped since
-            # (for a symlink out of the repository, a FIFO) is not read.
-            data, st = read_inside(run.opts.root, sf.path)
-        except OSError:
-            run.changes.skipped["unreadable"] = run.changes.skipped.get("unreadable", 0) + 1
-            run.changes.seen.discard(sf.path)  # a file that vanished mid-run leaves the index
-            continue
-        run.changes.files_read += 1
-        digest = hash_bytes(data)
-        if old is not None and old.hash == digest and not run.plan.rechunk_all:
-            run.changes.touched.append((old.id, st.st_size, st.st_mtime_ns))
-            run.changes.unchanged += 1
-            continue
-        text = decode_source(data)
-        run.changes.work.append(
-            Work(sf.path, sf.language, st.st_size, st.st_mtime_ns, digest, text,
-                  old_id=old.id if old else None)
-        )
-    run.changes.removed = [f for p, f in old_files.items() if p not in run.changes.seen]
+
+# -- 2. read, chunk and write, a batch at a time -------------------------------------------------
 
 
-def _renamed(run: Run) -> int:
+def _read_chunk_write(run: Run, stages: _Stopwatch) -> Delta:
+    """Read, chunk and write the changed files a batch at a time, in the run's one
+    transaction; returns what it changed, for the derived indexes."""
+    from codesearch.indexing.chunking.parallel import Chunker
+    from codesearch.indexing.reuse import chunking_key
+
+    changed = run.changes.changed
+    n = len(changed)
+    # Every file gone is known now (one that vanishes while it is read joins them).
     removed_hashes = {f.hash for f in run.changes.removed}
-    return sum(1 for w in run.changes.work if w.old_id is None and w.hash in removed_hashes)
+    chunking = chunking_key(run.plan.budget, run.plan.counter) if changed else None
+    reuse = Reuse.open() if chunking is not None else Reuse(None)
+    try:
+        with Chunker(n, max_tokens=run.plan.budget, count_tokens=run.plan.counter) as chunker, \
+                writing(run) as writer:
+            run.report("write", 0, n, files=0)
+            done = 0
+            for batch, touched in _read_batches(run):
+                writer.touch(touched)
+                done += len(touched)
+                stages.lap("walk")  # (reading is the walk's, as it always was)
+                _chunk(run, batch, chunking, reuse, chunker,
+                       lambda k, done=done: run.report("chunk", done + k, n, files=run.changes.indexed + k,
+                                                       chunks=run.chunks_made))
+                done += len(batch)
+                run.report("chunk", done, n, files=run.changes.indexed + len(batch), chunks=run.chunks_made)
+                stages.lap("chunk")
+                writer.write(batch)
+                run.changes.indexed += len(batch)
+                run.changes.renamed += sum(1 for w in batch if w.old_id is None and w.hash in removed_hashes)
+                run.report("write", done, n, files=run.changes.indexed, chunks=run.chunks_made)
+                stages.lap("write")
+            run.changes.removed = _removed(run)
+            run.report("chunk", n, n, files=run.changes.indexed, chunks=run.chunks_made)
+        stages.lap("write")
+    finally:
+        reuse.close()
+    run.report("write", n, n, files=run.changes.indexed, chunks=run.chunks_made)
+    assert writer.delta is not None
+    return writer.delta
 
 
-# -- 2. chunk ------------------------------------------------------------------------------------
+def _removed(run: Run) -> list:
+    """The store's files that this run did not keep (gone, or unreadable now)."""
+    old_files = {} if run.opts.rebuild else run.changes.all_old
+    return [f for p, f in old_files.items() if p not in run.changes.seen]
 
 
-def _chunk(run: Run) -> None:
-    """Chunk the new and changed files (per file, sharing nothing: a process pool for many),
-    taking from the user's cache the chunks of every file another index chunked the same way
-    (a worktree, a branch, a clone: tree-sitter and the tokenizer skipped)."""
-    from codesearch.indexing.chunking import chunk_many
-    from codesearch.indexing.reuse import Reuse, chunk_key, chunking_key, pack_chunks, unpack_chunks
+def _read_batches(run: Run) -> Iterator[tuple[list[Work], list[tuple[int, int, int]]]]:
+    """The changed files, read and hashed a batch at a time: ``(files to chunk, files only
+    touched (id, size, mtime_ns))``, at most `BATCH_BYTES` or `BATCH_FILES` at a time."""
+    with FolderReader(run.opts.root) as reader:
+        batch: list[Work] = []
+        touched: list[tuple[int, int, int]] = []
+        size = 0
+        for sf, old in run.changes.changed:
+            try:
+                # Inside the root and a regular file, as the walk found it: a file swapped since
+                # (for a symlink out of the repository, a FIFO) is not read.
+                data, st = reader.read(sf.path)
+            except OSError:
+                run.changes.skipped["unreadable"] = run.changes.skipped.get("unreadable", 0) + 1
+                run.changes.seen.discard(sf.path)  # a file that vanished mid-run leaves the index
+                run.changes.stamp = None  # (the walk kept it: its stamp no longer says what the index holds)
+                continue
+            run.changes.files_read += 1
+            digest = hash_bytes(data)
+            if old is not None and old.hash == digest and not run.plan.rechunk_all:
+                touched.append((old.id, st.st_size, st.st_mtime_ns))
+                run.changes.unchanged += 1
+            else:
+                if batch and (size + len(data) > BATCH_BYTES or len(batch) >= BATCH_FILES):
+                    yield batch, touched
+                    batch, touched, size = [], [], 0
+                batch.append(Work(sf.path, sf.language, st.st_size, st.st_mtime_ns, digest, decode_source(data),
+                                  old_id=old.id if old else None))
+                size += len(data)
+            del data
+            if len(touched) >= BATCH_FILES:
+                yield [], touched
+                touched = []
+        if batch or touched:
+            yield batch, touched
 
-    work = run.changes.work
-    n = len(work)
+
+def _chunk(run: Run, work: list[Work], chunking: str | None, reuse: Reuse, chunker: Chunker,
+           progress: Callable[[int], None] = lambda done: None) -> None:
+    """Chunk a batch of new and changed files (per file, sharing nothing: the `Chunker`'s
+    process pool for many), taking from the user's cache the chunks of every file another
+    index chunked the same way (a worktree, a branch, a clone: tree-sitter and the tokenizer
+    skipped). ``progress`` gets the files of the batch done so far, now and then."""
+    from codesearch.indexing.reuse import chunk_key, pack_chunks, unpack_chunks
+
+    if not work:
+        return
     # A name that is not UTF-8 goes into each chunk's header (text the store and the
     # encoder take) as valid Unicode; the file row keeps the name itself.
     names = [text_name(w.path) for w in work]
-    chunking = chunking_key(run.plan.budget, run.plan.counter) if work else None
-    reuse = Reuse.open() if chunking is not None else Reuse(None)
-    try:
-        keys = [chunk_key(chunking, name, w.language, w.hash) for name, w in zip(names, work)] if chunking else []
-        found = reuse.take_chunks(keys)
-        missing: list[int] = []
-        for i, w in enumerate(work):
-            cached = found.get(keys[i]) if keys else None
-            chunks = unpack_chunks(cached, names[i], w.text, w.language) if cached is not None else None
-            if chunks is None:
-                missing.append(i)
-            else:
-                w.chunks = chunks
-        run.files_chunks_reused = n - len(missing)
-        pieces = chunk_many(((names[i], work[i].text, work[i].language) for i in missing),
-                            max_tokens=run.plan.budget, count_tokens=run.plan.counter)
-        made: list[tuple[str, bytes]] = []
-        for done, (i, chunks) in enumerate(zip(missing, pieces), start=n - len(missing) + 1):
-            work[i].chunks = list(chunks)
-            if keys:
-                made.append((keys[i], pack_chunks(names[i], work[i].chunks)))
-            if done % 50 == 0:
-                run.report("chunk", done, n, files=done)
-        reuse.keep_chunks(made)
-    finally:
-        reuse.close()
+    keys = [chunk_key(chunking, name, w.language, w.hash) for name, w in zip(names, work)] if chunking else []
+    found = reuse.take_chunks(keys)
+    missing: list[int] = []
+    for i, w in enumerate(work):
+        cached = found.get(keys[i]) if keys else None
+        chunks = unpack_chunks(cached, names[i], w.text, w.language) if cached is not None else None
+        if chunks is None:
+            missing.append(i)
+        else:
+            w.chunks = chunks
+    del found
+    run.files_chunks_reused += len(work) - len(missing)
+    made: list[tuple[str, bytes]] = []
+    pieces = chunker.map([(names[i], work[i].text, work[i].language) for i in missing])
+    for done, (i, chunks) in enumerate(zip(missing, pieces, strict=True), start=len(work) - len(missing) + 1):
+        work[i].chunks = chunks
+        if keys:
+            made.append((keys[i], pack_chunks(names[i], chunks)))
+        if done % 50 == 0:
+            progress(done)
+    # Kept before the batch is written: a run killed before its commit chunks none of
+    # these again.
+    reuse.keep_chunks(made)
     for w in work:
         w.hashes = [hash_text(c.text) for c in w.chunks]
         run.chunks_made += len(w.chunks)
-    run.report("chunk", n, n, files=n, chunks=run.chunks_made)

@@ -77,15 +77,18 @@ def staleness(
 ) -> Staleness:
     """Which files were added, changed or removed since the last index run.
 
-    Cheap: a walk and a ``stat`` per file; a file is read (sniffed, then hashed) only when
-    it is new or its size or mtime differ from the store. ``max_file_bytes`` defaults to the
-    last run's.
+    Cheap: git's listing and a ``stat`` per file when the last run recorded a walk stamp
+    with these options and nothing changed since (`walk.unchanged_since`); else a walk and
+    a ``stat`` per file, where a file is read (sniffed, then hashed) only when it is new or
+    its size or mtime differ from the store. ``max_file_bytes`` defaults to the last run's.
     """
     from codesearch.indexing.walk import quiet_skips, walk
 
     root_path = check_root(root)
     idir = Path(index_dir).expanduser().resolve() if index_dir is not None else default_index_dir(root_path)
     store_path = idir / STORE_FILE
+    if _unchanged(root_path, store_path, include, exclude, max_file_bytes):
+        return Staleness(indexed=True, added=[], changed=[], removed=[], touched=[])
     old: dict[str, FileRecord] = {}
     if store_path.is_file():
         with Store(store_path, readonly=True) as store:
@@ -113,6 +116,23 @@ def staleness(
             (touched if digest == rec.hash else changed).append(sf.path)
     removed = sorted(p for p in old if p not in seen)
     return Staleness(indexed=store_path.is_file(), added=added, changed=changed, removed=removed, touched=touched)
+
+
+def _unchanged(root: Path, store_path: Path, include: Sequence[str], exclude: Sequence[str],
+               max_file_bytes: int | None) -> bool:
+    """Whether the last run's walk stamp, made with these walk options, still holds."""
+    from codesearch.indexing.unchanged import same_walk
+    from codesearch.indexing.walk import WALK_STAMP_KEY, WalkStamp, unchanged_since
+
+    if not store_path.is_file():
+        return False
+    with Store(store_path, readonly=True) as store:
+        meta = store.meta()
+        stamp = WalkStamp.from_json(meta.get(WALK_STAMP_KEY))
+        if stamp is None or not same_walk(meta, root, include, exclude, max_file_bytes):
+            return False
+        kept = store.file_stats()
+    return unchanged_since(root, stamp, kept)
 
 
 def index_info(index_dir: str | os.PathLike[str]) -> IndexInfo:

@@ -3,8 +3,9 @@ before any model is resolved (which imports torch) or the index is locked.
 
 ``codesearch index`` on a repository where nothing changed used to cost a model load (7 s
 on a CPU) for 0.03 s of work. `unchanged_run` answers the common case, nothing to do, with
-one walk (a ``stat`` per file) and a few reads of the store, and returns the summary such a
-run would have printed. It says None (run the index) at any doubt: a file added, changed,
+git's listing and a ``stat`` per file (`walk.unchanged_since`, against the stamp the last
+run recorded; a walk where there is none) and a few reads of the store, and returns the
+summary such a run would have printed. It says None (run the index) at any doubt: a file added, changed,
 removed or only touched (its stat is the run's to record), other walk options or models
 than the index records, vectors missing or pending, a derived index behind the store, a
 chunker of another release, another run going on, a default model that has appeared in the
@@ -19,6 +20,7 @@ import json
 import os
 import sqlite3
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from codesearch.errors import CodeSearchError
@@ -61,7 +63,7 @@ def unchanged_run(
     """
     from codesearch.indexes.registry import DERIVED
     from codesearch.indexing.chunking.source import CHUNKER_VERSION
-    from codesearch.indexing.walk import walk
+    from codesearch.indexing.walk import WALK_SKIPPED_KEY, WALK_STAMP_KEY, WalkStamp, unchanged_since, walk
     from codesearch.store import KIND_ROLE, VECTOR_KINDS, IndexLock, Store
 
     t0 = time.perf_counter()
@@ -93,22 +95,33 @@ def unchanged_run(
                 wanted = spec.role() is None or spec.role() in recorded
                 if wanted and (meta.get(f"gen.{name}") != gen or not (idir / spec.filename).exists()):
                     return None
-            old = store.files()
+            stamp = WalkStamp.from_json(meta.get(WALK_STAMP_KEY))
+            # What the last run kept, with the stats it recorded: enough with its stamp.
+            kept = store.file_stats() if stamp is not None else None
+            old = store.files() if stamp is None else {}
     except (CodeSearchError, OSError, sqlite3.Error, ValueError):
         return None
     t_walk = time.perf_counter()
-    result = walk(root_path, include=include, exclude=exclude, max_file_bytes=max_file_bytes, index_dir=idir,
-                  known=old)
-    if len(result.files) != len(old):
-        return None
-    for sf in result.files:
-        rec = old.get(sf.path)
-        if rec is None or rec.size != sf.size or rec.mtime_ns != sf.mtime_ns:
+    if stamp is not None and kept is not None:
+        if not unchanged_since(root_path, stamp, kept):
             return None
+        skipped = {reason: int(n) for reason, n in json.loads(meta.get(WALK_SKIPPED_KEY) or "{}").items()}
+        n_old = len(kept)
+    else:  # an index from before stamps, or listed without git: a walk that reads no kept file
+        result = walk(root_path, include=include, exclude=exclude, max_file_bytes=max_file_bytes, index_dir=idir,
+                      known=old)
+        if len(result.files) != len(old):
+            return None
+        for sf in result.files:
+            rec = old.get(sf.path)
+            if rec is None or rec.size != sf.size or rec.mtime_ns != sf.mtime_ns:
+                return None
+        skipped = {reason: len(paths) for reason, paths in result.skipped.items() if paths}
+        n_old = len(old)
     now = time.perf_counter()
     return IndexSummary(
-        root=str(root_path), index_dir=str(idir), files_indexed=0, files_unchanged=len(old), files_removed=0,
-        files_renamed=0, skipped={reason: len(paths) for reason, paths in result.skipped.items() if paths},
+        root=str(root_path), index_dir=str(idir), files_indexed=0, files_unchanged=n_old, files_removed=0,
+        files_renamed=0, skipped=skipped,
         chunks_total=chunks, chunks_encoded=0, tokens_encoded=0, seconds=round(now - t0, 3),
         models={role: rec.name for role, rec in recorded.items()}, notices=[], files_read=0,
         stage_seconds={"walk": round(now - t_walk, 3)},
@@ -119,12 +132,21 @@ def _same_options(meta: dict[str, str], root: Path, include: tuple[str, ...], ex
                   max_file_bytes: int, chunker_version: int) -> bool:
     """The run would record what the index records: root, walk options, chunker, no vectors pending."""
     return (
+        same_walk(meta, root, include, exclude, max_file_bytes)
+        and meta.get("chunker_version") == str(chunker_version)
+        and not meta.get("vectors.pending")
+    )
+
+
+def same_walk(meta: dict[str, str], root: Path, include: Sequence[str], exclude: Sequence[str],
+              max_file_bytes: int | None) -> bool:
+    """Whether the index's last run walked ``root`` with these options (``max_file_bytes``
+    None: whatever it was): what its walk stamp holds for."""
+    return (
         meta.get("root") == str(root)
         and json.loads(meta.get("walk.include") or "[]") == list(include)
         and json.loads(meta.get("walk.exclude") or "[]") == list(exclude)
-        and meta.get("max_file_bytes") == str(max_file_bytes)
-        and meta.get("chunker_version") == str(chunker_version)
-        and not meta.get("vectors.pending")
+        and (max_file_bytes is None or meta.get("max_file_bytes") == str(max_file_bytes))
     )
 
 

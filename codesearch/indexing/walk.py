@@ -21,30 +21,36 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import json
 import logging
 import os
 import re
 import shutil
 import stat
 import subprocess
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+import xxhash
+
 from codesearch.errors import PathError
 from codesearch.globs import GitIgnore
 from codesearch.languages import CPP_HINTS, detect_language
 from codesearch.pathnames import quote_name
-from codesearch.store.files import read_inside, read_source
+from codesearch.store.files import FolderReader, read_source
 
 __all__ = [
     "SKIP_REASONS",
     "SourceFile",
     "WalkResult",
+    "WalkStamp",
     "detect_language",
     "quiet_skips",
     "read_source",
+    "unchanged_since",
     "walk",
 ]
 
@@ -166,21 +172,27 @@ class SourceFile:
     ----------
     path : str
         Path relative to the walked root, with ``/`` separators.
-    abs_path : Path
-        Absolute path, to open the file.
     size : int
         Size in bytes when walked.
     mtime_ns : int
         Modification time in nanoseconds when walked (with `size`, the cheap change check).
     language : str
         Language name from `detect_language`; ``"text"`` when unknown.
+    root : str
+        The walked root, resolved (`abs_path` is made from it when asked for: a `Path` per
+        file cost more than the rest of a no-op walk).
     """
 
     path: str
-    abs_path: Path
     size: int
     mtime_ns: int
     language: str
+    root: str = field(default="", repr=False)
+
+    @property
+    def abs_path(self) -> Path:
+        """Absolute path, to open the file."""
+        return Path(self.root, self.path)
 
     def to_dict(self) -> dict:
         """Plain-JSON form (``abs_path`` as a string)."""
@@ -191,6 +203,56 @@ class SourceFile:
             "mtime_ns": self.mtime_ns,
             "language": self.language,
         }
+
+
+#: The stat of a watched file that was not there.
+ABSENT = (-1, -1)
+#: Meta keys of an index store: the last run's `WalkStamp` (JSON), and what its walk
+#: skipped (JSON: reason -> files).
+WALK_STAMP_KEY, WALK_SKIPPED_KEY = "walk.stamp", "walk.skipped"
+
+
+@dataclass(frozen=True)
+class WalkStamp:
+    """What a walk's verdicts rested on besides the files it kept: git's listing of each
+    repository it listed, and the stat of every file it looked at and left out (a binary, a
+    huge or a generated file, a tracked file deleted from the work tree, a
+    ``.codesearchignore``, a symlink), or that would change a verdict if it appeared.
+
+    With the same listings, the same stats of those files and the same stat of every kept
+    file, a walk keeps the same files with the same verdicts: `unchanged_since` checks that
+    with ``git ls-files`` and a ``stat`` per file, without a verdict made again or a file read.
+
+    Attributes
+    ----------
+    listings : tuple of (str, str)
+        (folder relative to the root, ``""`` for the root; xxh3_128 of what ``git ls-files``
+        printed there), for the root and each nested repository, in walk order.
+    watched : dict of str to (int, int)
+        Path -> (size, mtime_ns) when walked; `ABSENT` for a file that was not there.
+    """
+
+    listings: tuple[tuple[str, str], ...]
+    watched: dict[str, tuple[int, int]]
+
+    def to_json(self) -> str:
+        # (ASCII: a name that is not UTF-8, held with surrogate escapes, goes as \udcXX)
+        return json.dumps({"listings": [list(x) for x in self.listings],
+                           "watched": [[p, *st] for p, st in sorted(self.watched.items())]}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | None) -> WalkStamp | None:
+        """The stamp `to_json` wrote; None for nothing, or anything else (an older or damaged
+        value: the caller walks)."""
+        if not text:
+            return None
+        try:
+            doc = json.loads(text)
+            listings = tuple((str(rel), str(digest)) for rel, digest in doc["listings"])
+            watched = {str(p): (int(size), int(mtime)) for p, size, mtime in doc["watched"]}
+        except (ValueError, TypeError, KeyError):
+            return None
+        return cls(listings, watched) if listings else None
 
 
 @dataclass
@@ -206,11 +268,15 @@ class WalkResult:
         (``node_modules/``, ``build/``) is listed once, with a trailing ``/``.
     git : bool
         True when the listing came from ``git ls-files``.
+    stamp : WalkStamp or None
+        What the verdicts rested on, for `unchanged_since`; None when some folder was
+        listed without git (outside a work tree, an uninitialised submodule).
     """
 
     files: list[SourceFile]
     skipped: dict[str, list[str]] = field(default_factory=lambda: {r: [] for r in SKIP_REASONS})
     git: bool = False
+    stamp: WalkStamp | None = None
 
     def to_dict(self) -> dict:
         """Plain-JSON form."""
@@ -229,6 +295,14 @@ def _looks_binary(head: bytes) -> bool:
     # Text in any 8-bit encoding has few control bytes; object code and images have many.
     controls = len(head) - len(head.translate(None, _CONTROL_BYTES))
     return controls > len(head) * 0.3
+
+
+def _generated_mark(head: bytes) -> bool:
+    """Whether the first KiB of ``head`` carries a generator's mark (`_GENERATED_MARK`). Every
+    mark says "generated": the pattern runs only where that word is (a walk of a 114k-file
+    repository spent a sixth of its time in the pattern, on files that never said it)."""
+    start = head[:1024]
+    return b"generated" in start.lower() and _GENERATED_MARK.search(start) is not None
 
 
 def _looks_minified(head: bytes, size: int, *, prose: bool = False) -> bool:
@@ -312,6 +386,14 @@ def _list_folder(abs_dir: Path) -> list[tuple[str, bool]]:
         os.close(fd)
 
 
+def _followed(path: str | os.PathLike) -> os.stat_result | None:
+    """The stat of what ``path`` leads to (None: nothing)."""
+    try:
+        return os.stat(path)
+    except OSError:
+        return None
+
+
 def _is_folder(entry: os.DirEntry) -> bool:
     try:
         return entry.is_dir(follow_symlinks=False)
@@ -332,32 +414,60 @@ def _git_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
 
 
-def _git_listing(root: Path) -> list[str] | None:
-    """Paths git shows under `root` (tracked + untracked-not-ignored), or None outside git."""
+_GIT_LS = ("ls-files", "-co", "--exclude-standard", "-z")
+
+
+def _git_ls(root: str | os.PathLike) -> subprocess.Popen | None:
+    """``git ls-files -co --exclude-standard -z`` in ``root``, started (None without git)."""
     git = shutil.which("git")
     if git is None:
         return None
     try:
-        proc = subprocess.run(
-            [git, "-C", str(root), "ls-files", "-co", "--exclude-standard", "-z"],
-            capture_output=True,
-            env=_git_env(),
-            timeout=300,
-        )
+        return subprocess.Popen([git, "-C", os.fspath(root), *_GIT_LS], stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=_git_env())
     except (OSError, subprocess.SubprocessError):
         return None
-    if proc.returncode != 0:
+
+
+def _git_output(proc: subprocess.Popen | None) -> bytes | None:
+    """What a `_git_ls` printed, or None when it failed (outside a work tree)."""
+    if proc is None:
         return None
-    out = proc.stdout.decode("utf-8", errors="surrogateescape")
+    try:
+        out, _ = proc.communicate(timeout=300)
+    except (OSError, subprocess.SubprocessError):
+        proc.kill()
+        proc.wait()
+        return None
+    return out if proc.returncode == 0 else None
+
+
+def _digest(raw: bytes) -> str:
+    """The hash of the paths a listing holds, whatever their order: git prints untracked
+    files before tracked ones, and a ``git add`` changes no verdict. (A path in a merge
+    conflict is there once per stage: its resolution counts as a change.)"""
+    return xxhash.xxh3_128_hexdigest(b"\0".join(sorted(raw.split(b"\0"))))
+
+
+def _parse_listing(raw: bytes) -> list[str]:
+    out = raw.decode("utf-8", errors="surrogateescape")
     # An unmerged path (a merge conflict) is listed once per conflict stage. An empty,
     # uninitialised submodule lists itself as "./": that is no file.
     return sorted({p for p in out.split("\0") if p and p not in ("./", ".")})
+
+
+def _git_listing(root: Path) -> list[str] | None:
+    """Paths git shows under `root` (tracked + untracked-not-ignored), or None outside git."""
+    raw = _git_output(_git_ls(root))
+    return None if raw is None else _parse_listing(raw)
 
 
 class _Walker:
     def __init__(self, root: Path, include, exclude, max_file_bytes: int, skip_dirs: set[str],
                  known: Mapping[str, Known] | None = None):
         self.root = root
+        self.root_str = str(root)
+        self.reader = FolderReader(root)  # (files come in path order: a folder opened once)
         self.known = known
         self.include = _glob_spec(include)
         self.exclude = _glob_spec(exclude)
@@ -366,6 +476,12 @@ class _Walker:
         self.cs_rules = _IgnoreRules()  # .codesearchignore, both modes
         self.files: list[SourceFile] = []
         self.skipped: dict[str, set[str]] = {r: set() for r in SKIP_REASONS}
+        # The stamp (`WalkStamp`): None once a folder is listed here, without git.
+        self.listings: list[tuple[str, str]] | None = []
+        self.watched: dict[str, tuple[int, int]] = {}
+
+    def watch(self, rel: str, st: os.stat_result | None) -> None:
+        self.watched[rel] = ABSENT if st is None else (st.st_size, st.st_mtime_ns)
 
     # -- per-directory decisions, shared by both listings
 
@@ -387,20 +503,22 @@ class _Walker:
             return "generated"
         return None
 
-    def consider(self, rel: str, abs_path: Path) -> None:
+    def consider(self, rel: str, abs_path: str) -> None:
         """Decide about one listed file (or symlink) and record the outcome."""
         try:
             st = os.lstat(abs_path)
         except FileNotFoundError:
+            self.watch(rel, None)  # (git still lists it: its return changes no listing)
             return  # tracked by git but deleted from the work tree
         except OSError as exc:
+            self.watch(rel, None)
             self._unreadable(rel, exc)
             return
         if stat.S_ISDIR(st.st_mode):
             # A submodule (git lists it as one entry): list it on its own terms.
             verdict = self.dir_verdict(rel, rel.rpartition("/")[2])
             if verdict is None:
-                self.walk_dir(abs_path, rel)
+                self.walk_dir(Path(abs_path), rel)
             elif verdict != "skip":
                 self.skipped[verdict].add(rel + "/")
             return
@@ -411,23 +529,29 @@ class _Walker:
         if self.include is not None and not self.include.match(rel):
             return
         if stat.S_ISLNK(st.st_mode):
+            # (A link is watched by its target's stat, as `unchanged_since` stats it.)
             try:
-                target = abs_path.resolve(strict=False)
+                target = Path(abs_path).resolve(strict=False)
             except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
+                self.watch(rel, _followed(abs_path))
                 self._unreadable(rel, exc)
                 return
             if not target.is_relative_to(self.root):
+                self.watch(rel, _followed(abs_path))
                 self.skipped["symlink_outside"].add(rel)
                 return
             try:
                 st = os.stat(abs_path)
             except OSError as exc:
+                self.watch(rel, None)
                 self._unreadable(rel, exc)  # dangling link
                 return
             if stat.S_ISDIR(st.st_mode):
+                self.watch(rel, st)
                 return  # its files are walked under their real path already
         if not stat.S_ISREG(st.st_mode):
             # FIFOs, sockets, devices: opening a FIFO would block the indexer forever.
+            self.watch(rel, st)
             self._unreadable(rel, "not a regular file")
             return
         name = rel.rsplit("/", 1)[-1]
@@ -443,23 +567,27 @@ class _Walker:
                 and st.st_size <= self.max_file_bytes:
             # Kept by the run that recorded it, and not changed since: the same verdict
             # without reading it again (a check before each query reads no file).
-            self.files.append(SourceFile(rel, abs_path, st.st_size, st.st_mtime_ns, seen.language))
+            self.files.append(SourceFile(rel, st.st_size, st.st_mtime_ns, seen.language, self.root_str))
             return
         try:
             # Opened as the pipeline opens it (inside the root, no symlink swapped in, a
             # regular file): what is kept is what was looked at.
-            head, st = read_inside(self.root, rel, limit=_SNIFF_BYTES)
+            head, st = self.reader.read(rel, limit=_SNIFF_BYTES)
         except OSError as exc:
+            self.watch(rel, None)  # (so an unreadable file there never passes for unchanged)
             self._unreadable(rel, exc)
             return
         if st.st_size > self.max_file_bytes:
+            self.watch(rel, st)
             self.skipped["too_large"].add(rel)
             return
         if _looks_binary(head):
+            self.watch(rel, st)
             self.skipped["binary"].add(rel)
             return
         prose = os.path.splitext(lower)[1] in _PROSE_SUFFIXES
-        if _looks_minified(head, st.st_size, prose=prose) or _GENERATED_MARK.search(head, 0, 1024):
+        if _looks_minified(head, st.st_size, prose=prose) or _generated_mark(head):
+            self.watch(rel, st)
             self.skipped["generated"].add(rel)
             return
         first_line = ""
@@ -468,7 +596,7 @@ class _Walker:
         language = detect_language(rel, first_line)
         if language == "c" and lower.endswith(".h") and CPP_HINTS.search(head):
             language = "cpp"  # a C++ header: the C grammar would choke on it
-        self.files.append(SourceFile(rel, abs_path, st.st_size, st.st_mtime_ns, language))
+        self.files.append(SourceFile(rel, st.st_size, st.st_mtime_ns, language, self.root_str))
 
     def _unreadable(self, rel: str, why: object) -> None:
         if not _QUIET_SKIPS.get():
@@ -478,6 +606,7 @@ class _Walker:
     # -- filesystem listing (no git): nested .gitignore, read as git reads them
 
     def walk_fs(self, abs_dir: Path, rel_dir: str, rules: _IgnoreRules) -> None:
+        self.listings = None  # (what no git listing says: no stamp)
         try:
             entries = _list_folder(abs_dir)
         except OSError as exc:
@@ -506,18 +635,21 @@ class _Walker:
                 continue  # a .git *file*: a worktree or submodule pointer
             if rules.ignored(rel):
                 continue
-            self.consider(rel, Path(path))
+            self.consider(rel, path)
 
     # -- git listing
 
     def walk_git(self, listing: list[str], abs_dir: Path, rel_dir: str) -> None:
         prefix = rel_dir + "/" if rel_dir else ""
+        base = str(abs_dir)
         # .codesearchignore files apply even when git itself ignores them.
         cs_files = {p for p in listing if p.rpartition("/")[2] == _IGNORE_FILE}
         if (abs_dir / _IGNORE_FILE).is_file():
             cs_files.add(_IGNORE_FILE)
+        self.watch(prefix + _IGNORE_FILE, None)  # (read even where git ignores it: one appearing there counts)
         for p in sorted(cs_files):
             d = p.rpartition("/")[0]
+            self.watch(prefix + p, _followed(abs_dir / p))
             self.cs_rules.add_file(prefix + d if d else rel_dir, abs_dir / p)
         tagged = {p[: -len("/CACHEDIR.TAG")] for p in listing if p.endswith("/CACHEDIR.TAG")}
         packages = {p[: -len("/__init__.py")] for p in listing if p.endswith("/__init__.py")}
@@ -550,14 +682,17 @@ class _Walker:
                 if blocked(p) is None:
                     self.walk_dir(abs_dir / p, prefix + p)
                 continue
-            self.consider(rel=prefix + p, abs_path=abs_dir / p)
+            self.consider(rel=prefix + p, abs_path=os.path.join(base, p))
 
     def walk_dir(self, abs_dir: Path, rel_dir: str) -> bool:
         # A nested folder is listed by git only when it is a repository of its own: asked
         # about an uninitialised submodule, git would answer for the enclosing repository.
         nested_repo = not rel_dir or (abs_dir / ".git").exists()
-        listing = _git_listing(abs_dir) if nested_repo else None
+        raw = _git_output(_git_ls(abs_dir)) if nested_repo else None
+        listing = _parse_listing(raw) if raw is not None else None
         if listing:
+            if self.listings is not None:
+                self.listings.append((rel_dir, _digest(raw)))  # type: ignore[arg-type]
             self.walk_git(listing, abs_dir, rel_dir)
             return True
         rules = _IgnoreRules()
@@ -604,7 +739,8 @@ def walk(
         The files an index run kept (the store's `FileRecord` by path). One whose size and
         mtime are unchanged is kept unread, with its recorded language: a staleness check
         then costs a ``stat`` per file, not an open and a read (and, in a watching server,
-        no inotify event per file). Not for an index run, which must look at what it keeps.
+        no inotify event per file). An index run passes the files it kept: it reads no
+        unchanged file either (except when it chunks every file again: then it passes none).
 
     Returns
     -------
@@ -628,7 +764,79 @@ def walk(
         if idx.is_relative_to(real_root) and idx != real_root:
             skip_dirs.add(idx.relative_to(real_root).as_posix())
     walker = _Walker(real_root, include, exclude, max_file_bytes, skip_dirs, known)
-    git = walker.walk_dir(real_root, "")
+    with walker.reader:
+        git = walker.walk_dir(real_root, "")
     files = sorted(walker.files, key=lambda f: f.path)
     skipped = {reason: sorted(paths) for reason, paths in walker.skipped.items()}
-    return WalkResult(files=files, skipped=skipped, git=git)
+    stamp = WalkStamp(tuple(walker.listings), walker.watched) if git and walker.listings else None
+    return WalkResult(files=files, skipped=skipped, git=git, stamp=stamp)
+
+
+def unchanged_since(root: str | os.PathLike, stamp: WalkStamp, kept: Iterable[tuple[str, int, int]]) -> bool:
+    """Whether a walk of ``root`` now would keep exactly the files ``kept``, with the same
+    verdicts, as the walk that made ``stamp`` (same options): git lists what it listed,
+    every watched file has the stat it had, and every kept file has the stat given.
+
+    ``kept``: ``(path, size, mtime_ns)`` of every file that walk kept, as the index run
+    recorded them (a symlink by its target's stat). Costs a ``git ls-files`` per listed
+    repository, run beside one ``stat`` per file; no file is read and no verdict made again.
+    False at the first difference.
+    """
+    root = os.fspath(root)
+    procs = [_git_ls(os.path.join(root, rel) if rel else root) for rel, _ in stamp.listings]
+    # Each listing read on a thread of its own: git blocks once the pipe is full (64 KiB of
+    # an 11 MB listing), and would only run while this thread waits for it.
+    outputs: list[bytes | None] = [None] * len(procs)
+
+    def collect(i: int, proc: subprocess.Popen | None) -> None:
+        outputs[i] = _git_output(proc)
+
+    readers = [threading.Thread(target=collect, args=(i, p), name="codesearch-git-listing", daemon=True)
+               for i, p in enumerate(procs)]
+    for reader in readers:
+        reader.start()
+    try:
+        fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+        try:
+            if not _same_stats(fd, kept):
+                return False
+            if not all(_stat_at(fd, path) == st for path, st in stamp.watched.items()):
+                return False
+        finally:
+            os.close(fd)
+        for reader in readers:
+            reader.join()
+        return all(raw is not None and _digest(raw) == digest for raw, (_, digest) in zip(outputs, stamp.listings))
+    finally:
+        for proc in procs:
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+        for reader in readers:
+            reader.join()
+
+
+def _same_stats(fd: int, kept: Iterable[tuple[str, int, int]]) -> bool:
+    """Whether every ``(path, size, mtime_ns)`` below the folder ``fd`` has that stat (the
+    loop of a no-op check: one ``lstat`` a file, and little else)."""
+    lstat, islink = os.lstat, stat.S_ISLNK
+    try:
+        for path, size, mtime_ns in kept:
+            st = lstat(path, dir_fd=fd)
+            if (st.st_mtime_ns != mtime_ns or st.st_size != size) and (
+                    not islink(st.st_mode) or _stat_at(fd, path) != (size, mtime_ns)):
+                return False
+    except (OSError, ValueError):  # gone (ValueError: a name with a NUL byte)
+        return False
+    return True
+
+
+def _stat_at(fd: int, path: str) -> tuple[int, int]:
+    """(size, mtime_ns) of ``path`` below the folder ``fd`` as a walk sees it: a symlink by
+    what it leads to; `ABSENT` for nothing there."""
+    try:
+        st = os.lstat(path, dir_fd=fd)
+        if stat.S_ISLNK(st.st_mode):
+            st = os.stat(path, dir_fd=fd)
+    except (OSError, ValueError):  # (ValueError: a name with a NUL byte)
+        return ABSENT
+    return st.st_size, st.st_mtime_ns

@@ -313,6 +313,16 @@ class Connection:
         else:
             self._exec(f"RELEASE sp{self._depth}")
 
+    @contextlib.contextmanager
+    def page_cache(self, kib: int) -> Iterator[None]:
+        """SQLite's page cache at ``kib`` KiB for the block (then back to what it was)."""
+        before = self.conn.execute("PRAGMA cache_size").fetchone()[0]
+        self.conn.execute(f"PRAGMA cache_size = {-int(kib)}")
+        try:
+            yield
+        finally:
+            self.conn.execute(f"PRAGMA cache_size = {int(before)}")
+
     def _exec(self, sql: str, params: Sequence[object] = ()) -> sqlite3.Cursor:
         try:
             return self.conn.execute(sql, params)

@@ -22,6 +22,7 @@ from typing import BinaryIO
 import xxhash
 
 __all__ = [
+    "FolderReader",
     "atomic_write",
     "decode_source",
     "hash_bytes",
@@ -99,11 +100,20 @@ def _not_regular(path: object, mode: int) -> OSError:
 
 def _read_fd(fd: int, path: object, limit: int | None) -> tuple[bytes, os.stat_result]:
     """Read an open descriptor (closed here) that must be a regular file."""
-    with os.fdopen(fd, "rb", buffering=0) as fh:
+    try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise _not_regular(path, st.st_mode)
-        return (fh.readall() if limit is None else fh.read(limit)), st
+        # os.read, not a file object: one read of the size fstat gives (a file object cost
+        # as much again as the read itself, a file at a time over a whole repository).
+        want = st.st_size + 1 if limit is None else limit  # (+1: a file that grew is read to its end)
+        parts = [os.read(fd, want)]
+        while limit is None and len(parts[-1]) == want:
+            want = max(want, 1 << 16)
+            parts.append(os.read(fd, want))
+        return b"".join(parts) if len(parts) > 1 else parts[0], st
+    finally:
+        os.close(fd)
 
 
 def read_regular(path: str | os.PathLike, *, limit: int | None = None) -> tuple[bytes, os.stat_result]:
@@ -162,6 +172,60 @@ def read_inside(
             if exc.errno != errno.ELOOP:
                 raise
     return _read_resolved(root, rel, limit)
+
+
+class FolderReader:
+    """`read_inside` for many files of one root, read in path order (a walk, an index run):
+    the folder of the last file read stays open, so a file costs one ``open`` below it, not
+    one per component of its path (a file of a 114k-file repository sits 10-12 folders
+    deep: 24 system calls a read, twice a file on a first index).
+
+    The folder is opened as `read_inside` opens it, a component at a time with none followed
+    if it is a symlink; a folder swapped afterwards leaves the open one what it was: the
+    folder inside the root that was opened. A path `read_inside` would resolve (a symlink
+    the repository holds) is read by `read_inside` itself. A context manager (closes the
+    folder it holds).
+    """
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = root
+        self._folder: str | None = None  # relative path of the folder held open
+        self._fd = -1
+
+    def __enter__(self) -> FolderReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd, self._folder = -1, None
+
+    def read(self, rel: str, *, limit: int | None = None) -> tuple[bytes, os.stat_result]:
+        """`read_inside` of ``rel``; same errors."""
+        parts = rel.split("/")
+        if "" in parts or "." in parts or ".." in parts or os.open not in os.supports_dir_fd or not _NOFOLLOW:
+            return read_inside(self.root, rel, limit=limit)
+        folder = "/".join(parts[:-1])
+        try:
+            if folder != self._folder:
+                self.close()
+                fd = os.open(self.root, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
+                for part in parts[:-1]:
+                    try:
+                        inner = os.open(part, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC, dir_fd=fd)
+                    finally:
+                        os.close(fd)
+                    fd = inner
+                self._fd, self._folder = fd, folder
+            fd = os.open(parts[-1], os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _NOCTTY | _CLOEXEC, dir_fd=self._fd)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            return _read_resolved(self.root, rel, limit)  # (a symlink on the way: resolved, and read if inside)
+        return _read_fd(fd, rel, limit)
 
 
 def _read_resolved(root: str | os.PathLike, rel: str, limit: int | None) -> tuple[bytes, os.stat_result]:

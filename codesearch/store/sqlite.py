@@ -29,12 +29,12 @@ Example
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from codesearch.store.records import ChunkMeta, FileRecord, ModelRecord, StoredChunk
 from codesearch.store.rows import CHUNK_SQL, chunked, from_db, paths_at, stored_chunk, to_db
 from codesearch.store.vectors import KIND_ROLE, SEGMENT_KINDS, VectorCache, decode_array, encode_array
-from codesearch.types import Chunk
+from codesearch.types import Chunk, encoder_text
 
 __all__ = [
     "KIND_ROLE",
@@ -77,6 +77,15 @@ class Store(VectorCache):
         """File id -> relative path."""
         return {i: from_db(p) for i, p in self._exec("SELECT id, path FROM files").fetchall()}
 
+    def file_stats(self) -> list[tuple[str, int, int]]:
+        """``(path, size, mtime_ns)`` of every indexed file: what a no-op check compares
+        (without a `FileRecord` made for each)."""
+        return paths_at(self._exec("SELECT path, size, mtime_ns FROM files").fetchall(), 0)  # type: ignore[return-value]
+
+    def file_sizes(self) -> list[tuple[int, str, int]]:
+        """``(file id, path, size)`` of every indexed file."""
+        return paths_at(self._exec("SELECT id, path, size FROM files").fetchall(), 1)  # type: ignore[return-value]
+
     def file_record(self, file_id: int) -> FileRecord | None:
         row = self._exec(
             "SELECT id, path, hash, size, mtime_ns, language, n_lines FROM files WHERE id = ?", (file_id,)
@@ -114,6 +123,12 @@ class Store(VectorCache):
         """Record a new stat for a file whose content did not change."""
         self._write("UPDATE files SET size = ?, mtime_ns = ? WHERE id = ?", (size, mtime_ns, file_id))
 
+    def touch_files(self, stats: Sequence[tuple[int, int, int]]) -> None:
+        """`touch_file` for many ``(file id, size, mtime_ns)``."""
+        if stats:
+            self._writemany("UPDATE files SET size = ?, mtime_ns = ? WHERE id = ?",
+                            [(size, mtime_ns, fid) for fid, size, mtime_ns in stats])
+
     def delete_files(self, file_ids: Sequence[int]) -> None:
         """Delete files and (cascade) their chunks."""
         with self.transaction():
@@ -144,6 +159,18 @@ class Store(VectorCache):
             marks = ",".join("?" * len(part))
             out.extend(self._exec(f"SELECT id, text FROM chunks WHERE id IN ({marks})", part).fetchall())
         return sorted(out)
+
+    def encoder_texts(self, ids: Sequence[int]) -> dict[int, tuple[str, str]]:
+        """Chunk id -> (`Chunk.encoder_text`, text hash) of the chunks of ``ids``: what an
+        encode batch reads (missing ids are left out)."""
+        out: dict[int, tuple[str, str]] = {}
+        for part in chunked([int(i) for i in ids]):
+            marks = ",".join("?" * len(part))
+            for cid, header, text, h in self._exec(
+                f"SELECT id, header, text, text_hash FROM chunks WHERE id IN ({marks})", part
+            ):
+                out[cid] = (encoder_text(header, text), h)
+        return out
 
     def iter_chunk_records(self) -> Iterator[StoredChunk]:
         """Every chunk, by id."""
@@ -227,6 +254,42 @@ class Store(VectorCache):
             ),
         )
         return int(cur.lastrowid)
+
+    def insert_files(self, rows: Iterable[tuple[str, str, int, int, str, int]]) -> list[int]:
+        """Insert files ``(path, hash, size, mtime_ns, language, n_lines)`` that are not in the
+        store, in order, in one statement; returns their ids, in that order."""
+        return self._insert_many(
+            "files", "INSERT INTO files(path, hash, size, mtime_ns, language, n_lines) VALUES (?, ?, ?, ?, ?, ?)",
+            ((to_db(path), *rest) for path, *rest in rows),
+        )
+
+    def insert_chunks(self, items: Iterable[tuple[int, Chunk, str]]) -> list[int]:
+        """Insert chunks ``(file id, chunk, text hash)``, in order, in one statement; returns
+        their ids, in that order."""
+        return self._insert_many(
+            "chunks",
+            "INSERT INTO chunks(file_id, start_line, end_line, start_byte, end_byte, language, symbol,"
+            " kind, scope, header, text, text_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            ((fid, c.start_line, c.end_line, c.start_byte, c.end_byte, c.language, c.symbol, c.kind, c.scope,
+              c.header, c.text, h) for fid, c, h in items),
+        )
+
+    def _insert_many(self, table: str, sql: str, rows: Iterable[Sequence[object]]) -> list[int]:
+        """``executemany`` of an insert into ``table`` (``files`` or ``chunks``); the new rows' ids.
+
+        ``AUTOINCREMENT`` gives a new row an id above any the table has had, so the new rows
+        are those above the largest id before the statement (one writer, under the index lock).
+        """
+        with self.transaction():
+            row = self._exec(f"SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = '{table}'), 0),"
+                             f" coalesce((SELECT max(id) FROM {table}), 0))").fetchone()
+            before = int(row[0])
+            try:
+                self.conn.executemany(sql, rows)
+            except sqlite3.DatabaseError as exc:
+                self._raise_for(exc)
+                raise
+            return [r[0] for r in self._exec(f"SELECT id FROM {table} WHERE id > ? ORDER BY id", (before,))]
 
     def update_chunk_position(self, chunk_id: int, c: Chunk) -> None:
         """Move a kept chunk (same header and text) to its new place in an edited file."""

@@ -20,8 +20,7 @@ import numpy as np
 
 from codesearch.store import schema
 from codesearch.store.connection import Connection
-from codesearch.store.records import StoredChunk
-from codesearch.store.rows import CHUNK_SQL, chunked, paths_at, stored_chunk
+from codesearch.store.rows import chunked, paths_at
 from codesearch.store.segments import SegmentError
 
 
@@ -415,14 +414,17 @@ class VectorCache(SegmentArrays):
             (model, kind),
         ).fetchone()[0]
 
-    def chunks_missing_vectors(self, model: str, kind: str) -> list[StoredChunk]:
-        """The chunks with no cached ``kind`` vector of ``model``, by id."""
+    def chunks_missing_vectors(self, model: str, kind: str) -> list[tuple[int, int, str, int]]:
+        """``(chunk id, file id, text hash, characters of its encoder text)`` of one chunk of
+        each text with no cached ``kind`` vector of ``model``, by id: what an encode stream
+        plans with, without the texts (`encoder_texts` reads them a batch at a time)."""
         rows = self._exec(
-            f"{CHUNK_SQL} WHERE NOT EXISTS (SELECT 1 FROM vectors v WHERE v.model = ? AND v.kind = ?"
-            " AND v.text_hash = c.text_hash) ORDER BY c.id",
+            "SELECT min(c.id), c.file_id, c.text_hash, length(c.header) + 1 + length(c.text) FROM chunks c"
+            " WHERE NOT EXISTS (SELECT 1 FROM vectors v WHERE v.model = ? AND v.kind = ?"
+            " AND v.text_hash = c.text_hash) GROUP BY c.text_hash ORDER BY 1",
             (model, kind),
         )
-        return [stored_chunk(r) for r in rows]
+        return rows.fetchall()
 
     def files_missing_vectors(self, model: str, kind: str = "file") -> list[tuple[int, str, str]]:
         """(file id, path, hash) of files with no cached vector of a per-file ``kind``."""

@@ -134,3 +134,19 @@ def test_stopping_early_shuts_the_pool_down():
     gen.close()
     assert not multiprocessing.active_children()  # the workers were shut down and joined
     assert first == chunk_source(*work[0][:2], work[0][2])
+
+
+def test_one_pool_chunks_every_batch_of_a_run(tmp_path):
+    """An index run chunks its files a batch at a time through one `Chunker`; a caller that
+    stops reading a batch at its own last file (``zip``) must not stop the pool: the
+    batches after it were chunked in the run's own process, one core for the whole run."""
+    from codesearch.indexing.chunking.parallel import Chunker
+
+    counter = PidCounter(tmp_path)
+    with Chunker(48, max_tokens=64, count_tokens=counter, workers=2, min_files=0) as chunker:
+        for n, batch in enumerate((items(24), items(24))):
+            for p in tmp_path.iterdir():
+                p.unlink()
+            made = [chunks for _, chunks in zip(batch, chunker.map(batch))]
+            assert len(made) == len(batch)
+            assert {int(p.name) for p in tmp_path.iterdir()} - {os.getpid()}, f"batch {n} was chunked here"

@@ -27,7 +27,7 @@ class Workers:
 
 
 def _items(n, chars=400):
-    return [((0, i), "colbert", f"h{i}", "x" * chars) for i in range(n)]
+    return [((0, i), "colbert", f"h{i}", chars, i) for i in range(n)]
 
 
 def test_an_index_that_is_plaid_sends_its_stored_codec(tmp_path):

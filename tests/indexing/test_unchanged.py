@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from fixtures.pipeline_helpers import count_reads
 from fixtures.sample_repo import write_sample_repo
+from fixtures.trees import git, write
 
 from codesearch.api import CodeSearch
 from codesearch.indexing.unchanged import unchanged_run
@@ -102,17 +104,9 @@ def test_default_model_notices_are_said_once_per_index(offline_hub, tmp_path):
 def test_checks_for_changes_read_no_unchanged_file(lexical_repo, monkeypatch):
     """A staleness check (before each query, in the daemon too) and the no-op index cost a
     ``stat`` per file: a file whose size and mtime the store records is not opened again."""
-    import codesearch.indexing.walk as walk_module
     from codesearch.indexing.status import staleness
 
-    opened: list[str] = []
-    real = walk_module.read_inside
-
-    def counting(root, rel, *args, **kwargs):
-        opened.append(rel)
-        return real(root, rel, *args, **kwargs)
-
-    monkeypatch.setattr(walk_module, "read_inside", counting)
+    opened = count_reads(monkeypatch)
     assert not staleness(lexical_repo).stale
     assert unchanged_run(lexical_repo) is not None
     assert opened == []
@@ -123,3 +117,131 @@ def test_checks_for_changes_read_no_unchanged_file(lexical_repo, monkeypatch):
     found = staleness(lexical_repo)
     assert (found.changed, found.added) == (["server/main.go"], ["new.py"])
     assert sorted(opened) == ["new.py", "server/main.go"]  # sniffed: new, or changed
+
+
+# -- in a git work tree: git's listing and a stat per file, against the last run's stamp ----------
+
+
+#: A little of everything a walk decides about: tracked, untracked, ignored (a pattern, a
+#: folder, a folder of ignored files only), force-tracked though ignored, tracked but deleted,
+#: a nested .codesearchignore, a binary file told by its bytes, a file over the size limit,
+#: a symlink.
+def _git_repo(root: Path) -> Path:
+    write(root, ".gitignore", "*.log\nout/\n")
+    write(root, "src/app.py", "def app():\n    return 1\n")
+    write(root, "src/util.py", "def util():\n    return 2\n")
+    write(root, "docs/guide.md", "# Guide\n\nWords.\n")
+    write(root, "lib/.codesearchignore", "skip_me.py\n")
+    write(root, "lib/skip_me.py", "def hidden():\n    return 3\n")
+    write(root, "lib/kept.py", "def kept():\n    return 4\n")
+    write(root, "blob.dat", b"\0\1\2\3" * 64)
+    write(root, "big.txt", "y" * 3000)
+    write(root, "forced.log", "a tracked log\n")
+    write(root, "logs/run.log", "ignored\n")
+    write(root, "gone.py", "def gone():\n    return 6\n")
+    git(root, "init", "-q")
+    git(root, "add", ".")
+    git(root, "add", "-f", "forced.log")
+    git(root, "commit", "-qm", "init")
+    (root / "gone.py").unlink()  # tracked, deleted from the work tree: git still lists it
+    write(root, "notes.py", "def untracked():\n    return 5\n")  # untracked, not ignored
+    os.symlink("src/app.py", root / "link.py")
+    return root
+
+
+_LIMIT = 2000  # max_file_bytes of these runs: big.txt is over it
+
+
+def _index(root: Path):
+    with CodeSearch(root, model=None, multi_model=None, max_file_bytes=_LIMIT) as cs:
+        return cs.index()
+
+
+@pytest.fixture
+def git_repo(tmp_path) -> Path:
+    root = _git_repo(tmp_path / "repo")
+    _index(root)
+    from codesearch.indexing.walk import WALK_STAMP_KEY
+    from codesearch.store import Store
+
+    with Store(root / ".codesearch" / "store.sqlite", readonly=True) as store:
+        assert store.get_meta(WALK_STAMP_KEY), "the run recorded no stamp: the check below would walk"
+    return root
+
+
+def _move_mtime(path: Path, delta_ns: int = 1_000_000) -> None:
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + delta_ns))
+
+
+CHANGES = {
+    "edit": lambda r: write(r, "src/app.py", "def app():\n    return 10\n"),
+    "touch": lambda r: _move_mtime(r / "src/util.py"),
+    "add untracked": lambda r: write(r, "new.py", "def new():\n    pass\n"),
+    "add in a new folder": lambda r: write(r, "pkg/deep/mod.py", "def mod():\n    pass\n"),
+    "add beside ignored files only": lambda r: write(r, "logs/tool.py", "def tool():\n    pass\n"),
+    "delete tracked": lambda r: (r / "src/util.py").unlink(),
+    "delete untracked": lambda r: (r / "notes.py").unlink(),
+    "rename": lambda r: (r / "src/util.py").rename(r / "src/helpers.py"),
+    "gitignore lets a file in": lambda r: write(r, ".gitignore", "out/\n"),
+    "gitignore keeps a file out": lambda r: write(r, ".gitignore", "*.log\nout/\nnotes.py\n"),
+    "info/exclude keeps a file out": lambda r: write(r, ".git/info/exclude", "notes.py\n"),
+    "codesearchignore appears": lambda r: write(r, ".codesearchignore", "docs/\n"),
+    "codesearchignore edited": lambda r: write(r, "lib/.codesearchignore", "kept.py\n"),
+    "binary becomes text": lambda r: write(r, "blob.dat", "now text\n"),
+    "too large shrinks": lambda r: write(r, "big.txt", "small now\n"),
+    "untracked from the index": lambda r: git(r, "rm", "-q", "--cached", "forced.log"),
+    "deleted tracked file back": lambda r: git(r, "checkout", "--", "gone.py"),
+    "symlink retargeted": lambda r: ((r / "link.py").unlink(), os.symlink("lib/kept.py", r / "link.py")),
+    "nested repository": lambda r: (write(r, "vendor2/inner.py", "def inner():\n    pass\n"),
+                                    git(r / "vendor2", "init", "-q")),
+}
+
+SAME = {
+    "nothing": lambda r: None,
+    "ignored file added": lambda r: write(r, "debug.log", "noise\n"),
+    "ignored folder written": lambda r: write(r, "out/gen.py", "def gen():\n    pass\n"),
+    "git add and commit": lambda r: (git(r, "add", "notes.py"), git(r, "commit", "-qm", "more")),
+    "index folder written": lambda r: write(r, ".codesearch/scratch", "x"),
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_every_change_of_a_git_work_tree_means_a_run(git_repo, change):
+    from codesearch.indexing.status import staleness
+
+    CHANGES[change](git_repo)
+    assert unchanged_run(git_repo, model=None, multi_model=None, max_file_bytes=_LIMIT) is None
+    if change != "touch":  # (a touch records a stat, and changes no file of the index)
+        assert staleness(git_repo, max_file_bytes=_LIMIT).stale  # (what a query's refresh asks)
+        real = _index(git_repo)
+        assert real.files_indexed or real.files_removed, "the change was one a run does not see"
+
+
+@pytest.mark.parametrize("same", list(SAME))
+def test_what_changes_nothing_indexed_is_still_a_no_op(git_repo, same):
+    from codesearch.indexing.status import staleness
+
+    SAME[same](git_repo)
+    fast = unchanged_run(git_repo, model=None, multi_model=None, max_file_bytes=_LIMIT)
+    assert fast is not None and not staleness(git_repo, max_file_bytes=_LIMIT).stale
+    real = _index(git_repo)
+    assert (real.files_indexed, real.files_removed) == (0, 0)
+    assert (fast.files_unchanged, fast.chunks_total, fast.skipped) == (
+        real.files_unchanged, real.chunks_total, real.skipped)
+
+
+@pytest.mark.parametrize("option", [{"include": ("src/**",)}, {"exclude": ("docs/**",)}, {"max_file_bytes": 4000}])
+def test_other_walk_options_mean_a_run(git_repo, option):
+    kwargs = {"model": None, "multi_model": None, "max_file_bytes": _LIMIT, **option}
+    assert unchanged_run(git_repo, **kwargs) is None
+
+
+def test_the_stamp_holds_names_that_are_not_utf8(git_repo):
+    odd = os.fsdecode(b"data-\xff.dat")  # watched (binary by its bytes), and kept beside it
+    write(git_repo, odd, b"\0\1\2" * 100)
+    write(git_repo, os.fsdecode(b"caf\xe9.py"), "def cafe():\n    return 1\n")
+    _index(git_repo)
+    assert unchanged_run(git_repo, model=None, multi_model=None, max_file_bytes=_LIMIT) is not None
+    write(git_repo, odd, "text now\n")
+    assert unchanged_run(git_repo, model=None, multi_model=None, max_file_bytes=_LIMIT) is None

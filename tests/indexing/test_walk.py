@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from fixtures.trees import git, write
 
 from codesearch.errors import PathError
 from codesearch.indexing.walk import SKIP_REASONS, detect_language, read_source, walk
@@ -18,26 +19,8 @@ from codesearch.indexing.walk import SKIP_REASONS, detect_language, read_source,
 HAS_GIT = shutil.which("git") is not None
 
 
-def write(root: Path, rel: str, content: str | bytes = "x = 1\n") -> Path:
-    p = root / rel
-    p.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(content, bytes):
-        p.write_bytes(content)
-    else:
-        p.write_text(content)
-    return p
-
-
 def paths(result) -> list[str]:
     return [f.path for f in result.files]
-
-
-def git(root: Path, *args: str) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    subprocess.run(
-        ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args],
-        cwd=root, check=True, capture_output=True, env=env,
-    )
 
 
 # ----------------------------------------------------------------- ignore rules, no git

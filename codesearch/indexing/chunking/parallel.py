@@ -9,7 +9,7 @@ import logging
 import operator
 import os
 import pickle
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from codesearch.indexing.chunking.source import chunk_source
 from codesearch.types import Chunk
@@ -83,36 +83,79 @@ def chunk_many(
     pool breaks, they are chunked here.
     """
     items = list(items)
-    n_workers = (os.cpu_count() or 1) if workers is None else workers
-    done = 0
-    method = _pool_method(len(items), min_files) if n_workers > 1 else None
-    if method is not None and _picklable(count_tokens):
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-        from concurrent.futures.process import BrokenProcessPool
+    with Chunker(len(items), max_tokens=max_tokens, count_tokens=count_tokens, workers=workers,
+                 min_files=min_files) as chunker:
+        yield from chunker.map(items)
 
-        ctx = multiprocessing.get_context(method)
-        if method == "forkserver":
-            ctx.set_forkserver_preload([__name__])
-        chunksize = max(1, min(32, len(items) // (n_workers * 8)))
-        try:
-            pool = ProcessPoolExecutor(
-                n_workers, mp_context=ctx, initializer=_init_worker, initargs=(max_tokens, count_tokens)
-            )
+
+class Chunker:
+    """`chunk_many` for a stream of batches: one process pool (when ``n_files``, the files
+    the caller expects in all, make one pay) chunks every batch given to :meth:`map`, so an
+    index run that reads, chunks and writes its files a batch at a time starts its workers
+    once. A context manager: leaving it stops the workers.
+
+    Parameters are `chunk_many`'s; ``n_files`` stands for its ``len(items)``.
+    """
+
+    def __init__(self, n_files: int, *, max_tokens: int = 512, count_tokens: Callable[[str], int] | None = None,
+                 workers: int | None = None, min_files: int | None = None) -> None:
+        self.max_tokens, self.count_tokens = max_tokens, count_tokens
+        n_workers = (os.cpu_count() or 1) if workers is None else workers
+        method = _pool_method(n_files, min_files) if n_workers > 1 else None
+        self._n_workers = n_workers
+        self._method = method if method is not None and _picklable(count_tokens) else None
+        self._pool: object | None = None
+
+    def __enter__(self) -> Chunker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:  # a caller that stops early does not wait for the files it will not read
+            pool.shutdown(wait=True, cancel_futures=True)  # type: ignore[attr-defined]
+
+    def _start(self) -> object:
+        if self._pool is None:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            ctx = multiprocessing.get_context(self._method)
+            if self._method == "forkserver":
+                ctx.set_forkserver_preload([__name__])
+            self._pool = ProcessPoolExecutor(self._n_workers, mp_context=ctx, initializer=_init_worker,
+                                             initargs=(self.max_tokens, self.count_tokens))
+        return self._pool
+
+    def map(self, items: Sequence[tuple[str, str, str]]) -> Iterator[list[Chunk]]:
+        """Each item's chunks, in order (see `chunk_many`)."""
+        done = 0
+        if self._method is not None and items:
+            from concurrent.futures.process import BrokenProcessPool
+
+            chunksize = max(1, min(32, len(items) // (self._n_workers * 8)))
             try:
-                for rows in pool.map(_chunk_item, items, chunksize=chunksize):
-                    done += 1
-                    yield [Chunk(*row) for row in rows]
-            except BaseException:  # Ctrl-C: the workers ignore it, and their files are not wanted
-                _stop_workers(pool)
-                raise
-            finally:  # a caller that stops early does not wait for the files it will not read
-                pool.shutdown(wait=True, cancel_futures=True)
-            return
-        except (BrokenProcessPool, OSError) as e:
-            log.warning("parallel chunking failed (%s); chunking the remaining %d files here", e, len(items) - done)
-    for path, text, language in items[done:]:
-        yield chunk_source(path, text, language, max_tokens=max_tokens, count_tokens=count_tokens)
+                pool = self._start()
+                try:
+                    for rows in pool.map(_chunk_item, items, chunksize=chunksize):  # type: ignore[attr-defined]
+                        done += 1
+                        yield [Chunk(*row) for row in rows]
+                except GeneratorExit:  # the caller stopped taking this batch: the pool stays for the next
+                    raise
+                except BaseException:  # Ctrl-C: the workers ignore it, and their files are not wanted
+                    _stop_workers(pool)
+                    self._method = None  # (the pool is gone; whatever comes next is chunked here)
+                    raise
+                return
+            except (BrokenProcessPool, OSError) as e:
+                log.warning("parallel chunking failed (%s); chunking the remaining %d files here", e, len(items) - done)
+                self._method = None
+                with contextlib.suppress(Exception):
+                    self.close()
+        for path, text, language in items[done:]:
+            yield chunk_source(path, text, language, max_tokens=self.max_tokens, count_tokens=self.count_tokens)
 
 
 def _stop_workers(pool: object) -> None:
