@@ -363,6 +363,31 @@ class VectorCache(SegmentArrays):
         finally:
             self._cursors -= 1
 
+    def iter_vectors_by_file(
+        self, kind: str, file_ids: Sequence[int] | None = None, batch: int = 4096
+    ) -> Iterator[tuple[np.ndarray, list[np.ndarray]]]:
+        """``(file id of each chunk, its vector)`` for the chunks with a vector of the
+        per-chunk ``kind``, in batches, grouped by file (every chunk of a file in a row, by
+        file id); only the files ``file_ids`` when given. What a per-file mean of chunk
+        vectors is made from (`codesearch.indexes.dense.CentroidIndex`)."""
+        model = self.model_identity(kind)
+        if model is None or VECTOR_KINDS[kind].per_file:
+            return
+        sql = (
+            "SELECT c.file_id, {cols} FROM chunks c CROSS JOIN vectors v ON v.text_hash = c.text_hash"
+            " AND v.model = ? AND v.kind = ?"
+        )
+        parts = [None] if file_ids is None else list(chunked(sorted({int(f) for f in file_ids})))
+        for part in parts:
+            where = "" if part is None else f" WHERE c.file_id IN ({','.join('?' * len(part))})"
+            cur = self._vector_rows(sql + where + " ORDER BY c.file_id", (model, kind, *(part or ())), kind)
+            self._cursors += 1
+            try:
+                while rows := cur.fetchmany(batch):
+                    yield (np.asarray([r[0] for r in rows], dtype=np.int64), [self._array(*r[1:]) for r in rows])
+            finally:
+                self._cursors -= 1
+
     def _vector_rows(self, sql: str, params: Sequence[object], kind: str) -> sqlite3.Cursor:
         """Run a vector read (``{cols}`` in ``sql`` the columns :meth:`_array` takes, table
         alias ``v``), on any readable schema. For a kind kept in segments, every segment file
