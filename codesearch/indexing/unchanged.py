@@ -59,7 +59,7 @@ def unchanged_run(
     >>> unchanged_run("path/to/repo") is None     # doctest: +SKIP
     False
     """
-    from codesearch.indexes.registry import DERIVED
+    from codesearch.indexes.registry import index_path, wanted
     from codesearch.indexing.chunking.source import CHUNKER_VERSION
     from codesearch.indexing.walk import walk
     from codesearch.store import KIND_ROLE, VECTOR_KINDS, IndexLock, Store
@@ -89,9 +89,8 @@ def unchanged_run(
                 if role in used and store.count_with_vectors(kind) != (n_files if VECTOR_KINDS[kind].per_file
                                                                       else chunks):
                     return None
-            for name, spec in DERIVED.items():
-                wanted = spec.role() is None or spec.role() in recorded
-                if wanted and (meta.get(f"gen.{name}") != gen or not (idir / spec.filename).exists()):
+            for name in wanted(store):
+                if meta.get(f"gen.{name}") != gen or not index_path(idir, name).exists():
                     return None
             old = store.files()
     except (CodeSearchError, OSError, sqlite3.Error, ValueError):

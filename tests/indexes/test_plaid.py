@@ -492,3 +492,14 @@ def test_inverted_lists_hold_each_document_once_per_centroid_it_has_a_token_in(d
                        if (index._codes[starts[d]:starts[d] + index._doclens[d]] == c).any()})
         assert listed[offsets[c]:offsets[c + 1]].tolist() == want
     assert offsets[-1] == len(listed)
+
+
+def test_tokens_added_after_a_save_of_documents_without_tokens_load(docs, tmp_path):
+    index = PlaidIndex(DIM, mode="exact")
+    index.add(np.array([1]), [np.empty((0, DIM), np.float32)])
+    index.save(tmp_path / "plaid")
+    loaded = PlaidIndex.load(tmp_path / "plaid")
+    loaded.add(IDS[:5], docs[:5])
+    loaded.save(tmp_path / "plaid")  # the base (of no tokens) kept, the tokens in the tail
+    again = PlaidIndex.load(tmp_path / "plaid")
+    assert len(again) == 6 and again.search([docs[2]], 1)[0][0][0] == IDS[2]

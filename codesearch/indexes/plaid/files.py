@@ -255,6 +255,8 @@ def _float_array(a: dict[str, np.ndarray], name: str, ndim: int) -> np.ndarray:
 
 def _tokens(a: dict[str, np.ndarray], name: str, n: int, width: tuple[int, ...], folder: Path,
             dtype: type | None = None) -> np.ndarray:
+    if name not in a and n == 0 and dtype is not None:
+        return np.empty((0, *width), dtype)  # (a save before any token was added wrote none)
     x = a[name]
     if x.shape != (n, *width) or (dtype is not None and x.dtype != dtype):
         raise corrupt(folder, _WHAT, f"{name} is {x.dtype}{list(x.shape)} for {n} tokens")
