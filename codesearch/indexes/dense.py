@@ -508,6 +508,8 @@ class DenseIndex:
     def _all_vectors(self) -> tuple[np.ndarray, np.ndarray]:
         """Every live (id, vector): the base's (read back from its matrix or lists) and the tail's."""
         base = self._base
+        if not len(base.ids):
+            return self._tail_ids, self._tail  # (no copy: a first add of everything at once)
         if base.is_ivf:
             ids, vectors = _ivf_contents(base.lists, self._dim)
             keep = ~np.isin(ids, self._removed) if len(self._removed) else slice(None)

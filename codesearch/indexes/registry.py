@@ -315,8 +315,7 @@ def _apply_delta(name: str, index: Index, store: Store, delta: Delta, codes: Cod
         touched = set(delta.removed_files) | set(delta.changed_files)
         new_hashes = delta.newly_encoded.get(spec.kind, set())
         if new_hashes:
-            chunk_ids = store.chunk_ids_with_hashes(new_hashes)
-            touched |= {rec.file_id for rec in store.chunk_records(chunk_ids)}
+            touched |= store.files_of_chunks(store.chunk_ids_with_hashes(new_hashes))
         index.remove(np.asarray(sorted(touched), dtype=np.int64))
         _add_chunk_means(index, store, spec.kind, sorted(touched - set(delta.removed_files)))
         return

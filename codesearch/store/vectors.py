@@ -454,6 +454,14 @@ class VectorCache(SegmentArrays):
             out.update(self._exec(f"SELECT id, text_hash FROM chunks WHERE id IN ({marks})", part).fetchall())
         return out
 
+    def files_of_chunks(self, ids: Iterable[int]) -> set[int]:
+        """The ids of the files that hold the chunks ``ids`` (those that exist)."""
+        out: set[int] = set()
+        for part in chunked([int(i) for i in ids]):
+            marks = ",".join("?" * len(part))
+            out.update(r[0] for r in self._exec(f"SELECT DISTINCT file_id FROM chunks WHERE id IN ({marks})", part))
+        return out
+
     def file_ids_with_hashes(self, hashes: Iterable[str]) -> list[int]:
         """Ids of the files whose content hash is one of ``hashes``."""
         return self._ids_with_hashes("files", "hash", hashes)
