@@ -423,6 +423,27 @@ def test_deleted_file_leaves_the_vector_indexes(model_repo, counting):
     assert fid not in index_ids(derived["dense_files"])
 
 
+def test_file_centroids_of_a_short_context_model_follow_each_run_by_its_delta(model_repo, counting, monkeypatch):
+    """A model that reads fewer than FILE_VECTOR_MIN_TOKENS tokens gets each file's mean chunk
+    vector kept as an index when the index is written (the searcher then reads no chunk
+    vector for them); each later run updates the files it changed, removed or added."""
+    monkeypatch.setattr(registry, "FILE_VECTOR_MIN_TOKENS", 10**6)  # the tiny model counts as short
+    build_index(model_repo, encoders=counting)
+    idir = pipeline.default_index_dir(model_repo)
+    assert "file_centroids" in check_consistent(idir)
+    real, rebuilt = registry._rebuild_index, []
+    monkeypatch.setattr(registry, "_rebuild_index", lambda n, s, *a, **kw: rebuilt.append(n) or real(n, s, *a, **kw))
+    src = (model_repo / "pkg/mod1.py").read_text()
+    (model_repo / "pkg/mod1.py").write_text(src.replace("value_3 = mod1_fn1_helper(3)", "changed_0 = other(3)"))
+    (model_repo / "pkg/mod0.py").unlink()
+    (model_repo / "pkg/new.py").write_text(module_source("new_mod", 2, 4))
+    build_index(model_repo, encoders=counting)
+    assert rebuilt == []  # every index updated by the run's delta
+    derived = check_consistent(idir)
+    with _store(model_repo) as s:
+        assert len(derived["file_centroids"]) == s.count("files")
+
+
 def test_another_model_is_a_mismatch(model_repo, counting, tmp_path_factory):
     from fixtures import models
 
