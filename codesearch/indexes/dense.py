@@ -36,7 +36,6 @@ import contextlib
 import json
 import math
 import os
-import threading
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +44,7 @@ import numpy as np
 
 from codesearch.errors import IndexCorruptError
 from codesearch.indexes.folder import MANIFEST, Blob, Kept, corrupt, read_folder, write_folder
+from codesearch.indexes.threads import one_thread
 from codesearch.types import JSONDict
 
 __all__ = ["EXACT_THRESHOLD", "CentroidIndex", "DenseIndex"]
@@ -62,36 +62,8 @@ _V1_MAGIC = b"CSDENSE\n"
 _MIN_TAIL = 4096
 _EMPTY_IDS = np.empty(0, dtype=np.int64)
 _EMPTY_SCORES = np.empty(0, dtype=np.float32)
-#: Searches of at most this many queries run on one OpenMP thread. A single query over a
-#: flat index is a few hundred microseconds of work; with 2 threads on a busy machine every
-#: call waits at an OpenMP barrier for a descheduled thread (p90 5.0 ms against 0.66 ms
-#: single-threaded, 10k x 384 vectors, loaded 2-core machine; BENCHMARKS.md).
+#: Searches of at most this many queries run on one thread (`codesearch.indexes.threads`).
 SMALL_SEARCH_QUERIES = 8
-
-_omp_lock = threading.Lock()
-_omp_users = 0
-_omp_saved = 1
-
-
-@contextlib.contextmanager
-def _single_omp_thread():
-    """FAISS on one OpenMP thread for the body; the setting is process-wide, so overlapping
-    users are counted and the last one out restores the previous count."""
-    import faiss
-
-    global _omp_users, _omp_saved
-    with _omp_lock:
-        if _omp_users == 0:
-            _omp_saved = faiss.omp_get_max_threads()
-            faiss.omp_set_num_threads(1)
-        _omp_users += 1
-    try:
-        yield
-    finally:
-        with _omp_lock:
-            _omp_users -= 1
-            if _omp_users == 0:
-                faiss.omp_set_num_threads(_omp_saved)
 
 
 @dataclass
@@ -248,7 +220,7 @@ class DenseIndex:
             return [(_EMPTY_IDS.copy(), _EMPTY_SCORES.copy()) for _ in range(len(queries))]
         k_eff = min(k, len(self))
         small = len(queries) <= SMALL_SEARCH_QUERIES
-        with _single_omp_thread() if small else contextlib.nullcontext():
+        with one_thread() if small else contextlib.nullcontext():
             parts = [self._search_base(queries, k_eff), _knn(queries, self._tail, self._tail_ids, k_eff)]
         out = []
         for i in range(len(queries)):
@@ -562,7 +534,7 @@ class CentroidIndex(DenseIndex):
         assert not base.is_ivf, "a centroid index stays exact"
         keep = np.ones(len(base.ids), dtype=bool)
         keep[base.rows_of(self._removed)] = False
-        with _single_omp_thread():
+        with one_thread():
             base_scores = base.vectors @ q if len(base.ids) else _EMPTY_SCORES
             tail_scores = self._tail @ q
         ids = np.concatenate([base.ids[keep], self._tail_ids])

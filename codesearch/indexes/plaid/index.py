@@ -21,6 +21,7 @@ from codesearch.indexes.plaid.maxsim import (
 )
 from codesearch.indexes.plaid.search import PlaidSearch
 from codesearch.indexes.plaid.tokens import Tokens
+from codesearch.indexes.threads import one_thread
 
 __all__ = ["EXACT_TOKEN_THRESHOLD", "PlaidIndex"]
 
@@ -384,10 +385,11 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         live = np.flatnonzero(self._alive & (self._doclens > 0))
         if not len(live):
             return [(_EMPTY_IDS.copy(), _EMPTY_SCORES.copy()) for _ in queries]
-        if self._codec is None:
-            scores = exact_maxsim(self._starts, self._doclens, live, queries, self._exact_vectors)
-            return [_top_k(self._ids[live], s, k) for s in scores.T]
-        return [self._plaid_search(q, k, nprobe or self.nprobe, ndocs) for q in queries]
+        with one_thread():
+            if self._codec is None:
+                scores = exact_maxsim(self._starts, self._doclens, live, queries, self._exact_vectors)
+                return [_top_k(self._ids[live], s, k) for s in scores.T]
+            return [self._plaid_search(q, k, nprobe or self.nprobe, ndocs) for q in queries]
 
     def _exact_vectors(self, tokens: np.ndarray) -> np.ndarray:
         return self._vectors.take(tokens).astype(np.float32)
