@@ -225,11 +225,13 @@ QUERIES = [
 ]
 
 _INDEX = """
+# The package under test first: second_worktree puts this checkout's root on sys.path.
+import codesearch.encoder, codesearch.indexing.run, codesearch.indexing.deferred  # noqa: F401
 sys.path.insert(0, {bench!r})
 from second_worktree import random_first
 t0, c0 = time.perf_counter(), cpu_s()
 out = random_first(__import__("pathlib").Path({root!r}), {model!r}, "none", __import__("pathlib").Path({cache!r}))
-say(wall_s=time.perf_counter() - t0, cpu_s=cpu_s() - c0, peak_mb=peak_mb(), **out)
+say(**out, process_wall_s=time.perf_counter() - t0, cpu_s=cpu_s() - c0, peak_mb=peak_mb())
 """
 
 _CLI = """
@@ -308,6 +310,8 @@ def _proc_rss(pid: int) -> float:
 
 
 def _child(code: str, src: Path, env: dict) -> dict:
+    """Run ``code`` in a fresh Python whose ``codesearch`` is the one at ``src`` (checked)."""
+    code = f"import codesearch\nassert codesearch.__file__.startswith({str(src)!r}), codesearch.__file__\n" + code
     done = subprocess.run([sys.executable, "-c", _COMMON + textwrap.dedent(code)], capture_output=True, text=True,
                           env={**env, "PYTHONPATH": str(src)}, cwd=src)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]

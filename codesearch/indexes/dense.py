@@ -146,6 +146,9 @@ class DenseIndex:
         # Where the base is written already: (folder, its manifest entries), so a save to
         # the same folder keeps those files.
         self._written: tuple[Path, dict[str, JSONDict]] | None = None
+        #: What the index registry knows the store's vectors by when it saved this index
+        #: (kept in the manifest; `codesearch.indexes.registry`).
+        self.store_mark: str | None = None
 
     # -- properties ----------------------------------------------------------------------
 
@@ -289,6 +292,7 @@ class DenseIndex:
             "nprobe": self.nprobe,
             "seed": self.seed,
             "trained_on": self._trained_on,
+            "store_mark": self.store_mark,
         }
         files: dict[str, object] = {}
         written = self._written
@@ -355,6 +359,7 @@ class DenseIndex:
             self._tail = np.array(_array(arrays, "tail_vectors", np.float32, 2))
             self._removed = np.array(_array(arrays, "removed", np.int64, 1))
             self._trained_on = int(h["trained_on"])
+            self.store_mark = h.get("store_mark") if isinstance(h.get("store_mark"), str) else None
         except IndexCorruptError:
             raise
         except (KeyError, TypeError, ValueError) as exc:

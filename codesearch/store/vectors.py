@@ -413,6 +413,14 @@ class VectorCache(SegmentArrays):
         except SegmentError as exc:
             raise schema.corrupt(self.path, exc) from None
 
+    def vectors_mark(self) -> int | None:
+        """The largest row id of the vectors table: it grows whenever a vector is added or
+        replaced (one lookup); None on a store from before row ids (schema 1)."""
+        try:
+            return self._exec("SELECT max(id) FROM vectors").fetchone()[0]
+        except sqlite3.OperationalError:
+            return None
+
     def count_with_vectors(self, kind: str) -> int:
         """How many chunks (or files, kind ``file``) have a cached vector of ``kind``."""
         model = self.model_identity(kind)

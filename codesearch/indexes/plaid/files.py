@@ -91,6 +91,7 @@ class PlaidFiles:
             "build_error": self._build_error,
             "added_error_sum": self._added_error_sum,
             "added_tokens": self._added_tokens,
+            "store_mark": self.store_mark,
         }
         entries = write_folder(folder, header, files)
         self._written = (folder.resolve(), {n: e for n, e in entries.items() if n in _BASE})
@@ -177,6 +178,7 @@ class PlaidFiles:
         self._build_error = float(h["build_error"])
         self._added_error_sum = float(h["added_error_sum"])
         self._added_tokens = int(h["added_tokens"])
+        self.store_mark = h.get("store_mark") if isinstance(h.get("store_mark"), str) else None
         return self
 
     @classmethod

@@ -125,6 +125,9 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         # of the tail's (made on first use); see PlaidSearch._inverted_lists.
         self._ivf: tuple[np.ndarray, np.ndarray] | None = None
         self._tail_ivf: tuple[np.ndarray, np.ndarray] | None = None
+        #: What the index registry knows the store's vectors by when it saved this index
+        #: (kept in the manifest; `codesearch.indexes.registry`).
+        self.store_mark: str | None = None
 
     def _reset_docs(self) -> None:
         self._ids = np.empty(0, dtype=np.int64)  # (docs,) one per stored document, dead too
