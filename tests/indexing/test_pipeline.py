@@ -444,6 +444,36 @@ def test_file_centroids_of_a_short_context_model_follow_each_run_by_its_delta(mo
         assert len(derived["file_centroids"]) == s.count("files")
 
 
+def test_opening_counts_no_chunk_vector_until_the_store_gains_one_the_index_lacks(model_repo, counting, monkeypatch):
+    """A searcher's open checks each vector index against the store's count of vectors, a
+    join over every chunk (seconds at 600k chunks): skipped while the store's vectors are
+    as they were when the index was saved, done (and the drift healed) once they are not,
+    as after a run killed between committing vectors and writing its indexes."""
+    from codesearch.indexes.dense import DenseIndex
+    from codesearch.store.vectors import VectorCache
+
+    build_index(model_repo, encoders=counting)
+    idir = pipeline.default_index_dir(model_repo)
+    counted = []
+    real = VectorCache.count_with_vectors
+    monkeypatch.setattr(VectorCache, "count_with_vectors", lambda self, kind: counted.append(kind) or real(self, kind))
+    with _store(model_repo) as s:
+        n = len(load_derived(idir, s)["dense_chunks"])
+    assert counted == []
+    # The dense index as a run killed before its publication leaves it: one vector short of
+    # the store, which committed that vector after the index was written.
+    index = DenseIndex.load(idir / "dense_chunks")
+    missing = int(index.ids()[0])
+    index.remove([missing])
+    index.save(idir / "dense_chunks")
+    with _store(model_repo) as s:
+        (h,) = s.hashes_of_chunks([missing]).values()
+        _, (vector,) = s.vectors_for([missing], "dense")
+        s.put_vectors(s.models()["dense"].identity, "dense", [(h, vector)])
+        derived = load_derived(idir, s)
+    assert "dense" in counted and len(derived["dense_chunks"]) == n and missing in derived["dense_chunks"].ids()
+
+
 def test_another_model_is_a_mismatch(model_repo, counting, tmp_path_factory):
     from fixtures import models
 
