@@ -131,8 +131,6 @@ def wanted(store: Store) -> list[str]:
     return out
 
 
-_wanted = wanted
-
 
 def short_context(store: Store, role: str | None) -> bool:
     """Whether the model of ``role`` is recorded as reading fewer than `FILE_VECTOR_MIN_TOKENS`
@@ -413,7 +411,7 @@ def sync_derived(
     """
     record = gen is None
     gen = store.generation if gen is None else gen
-    names = _wanted(store)
+    names = wanted(store)
     marked: list[str] = []
     rebuilt_kinds: set[str | None] = set()
     for i, name in enumerate(names):
@@ -421,17 +419,19 @@ def sync_derived(
         path = index_path(idir, name)
         saved = store.get_meta(f"gen.{name}")
         index = None
-        if saved == str(gen) and path.exists():
+        # (The mean of chunk vectors is rebuilt with the index of those chunks.)
+        follows = spec.chunk_mean and spec.kind in rebuilt_kinds
+        if saved == str(gen) and path.exists() and not follows:
             report("sync", i + 1, len(names), message=f"{name}: up to date")
             continue
         marked.append(name)
-        if saved == str(prev_gen) and path.exists() and not _touches(name, delta):
+        if saved == str(prev_gen) and path.exists() and not _touches(name, delta) and not follows:
             if record:
                 store.set_meta(f"gen.{name}", gen)
             report("sync", i + 1, len(names), message=f"{name}: unchanged")
             continue
         stale = False
-        if saved == str(prev_gen) and path.exists() and not (spec.chunk_mean and spec.kind in rebuilt_kinds):
+        if saved == str(prev_gen) and path.exists() and not follows:
             try:
                 index = _load_index(name, path)
                 _apply_delta(name, index, store, delta, codes)
@@ -446,7 +446,7 @@ def sync_derived(
             # A stale codec is retrained here, on everything: not taken from the run's codes.
             index = _rebuild_index(name, store, codes, use_codes=not stale)
             if not spec.per_file:
-                rebuilt_kinds.add(spec.kind)  # (the means of these chunks follow: see the check above)
+                rebuilt_kinds.add(spec.kind)  # (the means of these chunks follow: `follows`)
         _save_named(index, idir, name, store)
         if record:
             store.set_meta(f"gen.{name}", gen)
@@ -506,7 +506,7 @@ def load_derived(index_dir: str | os.PathLike[str], store: Store, *, wait_s: flo
         out = {}
         stale: list[str] = []
         encoding = IndexLock.writer_active(idir)
-        for name in _wanted(store):
+        for name in wanted(store):
             spec = DERIVED[name]
             path = index_path(idir, name)
             index = None
@@ -538,7 +538,7 @@ def load_derived(index_dir: str | os.PathLike[str], store: Store, *, wait_s: flo
 
 def _out_of_sync(idir: Path, store: Store, gen: int) -> bool:
     return any(
-        store.get_meta(f"gen.{name}") != str(gen) or not index_path(idir, name).exists() for name in _wanted(store)
+        store.get_meta(f"gen.{name}") != str(gen) or not index_path(idir, name).exists() for name in wanted(store)
     )
 
 
