@@ -65,7 +65,7 @@ class PlaidSearch:
         docs, entry_qtok, entry_score = docs[keep], entry_qtok[keep], entry_score[keep]
         if not len(docs):
             return _EMPTY_IDS.copy(), _EMPTY_SCORES.copy()
-        candidates, slot = np.unique(docs, return_inverse=True)
+        candidates, slot = _distinct(docs, len(self._alive))
         best = np.zeros(len(candidates) * q_tok, dtype=np.float32)
         np.maximum.at(best, slot * q_tok + entry_qtok, entry_score)
         ndocs = ndocs or self.ndocs or max(512, 8 * k)
@@ -102,6 +102,18 @@ class PlaidSearch:
 
     def _decompressed(self, tokens: np.ndarray) -> np.ndarray:
         return self._codec.decompress(self._centroid_ids(tokens), self._residuals.take(tokens))
+
+
+def _distinct(docs: np.ndarray, n_docs: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(docs, return_inverse=True)`` for values in ``[0, n_docs)``, by marking
+    them in an array of ``n_docs`` instead of sorting: 0.31 s against 1.38 s (with the
+    `np.maximum.at` after it) for 1.3M probed entries of 600k documents (load 30 on 2 cores)."""
+    seen = np.zeros(n_docs, dtype=bool)
+    seen[docs] = True
+    distinct = np.flatnonzero(seen)
+    rank = np.empty(n_docs, dtype=np.int64)
+    rank[distinct] = np.arange(len(distinct))
+    return distinct, rank[docs]
 
 
 def inverted_lists(codes: np.ndarray, doclens: np.ndarray, n_centroids: int) -> tuple[np.ndarray, np.ndarray]:
