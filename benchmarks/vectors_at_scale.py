@@ -249,11 +249,8 @@ def hybrid(args: argparse.Namespace) -> None:
     the model, answers) and through the warm per-user daemon (round trips timed in this
     process, as an editor's or agent's client makes them), with the RSS of each."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    import numpy as np
     from quality import _minilm_dir
 
-    from codesearch.cli import lean
-    from codesearch.server import daemon_client
 
     root, work = args.root.resolve(), args.work / "hybrid"
     env = {**os.environ, "CODESEARCH_RUNTIME_DIR": str(work / "run"), "CODESEARCH_CACHE_DIR": str(work / "cache"),
@@ -282,33 +279,44 @@ def hybrid(args: argparse.Namespace) -> None:
           f"peak RSS MB {[round(o['peak_mb']) for _, o in cold]}, CPU-s {[round(o['cpu_s'], 1) for _, o in cold]}")
     stop()
     first, _ = cli("query", QUERIES[0], "-p", str(root), "-k", "10", "--json")  # starts the daemon
-    deadline = time.monotonic() + 300
-    while (info := daemon_client.find()) is None and time.monotonic() < deadline:
-        time.sleep(1)  # (the first query may answer in its own process while the daemon starts)
-    if info is None:
-        raise SystemExit("no daemon started")
-    t0 = time.perf_counter()
-    body = {"root": str(root), "index_dir": None, "refresh": False,
-            "request": lean._search_request(QUERIES[1], {"k": "10"})}
-    assert daemon_client.call(info, "POST", "/daemon/search", body, timeout=600)[0] == 200
-    first = f"{first:.2f} s (CLI), then {time.perf_counter() - t0:.2f} s (the daemon's first of this root)"
-    rss_open = _proc_rss(info.pid)
-    times = []
-    for i in range(args.queries):
-        body = {"root": str(root), "index_dir": None, "refresh": False,
-                "request": lean._search_request(QUERIES[i % len(QUERIES)] + f" {i}", {"k": "10"})}
-        t0 = time.perf_counter()
-        status = daemon_client.call(info, "POST", "/daemon/search", body)[0]
-        times.append(time.perf_counter() - t0)
-        assert status == 200, status
-    rss_warm = _proc_rss(info.pid)
+    # The round trips from a child with the code under test: a daemon talks to its own version.
+    warm = _child(_WARM.format(root=str(root), queries=QUERIES, n_q=len(QUERIES), n=args.queries), src, env)
     walls = [cli("query", q, "-p", str(root), "-k", "10", "--json")[0] for q in QUERIES[:5]]
-    print(f"warm daemon: first query {first}, daemon RSS {rss_open:.0f} MB; "
-          f"{len(times)} round trips p50 {1e3 * np.percentile(times, 50):.0f} ms, "
-          f"p99 {1e3 * np.percentile(times, 99):.0f} ms; daemon RSS after them {rss_warm:.0f} MB; "
-          f"CLI query wall (client process + round trip) {[round(w, 2) for w in walls]} s; "
-          f"load {os.getloadavg()[0]:.1f}")
+    rss_warm = _proc_rss(warm["pid"])
+    print(f"warm daemon: first query {first:.2f} s (CLI; the daemon's first of this root then "
+          f"{warm['first_s']:.2f} s), daemon RSS {warm['rss_open']:.0f} MB; {args.queries} round trips "
+          f"p50 {warm['p50_ms']:.0f} ms, p99 {warm['p99_ms']:.0f} ms; daemon RSS after them {rss_warm:.0f} MB "
+          f"(daemon CPU-s {warm['daemon_cpu_s']:.1f}); CLI query wall (client process + round trip) "
+          f"{[round(w, 2) for w in walls]} s; load {os.getloadavg()[0]:.1f}")
     stop()
+
+
+_WARM = """
+from codesearch.cli import lean
+from codesearch.server import daemon_client
+deadline = time.monotonic() + 300
+while (info := daemon_client.find()) is None and time.monotonic() < deadline:
+    time.sleep(1)  # (the first query may answer in its own process while the daemon starts)
+if info is None:
+    raise SystemExit("no daemon started")
+
+def ask(q, timeout=60):
+    body = {{"root": {root!r}, "index_dir": None, "refresh": False, "request": lean._search_request(q, {{"k": "10"}})}}
+    t0 = time.perf_counter()
+    assert daemon_client.call(info, "POST", "/daemon/search", body, timeout=timeout)[0] == 200
+    return time.perf_counter() - t0
+
+def daemon_cpu():
+    fields = open(f"/proc/{{info.pid}}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+first = ask({queries!r}[1], timeout=600)
+rss_open = int(dict(ln.split(":", 1) for ln in open(f"/proc/{{info.pid}}/status"))["VmRSS"].split()[0]) / 1024
+c0 = daemon_cpu()
+times = [ask({queries!r}[i % {n_q}] + f" {{i}}") for i in range({n})]
+say(pid=info.pid, first_s=first, rss_open=rss_open, p50_ms=1e3 * float(np.percentile(times, 50)),
+    p99_ms=1e3 * float(np.percentile(times, 99)), daemon_cpu_s=daemon_cpu() - c0)
+"""
 
 
 def _proc_rss(pid: int) -> float:
