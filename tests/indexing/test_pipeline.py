@@ -474,6 +474,65 @@ def test_opening_counts_no_chunk_vector_until_the_store_gains_one_the_index_lack
     assert "dense" in counted and len(derived["dense_chunks"]) == n and missing in derived["dense_chunks"].ids()
 
 
+def test_a_damaged_vector_index_is_rebuilt_with_a_one_line_notice(model_repo, counting, caplog):
+    build_index(model_repo, encoders=counting)
+    idir = pipeline.default_index_dir(model_repo)
+    (idir / "dense_chunks" / "manifest.json").write_bytes(b"{not json")
+    with caplog.at_level("WARNING", logger="codesearch.indexes.registry"):
+        check_consistent(idir)
+    (notice,) = [r.getMessage() for r in caplog.records]
+    assert "dense_chunks" in notice and "rebuilding" in notice and "\n" not in notice
+    caplog.clear()
+    check_consistent(idir)  # the rebuilt index was saved: the next open says nothing
+    assert caplog.records == []
+
+
+def test_vector_indexes_of_the_format_before_folders_open_as_they_are_and_the_next_run_replaces_them(
+    model_repo, counting, monkeypatch
+):
+    """An index whose dense files are the one-file FAISS format (``dense_chunks.faiss``) and
+    whose PLAID index is one ``index.npz`` opens without a rebuild; the next run writes the
+    folders and removes the old files."""
+    import json
+
+    import faiss
+    import numpy as np
+
+    from codesearch.indexes.plaid import PlaidIndex
+
+    build_index(model_repo, encoders=counting)
+    idir = pipeline.default_index_dir(model_repo)
+    for name in ("dense_chunks", "dense_files"):  # write each as the code before folders did
+        ids, vectors = registry._load_index(name, idir / name)._all_vectors()
+        old = faiss.IndexIDMap2(faiss.IndexFlatIP(vectors.shape[1]))
+        old.add_with_ids(vectors, ids)
+        payload = faiss.serialize_index(old).tobytes()
+        head = json.dumps({"format": 1, "dim": vectors.shape[1], "kind": "exact", "count": len(ids),
+                           "exact_threshold": 50_000, "nlist": None, "nprobe": None, "seed": 0, "trained_on": 0,
+                           "payload_bytes": len(payload), "crc32": __import__("zlib").crc32(payload)}).encode()
+        (idir / f"{name}.faiss").write_bytes(b"CSDENSE\n" + len(head).to_bytes(4, "little") + head + payload)
+        shutil.rmtree(idir / name)
+    plaid = PlaidIndex.load(idir / "plaid")
+    vectors = np.asarray(plaid._vectors, dtype=np.float16)
+    manifest = {"format": 1, "kind": "exact", "dim": plaid.dim, "n_docs": len(plaid._ids), "n_tokens": len(vectors),
+                "shapes": {"ids": [len(plaid._ids)], "doclens": [len(plaid._ids)], "vectors": list(vectors.shape)},
+                "params": plaid._params(), "build_error": 0.0, "added_error_sum": 0.0, "added_tokens": 0}
+    shutil.rmtree(idir / "plaid")
+    (idir / "plaid").mkdir()
+    np.savez(idir / "plaid" / "index.npz", ids=plaid._ids, doclens=plaid._doclens, vectors=vectors,
+             manifest=np.frombuffer(json.dumps(manifest).encode(), np.uint8))
+    real, rebuilt = registry._rebuild_index, []
+    monkeypatch.setattr(registry, "_rebuild_index", lambda n, s, *a, **kw: rebuilt.append(n) or real(n, s, *a, **kw))
+    check_consistent(idir)
+    assert rebuilt == []
+    (model_repo / "pkg/mod0.py").unlink()
+    build_index(model_repo, encoders=counting)
+    check_consistent(idir)
+    assert rebuilt == []
+    assert not (idir / "dense_chunks.faiss").exists() and not (idir / "dense_files.faiss").exists()
+    assert (idir / "dense_chunks" / "manifest.json").is_file() and not (idir / "plaid" / "index.npz").exists()
+
+
 def test_another_model_is_a_mismatch(model_repo, counting, tmp_path_factory):
     from fixtures import models
 
