@@ -356,6 +356,10 @@ class VectorCache(SegmentArrays):
             (model, kind),
             kind,
         )
+        yield from self._batches(cur, batch)
+
+    def _batches(self, cur: sqlite3.Cursor, batch: int) -> Iterator[tuple[np.ndarray, list[np.ndarray]]]:
+        """``(first column as int64, arrays of the rest)`` of ``cur``'s rows, ``batch`` at a time."""
         self._cursors += 1
         try:
             while rows := cur.fetchmany(batch):
@@ -381,12 +385,7 @@ class VectorCache(SegmentArrays):
         for part in parts:
             where = "" if part is None else f" WHERE c.file_id IN ({','.join('?' * len(part))})"
             cur = self._vector_rows(sql + where + " ORDER BY c.file_id", (model, kind, *(part or ())), kind)
-            self._cursors += 1
-            try:
-                while rows := cur.fetchmany(batch):
-                    yield (np.asarray([r[0] for r in rows], dtype=np.int64), [self._array(*r[1:]) for r in rows])
-            finally:
-                self._cursors -= 1
+            yield from self._batches(cur, batch)
 
     def _vector_rows(self, sql: str, params: Sequence[object], kind: str) -> sqlite3.Cursor:
         """Run a vector read (``{cols}`` in ``sql`` the columns :meth:`_array` takes, table
