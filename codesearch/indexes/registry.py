@@ -184,7 +184,11 @@ def _drifted(name: str, index: Index, store: Store, *, trust_mark: bool = False)
 
 def _vectors_mark(store: Store) -> str | None:
     """What changes whenever the store gains or replaces a vector (the largest row id of the
-    vectors table, which only grows as rows are added), with the recorded models' identities."""
+    vectors table, which only grows as rows are added), with the recorded models' identities.
+
+    A vector deleted from the store does not change it: nothing deletes a vector that a
+    chunk of the recorded model uses, except the check that drops damaged arrays, whose run
+    then encodes them again (the index's copies of them stay good meanwhile)."""
     top = store.vectors_mark()
     if top is None:
         return None
