@@ -141,7 +141,7 @@ def test_a_corrupt_store_names_rebuild_and_rebuild_fixes_it(repo):
     assert top_path(ok("query", QUERY, "-p", repo, "--mode", "lexical", "--json")) == WINNER
 
 
-@pytest.mark.parametrize("name", ["lexical", "dense_chunks.faiss", "dense_files.faiss", "plaid"])
+@pytest.mark.parametrize("name", ["lexical", "dense_chunks", "dense_files", "plaid"])
 def test_a_truncated_derived_index_is_rebuilt_from_the_store(model_index, tmp_path, name):
     # SQLite is the source of truth: a damaged derived file is rebuilt from it on the next
     # search (or the search says to run --rebuild); either way no result is lost.

@@ -50,19 +50,18 @@ def _derived_problems(index_dir: Path) -> list[str]:
     """What is wrong with the derived index files (empty when all are there, at the store's
     generation or healable from it)."""
     from codesearch.errors import CodeSearchError
-    from codesearch.indexes.registry import DERIVED
+    from codesearch.indexes.registry import index_path, wanted
     from codesearch.store import Store
     from codesearch.types import STORE_FILE
 
     try:
         with Store(index_dir / STORE_FILE, readonly=True) as store:
-            roles = store.models()
-            wanted = [name for name, spec in DERIVED.items() if spec.role() is None or spec.role() in roles]
+            names = wanted(store)
     except (CodeSearchError, OSError) as exc:
         return [f"the store cannot be read: {exc}"]
     problems = []
-    for name in wanted:
-        path = index_dir / DERIVED[name].filename
+    for name in names:
+        path = index_path(index_dir, name)
         if not path.exists():
             problems.append(f"{name} index file {path.name} is missing")
         elif path.is_file() and path.stat().st_size == 0:

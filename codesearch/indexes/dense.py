@@ -1,22 +1,33 @@
-"""Single-vector index: FAISS inner-product search over store ids, with deletes.
+"""Single-vector index: FAISS inner-product search over store ids, with deletes, mapped from disk.
 
-One vector per chunk (or per file), keyed by the store's int64 id. Small collections are
-searched exactly (``IndexIDMap2(IndexFlatIP)``); past ``exact_threshold`` vectors the index
-switches itself to IVF-Flat, and back to exact when deletes shrink it below half the
-threshold.
+One vector per chunk (or per file), keyed by the store's int64 id, in three parts:
 
-Why IVF-Flat and not HNSW: the pipeline deletes vectors on every run that edits a file.
-FAISS's HNSW cannot ``remove_ids``, so it would need a tombstone set, filtered search
-(over-fetching to make up for dead hits) and periodic rebuilds. IVF-Flat with a hashtable
-direct map removes ids in place, reconstructs any vector by id (so it can be retrained from
-itself, no second copy), and keeps full-precision vectors, so its only error is the
-probing. Recall is set by ``nprobe`` and measured against exact search in
-``tests/indexer/test_dense.py`` and ``benchmarks/dense_bench.py``.
+- a **base**, written once and memory-mapped when loaded. Up to ``exact_threshold``
+  vectors it is a float32 matrix that every query scans in full (exact top-k: FAISS's
+  kernel straight over the mapping, no copy); past it an IVF index
+  (``IndexIVFScalarQuantizer``, float16, not by residual) whose inverted lists FAISS maps
+  itself (``IO_FLAG_MMAP``): a query reads the cells it probes, nothing else;
+- a **tail**: vectors added since the base was written, in memory, searched exactly;
+- the **removed** ids of the base, which its searches skip (a FAISS ``IDSelector``).
 
-On disk one file holds everything: a magic line, a JSON header (format version, dim,
-kind, parameters, CRC-32 of the payload) and the ``faiss.serialize_index`` bytes. It is
-written to a temp name and ``os.replace``d, so a reader sees the old index or the new
-one, never half of one; no pickle anywhere.
+A query searches base and tail and keeps the best ``k``. When the tail outgrows an eighth
+of the base, or removals a quarter of it, both are folded into a new base (`_merge`); the
+IVF cells are re-clustered when the index has grown 4x since they were trained, and the
+index goes back to exact below half the threshold (the gap avoids flapping). An index run
+that edits a few files so rewrites the tail and the removals, not the base.
+
+Why float16 lists: the store keeps vectors as float16, so the lists hold them exactly, in
+half the bytes (460 MB for 600k x 384, against 920 MB in float32). Why IVF and not HNSW:
+FAISS's HNSW cannot remove ids, and its graph is not mapped from disk. Recall is set by
+``nprobe`` and measured against exact search in ``tests/indexes/test_dense.py`` and
+``benchmarks/vectors_at_scale.py``.
+
+On disk, a folder (`codesearch.indexes.folder`): ``manifest.json``, the base's sorted ids and
+its matrix or FAISS file, the tail's ids and vectors, the removed ids. Opening reads the
+manifest, the small arrays and the head of the FAISS file (quantizer and list sizes,
+checked against a CRC in the manifest, so FAISS never parses damaged bytes): milliseconds,
+whatever the index's size. The format before it (one file: a JSON header and
+``faiss.serialize_index`` bytes) still loads, into memory; the next save writes the folder.
 """
 
 from __future__ import annotations
@@ -25,75 +36,70 @@ import contextlib
 import json
 import math
 import os
-import threading
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from codesearch.errors import IndexCorruptError
-from codesearch.store import atomic_write
+from codesearch.indexes.folder import MANIFEST, Blob, Kept, corrupt, read_folder, write_folder
+from codesearch.indexes.threads import one_thread
+from codesearch.types import JSONDict
 
-__all__ = ["EXACT_THRESHOLD", "DenseIndex"]
+__all__ = ["EXACT_THRESHOLD", "CentroidIndex", "DenseIndex"]
 
-#: Vector count past which the index switches from exact search to IVF-Flat. Exact
-#: search over 50k x 768 float32 is ~40M multiply-adds per query (a few ms on 2 cores).
+#: Vector count past which the index switches from exact search to IVF. Exact search over
+#: 50k x 768 float32 is ~40M multiply-adds per query (a few ms on 2 cores).
 EXACT_THRESHOLD = 50_000
 
-_MAGIC = b"CSDENSE\n"
-_FORMAT_VERSION = 1
+_WHAT = "Dense index"
+_FORMAT_VERSION = 2
+#: The format before folders (one file), still read.
+_V1_MAGIC = b"CSDENSE\n"
+#: The tail is folded into the base past max(_MIN_TAIL, base / 8) vectors: below it the
+#: whole (small) index lives in the tail, a few MB rewritten per save.
+_MIN_TAIL = 4096
 _EMPTY_IDS = np.empty(0, dtype=np.int64)
 _EMPTY_SCORES = np.empty(0, dtype=np.float32)
-#: Searches of at most this many queries run on one OpenMP thread. A single query over a
-#: flat index is a few hundred microseconds of work; with 2 threads on a busy machine every
-#: call waits at an OpenMP barrier for a descheduled thread (p90 5.0 ms against 0.66 ms
-#: single-threaded, 10k x 384 vectors, loaded 2-core machine; BENCHMARKS.md).
+#: Searches of at most this many queries run on one thread (`codesearch.indexes.threads`).
 SMALL_SEARCH_QUERIES = 8
 
-_omp_lock = threading.Lock()
-_omp_users = 0
-_omp_saved = 1
 
+@dataclass
+class _Base:
+    """The written part: sorted ids and, aligned with them, a float32 matrix (exact), or a
+    FAISS IVF index (``lists``) with the file it is mapped from (None: built in memory)."""
 
-@contextlib.contextmanager
-def _single_omp_thread():
-    """FAISS on one OpenMP thread for the body; the setting is process-wide, so overlapping
-    users are counted and the last one out restores the previous count."""
-    import faiss
+    ids: np.ndarray
+    vectors: np.ndarray | None = None
+    lists: object | None = None
+    file: Path | None = None
+    head: JSONDict | None = None  # the FAISS file's head: bytes and CRC (see _write_lists)
 
-    global _omp_users, _omp_saved
-    with _omp_lock:
-        if _omp_users == 0:
-            _omp_saved = faiss.omp_get_max_threads()
-            faiss.omp_set_num_threads(1)
-        _omp_users += 1
-    try:
-        yield
-    finally:
-        with _omp_lock:
-            _omp_users -= 1
-            if _omp_users == 0:
-                faiss.omp_set_num_threads(_omp_saved)
+    @property
+    def is_ivf(self) -> bool:
+        return self.lists is not None
 
-
-def _corrupt(path: Path, why: str) -> IndexCorruptError:
-    return IndexCorruptError(
-        f"Dense index file '{path}' cannot be read ({why}); "
-        "run 'codesearch index --rebuild' to recreate it"
-    )
+    def rows_of(self, ids: np.ndarray) -> np.ndarray:
+        """Positions of ``ids`` among the base's ids (-1 where absent)."""
+        if not len(self.ids) or not len(ids):
+            return np.full(len(ids), -1, dtype=np.int64)
+        pos = np.searchsorted(self.ids, ids).clip(0, len(self.ids) - 1)
+        return np.where(self.ids[pos] == ids, pos, -1)
 
 
 class DenseIndex:
-    """FAISS inner-product index over int64 ids, exact when small, IVF-Flat when large.
+    """FAISS inner-product index over int64 ids: exact when small, IVF when large, mapped
+    from disk when loaded (see the module's notes).
 
     Parameters
     ----------
     dim : int
         Vector size. Vectors are expected L2-normalised, so scores are cosine similarities.
     exact_threshold : int
-        Above this many vectors the index trains IVF-Flat and searches approximately;
-        below ``exact_threshold // 2`` it goes back to exact search (the gap avoids
-        flapping when a run deletes and re-adds around the threshold).
+        Above this many vectors the index trains IVF and searches approximately;
+        below ``exact_threshold // 2`` it goes back to exact search.
     nlist : int or None
         IVF cell count; ``None`` picks ``4 * sqrt(n)`` (FAISS's usual guideline), at
         least 16.
@@ -130,9 +136,19 @@ class DenseIndex:
         self.nlist = nlist
         self.nprobe = nprobe
         self.seed = int(seed)
-        self._index = self._new_exact()
+        self._base = _Base(_EMPTY_IDS.copy(), np.empty((0, self._dim), np.float32))
+        self._tail_ids = _EMPTY_IDS.copy()
+        self._tail = np.empty((0, self._dim), np.float32)
+        self._removed = _EMPTY_IDS.copy()  # sorted ids of the base that are gone
+        self._skip = None  # FAISS selector of the removed ids (and what it holds on to)
         # Vector count the IVF cells were trained on; retrain when the index outgrows it 4x.
         self._trained_on = 0
+        # Where the base is written already: (folder, its manifest entries), so a save to
+        # the same folder keeps those files.
+        self._written: tuple[Path, dict[str, JSONDict]] | None = None
+        #: What the index registry knows the store's vectors by when it saved this index
+        #: (kept in the manifest; `codesearch.indexes.registry`).
+        self.store_mark: str | None = None
 
     # -- properties ----------------------------------------------------------------------
 
@@ -143,30 +159,19 @@ class DenseIndex:
 
     @property
     def kind(self) -> str:
-        """``"exact"`` (flat inner product) or ``"ivf"`` (IVF-Flat, approximate)."""
-        return "ivf" if self._is_ivf else "exact"
+        """``"exact"`` (flat inner product) or ``"ivf"`` (IVF, approximate)."""
+        return "ivf" if self._base.is_ivf else "exact"
 
     #: A FAISS index never goes stale: adds and removes keep it exact (`Index.needs_rebuild`).
     needs_rebuild = False
 
     def __len__(self) -> int:
-        return int(self._index.ntotal)
+        return len(self._base.ids) - len(self._removed) + len(self._tail_ids)
 
     def ids(self) -> np.ndarray:
         """All ids in the index (int64, no particular order)."""
-        import faiss
-
-        if not self._is_ivf:
-            return faiss.vector_to_array(self._index.id_map).astype(np.int64, copy=False)
-        invlists = self._index.invlists
-        parts = []
-        for cell in range(invlists.nlist):
-            size = invlists.list_size(cell)
-            if size:
-                ptr = invlists.get_ids(cell)
-                parts.append(faiss.rev_swig_ptr(ptr, size).copy())
-                invlists.release_ids(cell, ptr)
-        return np.concatenate(parts).astype(np.int64) if parts else _EMPTY_IDS.copy()
+        base = np.setdiff1d(self._base.ids, self._removed, assume_unique=True) if len(self._removed) else self._base.ids
+        return np.concatenate([base, self._tail_ids]).astype(np.int64, copy=False)
 
     # -- mutation ------------------------------------------------------------------------
 
@@ -190,30 +195,18 @@ class DenseIndex:
             raise ValueError("ids passed to add() must be unique")
         if not len(ids):
             return
-        # Upsert: FAISS would happily keep two vectors under one id.
-        self._index.remove_ids(ids)
-        total = len(self) + len(ids)
-        if not self._is_ivf and total > self.exact_threshold:
-            self._retrain(extra=(ids, vectors))
-        elif self._is_ivf and total > 4 * self._trained_on:
-            # The cells were sized for a quarter of the data; lists grow long and probing
-            # slows down, so re-cluster at the new size.
-            self._retrain(extra=(ids, vectors))
-        else:
-            self._index.add_with_ids(vectors, ids)
+        self._drop(ids)  # upsert: FAISS would happily keep two vectors under one id
+        self._tail_ids = np.concatenate([self._tail_ids, ids])
+        self._tail = np.concatenate([self._tail, vectors])
+        self._restructure()
 
     def remove(self, ids: np.ndarray) -> None:
         """Remove ``ids``; ids that are not in the index are ignored."""
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
         if not len(ids) or not len(self):
             return
-        self._index.remove_ids(ids)
-        if self._is_ivf and len(self) < self.exact_threshold // 2:
-            all_ids, vectors = self._all_vectors()
-            self._index = self._new_exact()
-            self._trained_on = 0
-            if len(all_ids):
-                self._index.add_with_ids(vectors, all_ids)
+        self._drop(ids)
+        self._restructure()
 
     # -- search --------------------------------------------------------------------------
 
@@ -225,34 +218,71 @@ class DenseIndex:
         """
         if k <= 0:
             raise ValueError(f"k must be positive, got {k}")
-        queries = np.ascontiguousarray(queries, dtype=np.float32)
-        if queries.ndim == 1:
-            queries = queries[None, :]
-        if queries.shape[1] != self._dim:
-            raise ValueError(f"queries must have shape (q, {self._dim}), got {queries.shape}")
+        queries = self._queries(queries)
         if not len(self):
             return [(_EMPTY_IDS.copy(), _EMPTY_SCORES.copy()) for _ in range(len(queries))]
         k_eff = min(k, len(self))
-        if self._is_ivf:
-            self._index.nprobe = self._nprobe()
         small = len(queries) <= SMALL_SEARCH_QUERIES
-        with _single_omp_thread() if small else contextlib.nullcontext():
-            scores, ids = self._index.search(queries, k_eff)
+        with one_thread() if small else contextlib.nullcontext():
+            parts = [self._search_base(queries, k_eff), _knn(queries, self._tail, self._tail_ids, k_eff)]
         out = []
-        for row_ids, row_scores in zip(ids, scores):
-            keep = row_ids >= 0  # IVF returns -1 when the probed cells hold fewer than k
-            out.append((row_ids[keep].astype(np.int64), row_scores[keep].astype(np.float32)))
+        for i in range(len(queries)):
+            ids = np.concatenate([p[0][i] for p in parts if p is not None])
+            scores = np.concatenate([p[1][i] for p in parts if p is not None])
+            keep = ids >= 0  # FAISS pads with -1 where fewer than k were found
+            ids, scores = ids[keep], scores[keep]
+            order = np.lexsort((ids, -scores))[:k_eff]  # best first, ties by id
+            out.append((ids[order].astype(np.int64), scores[order].astype(np.float32)))
         return out
+
+    def _queries(self, queries: np.ndarray) -> np.ndarray:
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        if queries.ndim == 1:
+            queries = queries[None, :]
+        if queries.ndim != 2 or queries.shape[1] != self._dim:
+            raise ValueError(f"queries must have shape (q, {self._dim}), got {queries.shape}")
+        return queries
+
+    def _search_base(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+        base = self._base
+        if len(base.ids) == len(self._removed):
+            return None
+        if not base.is_ivf:
+            rows, scores = _knn(queries, base.vectors, None, k, self._selector(rows=True))
+            return np.where(rows >= 0, base.ids[rows.clip(0)], -1), scores
+        import faiss
+
+        params = faiss.SearchParametersIVF()
+        params.nprobe = self._nprobe()
+        sel = self._selector(rows=False)
+        if sel is not None:
+            params.sel = sel
+        scores, ids = base.lists.search(queries, k, params=params)
+        return ids, scores
+
+    def _selector(self, *, rows: bool):
+        """FAISS selector that skips the removed base vectors (by row for the exact base,
+        by id for IVF); None when none are removed. Kept until the removals change."""
+        if not len(self._removed):
+            return None
+        if self._skip is None:
+            import faiss
+
+            skip = self._base.rows_of(self._removed) if rows else self._removed
+            batch = faiss.IDSelectorBatch(np.ascontiguousarray(skip, dtype=np.int64))
+            self._skip = (faiss.IDSelectorNot(batch), batch)  # the Not holds a bare pointer to batch
+        return self._skip[0]
 
     # -- persistence ---------------------------------------------------------------------
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the index to ``path`` atomically (temp file + ``os.replace``)."""
-        import faiss
-
+        """Write the index to the folder ``path`` atomically (see `codesearch.indexes.folder`).
+        The base's files are kept when they are in that folder already."""
         path = Path(path)
-        payload = faiss.serialize_index(self._index).tobytes()
-        header = {
+        if path.is_file():
+            path.unlink()  # the one-file format before folders, at this name
+        base = self._base
+        header: JSONDict = {
             "format": _FORMAT_VERSION,
             "dim": self._dim,
             "kind": self.kind,
@@ -262,118 +292,363 @@ class DenseIndex:
             "nprobe": self.nprobe,
             "seed": self.seed,
             "trained_on": self._trained_on,
-            "payload_bytes": len(payload),
-            "crc32": zlib.crc32(payload),
+            "store_mark": self.store_mark,
         }
-        head = json.dumps(header, sort_keys=True).encode()
-        with atomic_write(path) as f:
-            f.write(_MAGIC)
-            f.write(len(head).to_bytes(4, "little"))
-            f.write(head)
-            f.write(payload)
+        files: dict[str, object] = {}
+        written = self._written
+        if written is not None and written[0] == path.resolve() and all(
+            (path / entry["file"]).is_file() for entry in written[1].values()
+        ):
+            files.update({name: Kept(entry) for name, entry in written[1].items()})
+            header["lists"] = base.head
+        else:
+            files["base_ids"] = base.ids
+            if base.is_ivf:
+                head: JSONDict = {}
+                header["lists"] = head
+                files["base_lists"] = Blob("faiss", lambda file: head.update(_write_lists(base.lists, file)))
+            else:
+                files["base_vectors"] = base.vectors
+        files |= {"tail_ids": self._tail_ids, "tail_vectors": self._tail, "removed": self._removed}
+        entries = write_folder(path, header, files)
+        base.head = header.get("lists")
+        if base.is_ivf and base.file is None:
+            base.file = path / entries["base_lists"]["file"]
+        self._written = (path.resolve(), {n: e for n, e in entries.items() if n.startswith("base_")})
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> DenseIndex:
-        """Read an index written by :meth:`save`.
+    def load(cls, path: str | os.PathLike, *, verify: bool = False) -> DenseIndex:
+        """Open an index written by :meth:`save`: its base mapped, not read.
+
+        ``verify`` checks every byte against the manifest's CRCs (an index from elsewhere);
+        without it, the small files and the FAISS file's head are checked.
 
         Raises
         ------
         IndexCorruptError
-            When the file is missing, truncated, altered or not a dense index.
+            When the folder is missing, truncated, altered or not a dense index.
         """
+        path = Path(path)
+        if path.is_file():
+            return cls._load_v1(path)
+        if not (path / MANIFEST).is_file():
+            raise corrupt(path, _WHAT, "not found" if not path.exists() else "no manifest")
+        folder = read_folder(path, _WHAT, verify=verify)
+        h, arrays = folder.header, folder.arrays
+        try:
+            if h.get("format") != _FORMAT_VERSION:
+                raise corrupt(path, _WHAT, f"format {h.get('format')}, expected {_FORMAT_VERSION}")
+            self = cls(int(h["dim"]), exact_threshold=int(h["exact_threshold"]), nlist=h["nlist"],
+                       nprobe=h["nprobe"], seed=int(h["seed"]))
+            dim = self._dim
+            ids = _array(arrays, "base_ids", np.int64, 1)
+            if len(ids) > 1 and not bool(np.all(ids[1:] > ids[:-1])):
+                raise corrupt(path, _WHAT, "base ids are not sorted")
+            if h["kind"] == "ivf":
+                self._base = _Base(ids, lists=_read_lists(path, folder.blobs["base_lists"], h.get("lists"), dim,
+                                                            len(ids)),
+                                   file=folder.blobs["base_lists"], head=h["lists"])
+            elif h["kind"] == "exact":
+                vectors = _array(arrays, "base_vectors", np.float32, 2)
+                if vectors.shape != (len(ids), dim):
+                    raise corrupt(path, _WHAT, f"base vectors {vectors.shape} for {len(ids)} ids of dim {dim}")
+                self._base = _Base(ids, vectors)
+            else:
+                raise corrupt(path, _WHAT, f"unknown kind {h['kind']!r}")
+            self._tail_ids = np.array(_array(arrays, "tail_ids", np.int64, 1))
+            self._tail = np.array(_array(arrays, "tail_vectors", np.float32, 2))
+            self._removed = np.array(_array(arrays, "removed", np.int64, 1))
+            self._trained_on = int(h["trained_on"])
+            self.store_mark = h.get("store_mark") if isinstance(h.get("store_mark"), str) else None
+        except IndexCorruptError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise corrupt(path, _WHAT, f"header: {type(exc).__name__}: {str(exc)[:120]}") from exc
+        if self._tail.shape != (len(self._tail_ids), dim) or len(np.unique(self._tail_ids)) != len(self._tail_ids):
+            raise corrupt(path, _WHAT, "tail ids and vectors do not match")
+        removed = self._removed
+        if len(removed) and (np.any(removed[1:] <= removed[:-1]) or np.any(self._base.rows_of(removed) < 0)):
+            raise corrupt(path, _WHAT, "removed ids are not base ids")
+        alive_in_base = self._base.rows_of(self._tail_ids) >= 0
+        if alive_in_base.any() and not np.isin(self._tail_ids[alive_in_base], removed).all():
+            raise corrupt(path, _WHAT, "an id is both in the base and the tail")
+        if len(self) != h["count"]:
+            raise corrupt(path, _WHAT, f"{len(self)} vectors, the manifest says {h['count']}")
+        self._written = (path.resolve(), {n: e for n, e in folder.entries.items() if n.startswith("base_")})
+        return self
+
+    @classmethod
+    def _load_v1(cls, path: Path) -> DenseIndex:
+        """Read the one-file format before folders (into memory); the next save writes a folder."""
         import faiss
 
-        path = Path(path)
         try:
             data = path.read_bytes()
         except OSError as exc:
-            raise _corrupt(path, exc.strerror or type(exc).__name__) from exc
-        if not data.startswith(_MAGIC) or len(data) < len(_MAGIC) + 4:
-            raise _corrupt(path, "not a codesearch dense index")
-        start = len(_MAGIC) + 4
-        head_len = int.from_bytes(data[len(_MAGIC) : start], "little")
+            raise corrupt(path, _WHAT, exc.strerror or type(exc).__name__) from exc
+        if not data.startswith(_V1_MAGIC) or len(data) < len(_V1_MAGIC) + 4:
+            raise corrupt(path, _WHAT, "not a codesearch dense index")
+        start = len(_V1_MAGIC) + 4
+        head_len = int.from_bytes(data[len(_V1_MAGIC) : start], "little")
         try:
             header = json.loads(data[start : start + head_len])
             payload = memoryview(data)[start + head_len :]
-            dim = int(header["dim"])
-            if header["format"] != _FORMAT_VERSION:
-                raise _corrupt(path, f"format {header['format']}, expected {_FORMAT_VERSION}")
-            if len(payload) != header["payload_bytes"]:
-                raise _corrupt(path, "truncated")
-            if zlib.crc32(payload) != header["crc32"]:
-                raise _corrupt(path, "checksum mismatch")
-            index = faiss.deserialize_index(np.frombuffer(payload, dtype=np.uint8))
-            # (the header is outside the CRC: a damaged one is said here, not a traceback)
-            self = cls(
-                dim,
-                exact_threshold=header["exact_threshold"],
-                nlist=header["nlist"],
-                nprobe=header["nprobe"],
-                seed=header["seed"],
-            )
-            self._trained_on = int(header["trained_on"])
-            count = header["count"]
+            if header["format"] != 1:
+                raise corrupt(path, _WHAT, f"format {header['format']}, expected 1")
+            if len(payload) != header["payload_bytes"] or zlib.crc32(payload) != header["crc32"]:
+                raise corrupt(path, _WHAT, "truncated or altered")
+            old = faiss.deserialize_index(np.frombuffer(payload, dtype=np.uint8))
+            self = cls(int(header["dim"]), exact_threshold=header["exact_threshold"], nlist=header["nlist"],
+                       nprobe=header["nprobe"], seed=header["seed"])
+            if old.d != self._dim or old.ntotal != header["count"]:
+                raise corrupt(path, _WHAT, "header does not match the stored index")
+            if isinstance(old, faiss.IndexIVF):
+                ids = _ivf_ids(old)
+                vectors = old.reconstruct_batch(ids)
+            else:
+                ids = faiss.vector_to_array(old.id_map).astype(np.int64)
+                vectors = old.index.reconstruct_n(0, len(ids))
         except IndexCorruptError:
             raise
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError, RuntimeError) as exc:
-            raise _corrupt(path, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:120]}") from exc
-        self._index = index
-        if index.d != dim or index.ntotal != count:
-            raise _corrupt(path, "header does not match the stored index")
+            raise corrupt(path, _WHAT, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:120]}") from exc
+        if len(ids):
+            self.add(ids, vectors)
         return self
 
     # -- internals -----------------------------------------------------------------------
 
-    @property
-    def _is_ivf(self) -> bool:
+    def _drop(self, ids: np.ndarray) -> None:
+        """Remove ``ids`` from the tail and mark those of the base removed (no restructuring)."""
+        if len(self._tail_ids):
+            keep = ~np.isin(self._tail_ids, ids)
+            if not keep.all():
+                self._tail_ids, self._tail = self._tail_ids[keep], self._tail[keep]
+        in_base = ids[self._base.rows_of(ids) >= 0]
+        if len(in_base):
+            removed = np.union1d(self._removed, in_base)
+            if len(removed) != len(self._removed):
+                self._removed, self._skip = removed, None
+
+    def _restructure(self) -> None:
+        """Retrain, switch kind or fold the tail into the base where the sizes call for it."""
+        n, base_n = len(self), len(self._base.ids)
+        if not self._base.is_ivf and n > self.exact_threshold:
+            self._rebuild(ivf=True)
+        elif self._base.is_ivf and n > 4 * self._trained_on:
+            # The cells were sized for a quarter of the data; lists grow long and probing
+            # slows down, so re-cluster at the new size.
+            self._rebuild(ivf=True)
+        elif self._base.is_ivf and n < self.exact_threshold // 2:
+            self._rebuild(ivf=False)
+        elif len(self._tail_ids) > max(_MIN_TAIL, base_n // 8) or len(self._removed) > base_n // 4:
+            self._merge()
+
+    def _rebuild(self, *, ivf: bool) -> None:
+        ids, vectors = self._all_vectors()
+        if ivf:
+            self._set_base(_Base(np.sort(ids), lists=self._train(ids, vectors)))
+            self._trained_on = len(ids)
+        else:
+            order = np.argsort(ids)
+            self._set_base(_Base(ids[order], vectors[order]))
+            self._trained_on = 0
+
+    def _merge(self) -> None:
+        """A new base of the base's live vectors and the tail's (no retraining)."""
+        base = self._base
+        if not base.is_ivf:
+            self._rebuild(ivf=False)
+            return
         import faiss
 
-        return isinstance(self._index, faiss.IndexIVF)
+        # The mapped lists are read-only: merge into a full copy of them (read whole, once
+        # per merge: a merge comes after base / 8 additions).
+        lists = faiss.read_index(str(base.file)) if base.file is not None else base.lists
+        if len(self._removed):
+            lists.remove_ids(faiss.IDSelectorBatch(self._removed))
+        if len(self._tail_ids):
+            lists.add_with_ids(self._tail, self._tail_ids)
+        alive = np.setdiff1d(base.ids, self._removed, assume_unique=True)
+        self._set_base(_Base(np.union1d(alive, self._tail_ids), lists=lists))
 
-    def _new_exact(self):
-        import faiss
-
-        return faiss.IndexIDMap2(faiss.IndexFlatIP(self._dim))
+    def _set_base(self, base: _Base) -> None:
+        self._base = base
+        self._tail_ids, self._tail = _EMPTY_IDS.copy(), np.empty((0, self._dim), np.float32)
+        self._removed, self._skip = _EMPTY_IDS.copy(), None
+        self._written = None
 
     def _nprobe(self) -> int:
-        nlist = self._index.nlist
+        nlist = self._base.lists.nlist
         return min(nlist, self.nprobe or max(16, nlist // 8))
 
     def _all_vectors(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every (id, vector) in the index, read back from FAISS (no second copy is kept)."""
+        """Every live (id, vector): the base's (read back from its matrix or lists) and the tail's."""
+        base = self._base
+        if not len(base.ids):
+            return self._tail_ids, self._tail  # (no copy: a first add of everything at once)
+        if base.is_ivf:
+            ids, vectors = _ivf_contents(base.lists, self._dim)
+            keep = ~np.isin(ids, self._removed) if len(self._removed) else slice(None)
+            ids, vectors = ids[keep], vectors[keep]
+        else:
+            keep = np.ones(len(base.ids), dtype=bool)
+            keep[base.rows_of(self._removed)] = False
+            ids, vectors = base.ids[keep], np.asarray(base.vectors[keep], dtype=np.float32)
+        return np.concatenate([ids, self._tail_ids]), np.concatenate([vectors, self._tail])
+
+    def _train(self, ids: np.ndarray, vectors: np.ndarray):
+        """A fresh IVF index of ``vectors`` (float16 lists, cells trained on them)."""
         import faiss
 
-        if not len(self):
-            return _EMPTY_IDS.copy(), np.empty((0, self._dim), dtype=np.float32)
-        if not self._is_ivf:
-            ids = faiss.vector_to_array(self._index.id_map).astype(np.int64)
-            # The inner flat index reconstructs by position, in id_map order.
-            return ids, self._index.index.reconstruct_n(0, len(ids))
-        ids = self.ids()
-        return ids, self._index.reconstruct_batch(ids)
-
-    def _retrain(self, extra: tuple[np.ndarray, np.ndarray]) -> None:
-        """Re-cluster everything (current vectors plus ``extra``) into a fresh IVF-Flat."""
-        import faiss
-
-        old_ids, old_vectors = self._all_vectors()
-        ids = np.concatenate([old_ids, extra[0]])
-        vectors = np.concatenate([old_vectors, extra[1]])
         n = len(ids)
         nlist = self.nlist or max(16, int(4 * math.sqrt(n)))
         nlist = min(nlist, max(1, n // 39))  # FAISS wants >= 39 training points per cell
         quantizer = faiss.IndexFlatIP(self._dim)
-        index = faiss.IndexIVFFlat(quantizer, self._dim, nlist, faiss.METRIC_INNER_PRODUCT)
+        index = faiss.IndexIVFScalarQuantizer(
+            quantizer, self._dim, nlist, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT, False
+        )
         index.cp.seed = self.seed
         # Cap the k-means sample: 64 points per cell is plenty for cell boundaries and keeps
         # training at a few seconds for 1M vectors.
         index.cp.max_points_per_centroid = 64
         index.cp.niter = 10  # cell boundaries settle early; FAISS's 25 triples training time
         index.train(vectors)
-        # A hashtable direct map lets remove_ids and reconstruct work by id.
-        index.set_direct_map_type(faiss.DirectMap.Hashtable)
         index.add_with_ids(vectors, ids)
         quantizer.this.disown()  # the IVF index now owns (and frees) its quantizer
         index.own_fields = True
-        self._index = index
-        self._trained_on = n
+        return index
+
+
+class CentroidIndex(DenseIndex):
+    """One vector per file: the normalised mean of its chunks' vectors, for a model whose
+    whole-file vector reads too little of a file (see `codesearch.indexes.registry`).
+
+    Always exact, and scored whole: :meth:`scores` gives every file's cosine with a query,
+    which the ranker normalises over all files.
+    """
+
+    def __init__(self, dim: int, **kw) -> None:
+        kw.setdefault("exact_threshold", 2**62)
+        super().__init__(dim, **kw)
+
+    def scores(self, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, scores)`` of every vector for one query (in no particular order)."""
+        q = self._queries(query)[0]
+        base = self._base
+        assert not base.is_ivf, "a centroid index stays exact"
+        keep = np.ones(len(base.ids), dtype=bool)
+        keep[base.rows_of(self._removed)] = False
+        with one_thread():
+            base_scores = base.vectors @ q if len(base.ids) else _EMPTY_SCORES
+            tail_scores = self._tail @ q
+        ids = np.concatenate([base.ids[keep], self._tail_ids])
+        return ids, np.concatenate([base_scores[keep], tail_scores]).astype(np.float32, copy=False)
+
+
+def _array(arrays: dict[str, np.ndarray], name: str, dtype: type, ndim: int) -> np.ndarray:
+    a = arrays[name]
+    if a.dtype != dtype or a.ndim != ndim:
+        raise ValueError(f"{name} is {a.dtype}{list(a.shape)}, expected {np.dtype(dtype)} of {ndim} dims")
+    return a
+
+
+def _knn(queries: np.ndarray, vectors: np.ndarray, ids: np.ndarray | None, k: int, sel=None):
+    """Exact top-``k`` of ``queries`` over the rows of ``vectors`` (float32, C order, mapped
+    or not): ``(ids or rows, scores)``, -1 where fewer than ``k`` rows were found; None when
+    ``vectors`` is empty."""
+    import faiss
+
+    if not len(vectors):
+        return None
+    k = min(k, len(vectors))
+    scores = np.empty((len(queries), k), dtype=np.float32)
+    rows = np.empty((len(queries), k), dtype=np.int64)
+    args = [faiss.swig_ptr(queries), faiss.swig_ptr(np.ascontiguousarray(vectors)), queries.shape[1], len(queries),
+            len(vectors), k, faiss.swig_ptr(scores), faiss.swig_ptr(rows)]
+    faiss.knn_inner_product(*args, sel) if sel is not None else faiss.knn_inner_product(*args)
+    if ids is None:
+        return rows, scores
+    return np.where(rows >= 0, ids[rows.clip(0)], -1), scores
+
+
+def _write_lists(index, file: Path) -> JSONDict:
+    """Write the FAISS IVF ``index`` to ``file`` (fsynced); returns its head's size and CRC:
+    everything before the inverted lists' codes and ids, which sit at the end of the file."""
+    import faiss
+
+    tmp = file.with_name(f".{file.name}.tmp-{os.getpid()}")
+    try:
+        faiss.write_index(index, str(tmp))
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        size = tmp.stat().st_size
+        head = size - int(index.ntotal) * (int(index.code_size) + 8)
+        with open(tmp, "rb") as fh:
+            crc = zlib.crc32(fh.read(head))
+        os.replace(tmp, file)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return {"head_bytes": head, "head_crc32": crc, "nlist": int(index.nlist)}
+
+
+def _read_lists(folder: Path, file: Path, head: object, dim: int, count: int):
+    """The IVF index in ``file``, its lists mapped (``IO_FLAG_MMAP``), after checking its head
+    against the manifest: FAISS parses only bytes that were written as they are."""
+    import faiss
+
+    if not isinstance(head, dict):
+        raise corrupt(folder, _WHAT, "no head recorded for the IVF lists")
+    size = file.stat().st_size
+    head_bytes = int(head["head_bytes"])
+    if not 0 < head_bytes <= size or size - head_bytes != count * (2 * dim + 8):
+        raise corrupt(folder, _WHAT, f"{file.name} has {size} bytes for {count} vectors")
+    with open(file, "rb") as fh:
+        if zlib.crc32(fh.read(head_bytes)) != int(head["head_crc32"]):
+            raise corrupt(folder, _WHAT, f"{file.name} fails its checksum")
+    try:
+        index = faiss.read_index(str(file), faiss.IO_FLAG_MMAP)
+    except RuntimeError as exc:
+        raise corrupt(folder, _WHAT, f"{file.name}: {str(exc).splitlines()[0][:120]}") from exc
+    ok = (
+        isinstance(index, faiss.IndexIVFScalarQuantizer)
+        and index.d == dim
+        and index.ntotal == count
+        and index.nlist == int(head["nlist"])
+        and index.metric_type == faiss.METRIC_INNER_PRODUCT
+        and index.sq.qtype == faiss.ScalarQuantizer.QT_fp16
+        and not index.by_residual
+    )
+    if not ok:
+        raise corrupt(folder, _WHAT, f"{file.name} is not the IVF index the manifest describes")
+    return index
+
+
+def _ivf_ids(index) -> np.ndarray:
+    """Every id in a FAISS IVF index's lists."""
+    return _ivf_contents(index, None)[0]
+
+
+def _ivf_contents(index, dim: int | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Every (id, vector) of a FAISS IVF index, read from its lists (float16 codes decoded);
+    ids only when ``dim`` is None."""
+    import faiss
+
+    invlists = index.invlists
+    ids, codes = [], []
+    for cell in range(invlists.nlist):
+        size = invlists.list_size(cell)
+        if not size:
+            continue
+        ptr = invlists.get_ids(cell)
+        ids.append(faiss.rev_swig_ptr(ptr, size).copy())
+        invlists.release_ids(cell, ptr)
+        if dim is not None:
+            ptr = invlists.get_codes(cell)
+            codes.append(faiss.rev_swig_ptr(ptr, size * 2 * dim).copy())
+            invlists.release_codes(cell, ptr)
+    all_ids = np.concatenate(ids).astype(np.int64) if ids else _EMPTY_IDS.copy()
+    if dim is None:
+        return all_ids, None
+    flat = np.concatenate(codes) if codes else np.empty(0, np.uint8)
+    return all_ids, flat.view(np.float16).reshape(-1, dim).astype(np.float32)

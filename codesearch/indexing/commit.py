@@ -21,7 +21,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 
-from codesearch.indexes.registry import Delta
+from codesearch.indexes.registry import MAX_TOKENS_KEY, Delta
 from codesearch.indexing.chunking import CHUNKER_VERSION
 from codesearch.indexing.encoders import DISABLED_KEY, EMBEDDED_KEY, TOKENIZER_KEY, tokenizer_of
 from codesearch.indexing.options import Run, Work
@@ -106,6 +106,8 @@ class ChangeWriter:
         for role, enc in roles.items():
             if role not in run.recorded:
                 store.set_model(role, enc.name, enc.identity, int(enc.dim))
+            # (whether the index keeps per-file means of chunk vectors: `registry.short_context`)
+            store.set_meta(MAX_TOKENS_KEY.format(role=role), int(enc.max_length))
             # (`check_models` let this run in: the index's vectors are of this tokenizer, or
             # an older index recorded none)
             tokenizer = tokenizer_of(enc)

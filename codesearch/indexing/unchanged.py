@@ -61,7 +61,7 @@ def unchanged_run(
     >>> unchanged_run("path/to/repo") is None     # doctest: +SKIP
     False
     """
-    from codesearch.indexes.registry import DERIVED
+    from codesearch.indexes.registry import index_path, wanted
     from codesearch.indexing.chunking.source import CHUNKER_VERSION
     from codesearch.indexing.walk import WALK_SKIPPED_KEY, WALK_STAMP_KEY, WalkStamp, unchanged_since, walk
     from codesearch.store import KIND_ROLE, VECTOR_KINDS, IndexLock, Store
@@ -91,9 +91,8 @@ def unchanged_run(
                 if role in used and store.count_with_vectors(kind) != (n_files if VECTOR_KINDS[kind].per_file
                                                                       else chunks):
                     return None
-            for name, spec in DERIVED.items():
-                wanted = spec.role() is None or spec.role() in recorded
-                if wanted and (meta.get(f"gen.{name}") != gen or not (idir / spec.filename).exists()):
+            for name in wanted(store):
+                if meta.get(f"gen.{name}") != gen or not index_path(idir, name).exists():
                     return None
             stamp = WalkStamp.from_json(meta.get(WALK_STAMP_KEY))
             # What the last run kept, with the stats it recorded: enough with its stamp.

@@ -31,11 +31,6 @@ from codesearch.indexes.lexical import LexicalIndex, Postings, bm25, idf, length
 from codesearch.search.corpus import Corpus, norm_ident
 from codesearch.search.query import Query
 
-#: A whole-file vector is used only when the model reads at least this many tokens: from
-#: a 256-token model (MiniLM) it encodes little more than the file's imports and licence
-#: header, and using it cost 0.5 NDCG points on the benchmark (0.861 -> 0.856, hybrid).
-FILE_VECTOR_MIN_TOKENS = 1024
-
 
 @dataclass(frozen=True)
 class RankingParams:
@@ -44,7 +39,7 @@ class RankingParams:
     w_lexical: float = 1.5  # chunk BM25, max-normalised
     w_file_lexical: float = 0.6  # whole-file BM25, max-normalised
     w_dense: float = 0.75  # chunk vector score (see fusion)
-    w_file_dense: float = 0.5  # whole-file cosine (long-context models only, see FILE_VECTOR_MIN_TOKENS)
+    w_file_dense: float = 0.5  # whole-file cosine (long-context models only, see registry.FILE_VECTOR_MIN_TOKENS)
     w_colbert: float = 1.0  # MaxSim (see fusion)
     w_path: float = 2.0  # share of query words in the file's name / folder
     path_prefix: int = 4  # prefix matching of query words and path words (0: exact only)

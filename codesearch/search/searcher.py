@@ -20,10 +20,11 @@ import numpy as np
 from codesearch.encoder.base import Encoders
 from codesearch.errors import CodeSearchError, IndexCorruptError, NotIndexedError, QueryError
 from codesearch.globs import GlobFilter
-from codesearch.indexes.registry import DERIVED, IndexSpec, load_derived, rebuild_lexical
+from codesearch.indexes.dense import CentroidIndex
+from codesearch.indexes.registry import DERIVED, FILE_VECTOR_MIN_TOKENS, IndexSpec, load_derived, rebuild_index, rebuild_lexical
 from codesearch.search.phrase import CANDIDATES, exact_first, pasted_phrase
 from codesearch.search.query import Query, analyse
-from codesearch.search.ranking import FILE_VECTOR_MIN_TOKENS, Candidates, Ranker, RankingParams, RowFilter, Scored
+from codesearch.search.ranking import Candidates, Ranker, RankingParams, RowFilter, Scored
 from codesearch.store import IndexLock, Store
 from codesearch.store.schema import DISABLED_KEY
 from codesearch.textregex import compile_regex
@@ -38,8 +39,14 @@ def _chunk_vectors() -> list[IndexSpec]:
 def _file_vectors() -> tuple[IndexSpec, IndexSpec]:
     """The index of whole-file vectors, and the chunk index of the same model (its chunk
     vectors make the files' centroids for a short-context model)."""
-    files = next(spec for spec in DERIVED.values() if spec.per_file)
+    files = next(spec for spec in DERIVED.values() if spec.per_file and not spec.chunk_mean)
     return files, next(spec for spec in _chunk_vectors() if spec.role() == files.role())
+
+
+def _file_centroid_index() -> IndexSpec:
+    """The index of per-file means of the chunk vectors of `_file_vectors`' chunk index."""
+    _, chunks = _file_vectors()
+    return next(spec for spec in DERIVED.values() if spec.chunk_mean and spec.kind == chunks.kind)
 
 #: Why a mode that names a vector index cannot search it: (built, no encoder), (not built).
 _UNSEARCHABLE = {
@@ -126,7 +133,7 @@ class Searcher:
         # A run told '--multi-model none' (the vector model of every device): lexical-only
         # was asked for, so a hybrid query that finds no vectors is no surprise to say.
         self._chose_lexical = "colbert" in (self._store.get_meta(DISABLED_KEY) or "")
-        self._centroids: np.ndarray | None = None  # per-file mean chunk vectors, made on first use
+        self._centroids: tuple[CentroidIndex, np.ndarray] | None = None  # see _file_centroids
 
     # -- public ----------------------------------------------------------------------------
 
@@ -351,9 +358,10 @@ class Searcher:
         file_vectors, _ = _file_vectors()
         index = self._indexes.get(file_vectors.name)
         if self._ranker.params.w_file_centroid and not long_context:
-            cent = self._file_centroids()
+            index, rows = self._file_centroids()
+            _, scores = index.scores(query)
             used.append(file_vectors.signal)
-            return np.arange(len(cent), dtype=np.int64), cent @ query[0], False
+            return rows, scores, False
         if long_context and index is not None and len(index):
             fids, fscores = index.search(query, max(50, k * 5))[0]
             used.append(file_vectors.signal)
@@ -395,25 +403,23 @@ class Searcher:
             out["file_vectors"] = vectors
         return out
 
-    def _file_centroids(self) -> np.ndarray:
-        """(n_files, dim) normalised mean of each file's chunk vectors (built on first use)."""
+    def _file_centroids(self) -> tuple[CentroidIndex, np.ndarray]:
+        """The index of each file's mean chunk vector, and the corpus file row of each of its
+        vectors in the order `CentroidIndex.scores` gives them (-1: a file the corpus lacks).
+
+        Made when the index is written (`registry.DERIVED["file_centroids"]`), for a model
+        recorded as short-context; an index from before that record (or whose model's length
+        is not known yet) gets it made here from the store, once per searcher.
+        """
         with self._lock:
-            cent = self._centroids
-            if cent is None:
-                # Streamed from the store in batches (the same vectors the dense index
-                # holds), so a large index never holds a second full copy in memory.
-                c = self._ranker.corpus
-                _, file_chunks = _file_vectors()
-                cent = np.zeros((c.n_files, self._indexes[file_chunks.name].dim), dtype=np.float32)
-                for ids, arrays in self._store.iter_vectors(file_chunks.kind):
-                    rows = self._ranker.rows_of(ids)
-                    ok = rows >= 0
-                    if ok.any():
-                        vecs = np.concatenate(arrays, axis=0).astype(np.float32, copy=False)
-                        np.add.at(cent, c.file_of(rows[ok]), vecs[ok])
-                cent /= np.maximum(np.linalg.norm(cent, axis=1, keepdims=True), 1e-9)
-                self._centroids = cent
-        return cent
+            if self._centroids is None:
+                spec = _file_centroid_index()
+                index = self._indexes.get(spec.name)
+                if not isinstance(index, CentroidIndex):
+                    index = rebuild_index(spec.name, self._store)
+                ids, _ = index.scores(np.zeros((1, index.dim), dtype=np.float32))
+                self._centroids = (index, self._ranker.corpus.files_of(np.asarray(ids, dtype=np.int64)))
+        return self._centroids
 
     def _mask(self, languages: tuple[str, ...], globs: tuple[str, ...]) -> RowFilter | None:
         """The language and path filters, for the rows a query scores (None: every row). Both

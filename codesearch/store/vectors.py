@@ -368,12 +368,36 @@ class VectorCache(SegmentArrays):
             (model, kind),
             kind,
         )
+        yield from self._batches(cur, batch)
+
+    def _batches(self, cur: sqlite3.Cursor, batch: int) -> Iterator[tuple[np.ndarray, list[np.ndarray]]]:
+        """``(first column as int64, arrays of the rest)`` of ``cur``'s rows, ``batch`` at a time."""
         self._cursors += 1
         try:
             while rows := cur.fetchmany(batch):
                 yield (np.asarray([r[0] for r in rows], dtype=np.int64), [self._array(*r[1:]) for r in rows])
         finally:
             self._cursors -= 1
+
+    def iter_vectors_by_file(
+        self, kind: str, file_ids: Sequence[int] | None = None, batch: int = 4096
+    ) -> Iterator[tuple[np.ndarray, list[np.ndarray]]]:
+        """``(file id of each chunk, its vector)`` for the chunks with a vector of the
+        per-chunk ``kind``, in batches, grouped by file (every chunk of a file in a row, by
+        file id); only the files ``file_ids`` when given. What a per-file mean of chunk
+        vectors is made from (`codesearch.indexes.dense.CentroidIndex`)."""
+        model = self.model_identity(kind)
+        if model is None or VECTOR_KINDS[kind].per_file:
+            return
+        sql = (
+            "SELECT c.file_id, {cols} FROM chunks c CROSS JOIN vectors v ON v.text_hash = c.text_hash"
+            " AND v.model = ? AND v.kind = ?"
+        )
+        parts = [None] if file_ids is None else list(chunked(sorted({int(f) for f in file_ids})))
+        for part in parts:
+            where = "" if part is None else f" WHERE c.file_id IN ({','.join('?' * len(part))})"
+            cur = self._vector_rows(sql + where + " ORDER BY c.file_id", (model, kind, *(part or ())), kind)
+            yield from self._batches(cur, batch)
 
     def _vector_rows(self, sql: str, params: Sequence[object], kind: str) -> sqlite3.Cursor:
         """Run a vector read (``{cols}`` in ``sql`` the columns :meth:`_array` takes, table
@@ -402,6 +426,14 @@ class VectorCache(SegmentArrays):
             return decode_array(n, dim, self.segments.read(seg, off, n * dim * 2, crc))
         except SegmentError as exc:
             raise schema.corrupt(self.path, exc) from None
+
+    def vectors_mark(self) -> int | None:
+        """The largest row id of the vectors table: it grows whenever a vector is added or
+        replaced (one lookup); None on a store from before row ids (schema 1)."""
+        try:
+            return self._exec("SELECT max(id) FROM vectors").fetchone()[0]
+        except sqlite3.OperationalError:
+            return None
 
     def count_with_vectors(self, kind: str) -> int:
         """How many chunks (or files, kind ``file``) have a cached vector of ``kind``."""
@@ -445,6 +477,14 @@ class VectorCache(SegmentArrays):
         for part in chunked([int(i) for i in ids]):
             marks = ",".join("?" * len(part))
             out.update(self._exec(f"SELECT id, text_hash FROM chunks WHERE id IN ({marks})", part).fetchall())
+        return out
+
+    def files_of_chunks(self, ids: Iterable[int]) -> set[int]:
+        """The ids of the files that hold the chunks ``ids`` (those that exist)."""
+        out: set[int] = set()
+        for part in chunked([int(i) for i in ids]):
+            marks = ",".join("?" * len(part))
+            out.update(r[0] for r in self._exec(f"SELECT DISTINCT file_id FROM chunks WHERE id IN ({marks})", part))
         return out
 
     def file_ids_with_hashes(self, hashes: Iterable[str]) -> list[int]:

@@ -424,6 +424,116 @@ def test_deleted_file_leaves_the_vector_indexes(model_repo, counting):
     assert fid not in index_ids(derived["dense_files"])
 
 
+def test_file_centroids_of_a_short_context_model_follow_each_run_by_its_delta(model_repo, counting, monkeypatch):
+    """A model that reads fewer than FILE_VECTOR_MIN_TOKENS tokens gets each file's mean chunk
+    vector kept as an index when the index is written (the searcher then reads no chunk
+    vector for them); each later run updates the files it changed, removed or added."""
+    monkeypatch.setattr(registry, "FILE_VECTOR_MIN_TOKENS", 10**6)  # the tiny model counts as short
+    build_index(model_repo, encoders=counting)
+    idir = pipeline.default_index_dir(model_repo)
+    assert "file_centroids" in check_consistent(idir)
+    real, rebuilt = registry._rebuild_index, []
+    monkeypatch.setattr(registry, "_rebuild_index", lambda n, s, *a, **kw: rebuilt.append(n) or real(n, s, *a, **kw))
+    src = (model_repo / "pkg/mod1.py").read_text()
+    (model_repo / "pkg/mod1.py").write_text(src.replace("value_3 = mod1_fn1_helper(3)", "changed_0 = other(3)"))
+    (model_repo / "pkg/mod0.py").unlink()
+    (model_repo / "pkg/new.py").write_text(module_source("new_mod", 2, 4))
+    build_index(model_repo, encoders=counting)
+    assert rebuilt == []  # every index updated by the run's delta
+    derived = check_consistent(idir)
+    with _store(model_repo) as s:
+        assert len(derived["file_centroids"]) == s.count("files")
+
+
+def test_opening_counts_no_chunk_vector_until_the_store_gains_one_the_index_lacks(model_repo, counting, monkeypatch):
+    """A searcher's open checks each vector index against the store's count of vectors, a
+    join over every chunk (seconds at 600k chunks): skipped while the store's vectors are
+    as they were when the index was saved, done (and the drift healed) once they are not,
+    as after a run killed between committing vectors and writing its indexes."""
+    from codesearch.indexes.dense import DenseIndex
+    from codesearch.store.vectors import VectorCache
+
+    build_index(model_repo, encoders=counting)
+    idir = pipeline.default_index_dir(model_repo)
+    counted = []
+    real = VectorCache.count_with_vectors
+    monkeypatch.setattr(VectorCache, "count_with_vectors", lambda self, kind: counted.append(kind) or real(self, kind))
+    with _store(model_repo) as s:
+        n = len(load_derived(idir, s)["dense_chunks"])
+    assert counted == []
+    # The dense index as a run killed before its publication leaves it: one vector short of
+    # the store, which committed that vector after the index was written.
+    index = DenseIndex.load(idir / "dense_chunks")
+    missing = int(index.ids()[0])
+    index.remove([missing])
+    index.save(idir / "dense_chunks")
+    with _store(model_repo) as s:
+        (h,) = s.hashes_of_chunks([missing]).values()
+        _, (vector,) = s.vectors_for([missing], "dense")
+        s.put_vectors(s.models()["dense"].identity, "dense", [(h, vector)])
+        derived = load_derived(idir, s)
+    assert "dense" in counted and len(derived["dense_chunks"]) == n and missing in derived["dense_chunks"].ids()
+
+
+def test_a_damaged_vector_index_is_rebuilt_with_a_one_line_notice(model_repo, counting, caplog):
+    build_index(model_repo, encoders=counting)
+    idir = pipeline.default_index_dir(model_repo)
+    (idir / "dense_chunks" / "manifest.json").write_bytes(b"{not json")
+    with caplog.at_level("WARNING", logger="codesearch.indexes.registry"):
+        check_consistent(idir)
+    (notice,) = [r.getMessage() for r in caplog.records]
+    assert "dense_chunks" in notice and "rebuilding" in notice and "\n" not in notice
+    caplog.clear()
+    check_consistent(idir)  # the rebuilt index was saved: the next open says nothing
+    assert caplog.records == []
+
+
+def test_vector_indexes_of_the_format_before_folders_open_as_they_are_and_the_next_run_replaces_them(
+    model_repo, counting, monkeypatch
+):
+    """An index whose dense files are the one-file FAISS format (``dense_chunks.faiss``) and
+    whose PLAID index is one ``index.npz`` opens without a rebuild; the next run writes the
+    folders and removes the old files."""
+    import json
+
+    import faiss
+    import numpy as np
+
+    from codesearch.indexes.plaid import PlaidIndex
+
+    build_index(model_repo, encoders=counting)
+    idir = pipeline.default_index_dir(model_repo)
+    for name in ("dense_chunks", "dense_files"):  # write each as the code before folders did
+        ids, vectors = registry._load_index(name, idir / name)._all_vectors()
+        old = faiss.IndexIDMap2(faiss.IndexFlatIP(vectors.shape[1]))
+        old.add_with_ids(vectors, ids)
+        payload = faiss.serialize_index(old).tobytes()
+        head = json.dumps({"format": 1, "dim": vectors.shape[1], "kind": "exact", "count": len(ids),
+                           "exact_threshold": 50_000, "nlist": None, "nprobe": None, "seed": 0, "trained_on": 0,
+                           "payload_bytes": len(payload), "crc32": __import__("zlib").crc32(payload)}).encode()
+        (idir / f"{name}.faiss").write_bytes(b"CSDENSE\n" + len(head).to_bytes(4, "little") + head + payload)
+        shutil.rmtree(idir / name)
+    plaid = PlaidIndex.load(idir / "plaid")
+    vectors = np.asarray(plaid._vectors, dtype=np.float16)
+    manifest = {"format": 1, "kind": "exact", "dim": plaid.dim, "n_docs": len(plaid._ids), "n_tokens": len(vectors),
+                "shapes": {"ids": [len(plaid._ids)], "doclens": [len(plaid._ids)], "vectors": list(vectors.shape)},
+                "params": plaid._params(), "build_error": 0.0, "added_error_sum": 0.0, "added_tokens": 0}
+    shutil.rmtree(idir / "plaid")
+    (idir / "plaid").mkdir()
+    np.savez(idir / "plaid" / "index.npz", ids=plaid._ids, doclens=plaid._doclens, vectors=vectors,
+             manifest=np.frombuffer(json.dumps(manifest).encode(), np.uint8))
+    real, rebuilt = registry._rebuild_index, []
+    monkeypatch.setattr(registry, "_rebuild_index", lambda n, s, *a, **kw: rebuilt.append(n) or real(n, s, *a, **kw))
+    check_consistent(idir)
+    assert rebuilt == []
+    (model_repo / "pkg/mod0.py").unlink()
+    build_index(model_repo, encoders=counting)
+    check_consistent(idir)
+    assert rebuilt == []
+    assert not (idir / "dense_chunks.faiss").exists() and not (idir / "dense_files.faiss").exists()
+    assert (idir / "dense_chunks" / "manifest.json").is_file() and not (idir / "plaid" / "index.npz").exists()
+
+
 def test_another_model_is_a_mismatch(model_repo, counting, tmp_path_factory):
     from fixtures import models
 

@@ -284,7 +284,9 @@ def test_hybrid_finds_what_each_index_misses(minilm_index):
 def test_file_centroids_are_the_normalised_mean_of_chunk_vectors(minilm_index):
     import numpy as np
 
-    cent = minilm_index._file_centroids()
+    index, file_rows = minilm_index._file_centroids()
+    # Made when the index was written (MiniLM reads 256 tokens), not by the searcher.
+    assert minilm_index._indexes["file_centroids"] is index
     c = minilm_index._ranker.corpus
     ids, vecs = minilm_index._indexes["dense_chunks"]._all_vectors()
     rows = minilm_index._ranker.rows_of(ids)
@@ -293,7 +295,9 @@ def test_file_centroids_are_the_normalised_mean_of_chunk_vectors(minilm_index):
     mine = vecs[c.file_of(rows) == f]
     assert len(mine) >= 1
     expected = mine.sum(axis=0) / np.linalg.norm(mine.sum(axis=0))
-    np.testing.assert_allclose(cent[f], expected, rtol=1e-5, atol=1e-6)
+    file_ids, cents = index._all_vectors()
+    assert sorted(file_ids.tolist()) == sorted(c.file_ids[file_rows].tolist())
+    np.testing.assert_allclose(cents[file_ids == c.file_ids[f]][0], expected, rtol=1e-5, atol=1e-6)
     assert "dense_files" in minilm_index.search("retry with backoff", k=3).indexes_used
 
 

@@ -28,16 +28,18 @@ error of added tokens is tracked; when it grows past ``rebuild_ratio`` times the
 build time the data has drifted from the centroids and :attr:`PlaidIndex.needs_rebuild`
 turns true; :meth:`PlaidIndex.rebuild` retrains.
 
-On disk: one ``.npz`` (numpy arrays plus a JSON manifest stored as bytes, loaded with
-``allow_pickle=False``), written to a temp name and ``os.replace``d. Zip CRCs catch
-damaged bytes, the manifest's shapes catch the rest.
+On disk: a folder of ``.npy`` arrays named by a manifest (`codesearch.indexes.folder`),
+opened memory-mapped: a query reads the inverted lists it probes and its candidates'
+tokens, nothing else. Documents added since the base was written live in a tail that a
+save rewrites alone; removed ones are skipped until a fold or compaction drops them.
 
 Codes made elsewhere: an index run's workers may compress the documents they encode under
 a codec trained early on a sample (`coded`); ``add(coded=...)`` takes their codes under the
 codec that made them, and a build takes that codec instead of training one.
 
 Modules: `index` (`PlaidIndex`), `codec` (`ResidualCodec`), `coded` (codes made by the
-workers), `maxsim` (exact MaxSim), `search` (the PLAID path), `files` (save and load).
+workers), `maxsim` (exact MaxSim), `search` (the PLAID path), `files` (save and load),
+`tokens` (a per-token array: mapped base and in-memory tail).
 """
 
 from codesearch.indexes.plaid.codec import ResidualCodec

@@ -20,12 +20,17 @@ from codesearch.indexes.plaid.maxsim import (
     exact_maxsim,
 )
 from codesearch.indexes.plaid.search import PlaidSearch
+from codesearch.indexes.plaid.tokens import Tokens
+from codesearch.indexes.threads import one_thread
 
 __all__ = ["EXACT_TOKEN_THRESHOLD", "PlaidIndex"]
 
 #: Token count below which the index stays exact (float16 vectors, brute-force MaxSim).
 #: 2^18 tokens x 128 dims x 2 bytes = 64 MiB, and a full scan stays around 100 ms.
 EXACT_TOKEN_THRESHOLD = 2**18
+#: Tokens added since the base was written are folded into it past max(_MIN_TAIL, base / 8):
+#: the tail is held in memory and rewritten by every save; the base only by a fold.
+_MIN_TAIL = 2**16
 
 
 class PlaidIndex(PlaidSearch, PlaidFiles):
@@ -108,23 +113,40 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         self.seed = int(seed)
         self._reset_docs()
         # Exact mode payload.
-        self._vectors: np.ndarray | None = None  # (tokens, dim) float16
+        self._vectors: Tokens | None = None  # (tokens, dim) float16
         # PLAID payload.
         self._codec: ResidualCodec | None = None
-        self._codes: np.ndarray | None = None  # (tokens,) centroid ids
-        self._residuals: np.ndarray | None = None  # (tokens, packed_dim) uint8
+        self._codes: Tokens | None = None  # (tokens,) centroid ids
+        self._residuals: Tokens | None = None  # (tokens, packed_dim) uint8
         self._build_error = 0.0  # mean reconstruction error (L2) of the build's tokens
         self._added_error_sum = 0.0  # ... summed over tokens added since the build
         self._added_tokens = 0
-        self._ivf: tuple[np.ndarray, np.ndarray] | None = None  # centroid -> doc positions
+        # Centroid -> doc positions (CSR) of the base's documents (mapped when loaded) and
+        # of the tail's (made on first use); see PlaidSearch._inverted_lists.
+        self._ivf: tuple[np.ndarray, np.ndarray] | None = None
+        self._tail_ivf: tuple[np.ndarray, np.ndarray] | None = None
+        #: What the index registry knows the store's vectors by when it saved this index
+        #: (kept in the manifest; `codesearch.indexes.registry`).
+        self.store_mark: str | None = None
 
     def _reset_docs(self) -> None:
         self._ids = np.empty(0, dtype=np.int64)  # (docs,) one per stored document, dead too
         self._doclens = np.empty(0, dtype=np.int64)
         self._starts = np.empty(0, dtype=np.int64)  # first token of each document
         self._alive = np.empty(0, dtype=bool)
-        self._pos: dict[int, int] = {}  # id -> document position, live documents only
+        self._pos_map: dict[int, int] | None = None  # id -> position of live documents (see _pos)
         self._dead_tokens = 0
+        self._base_docs = 0  # documents [0, _base_docs) have their tokens in the base
+        self._written = None  # (folder, manifest entries) where the base is saved already
+
+    @property
+    def _pos(self) -> dict[int, int]:
+        """Id -> document position, live documents only: made on first use (an add or a
+        remove), not when an index is opened for searching (600k entries cost ~0.1 s)."""
+        if self._pos_map is None:
+            live = np.flatnonzero(self._alive)
+            self._pos_map = dict(zip(self._ids[live].tolist(), live.tolist()))
+        return self._pos_map
 
     # -- properties ----------------------------------------------------------------------
 
@@ -139,7 +161,7 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         return "plaid" if self._codec is not None else "exact"
 
     def __len__(self) -> int:
-        return len(self._pos)
+        return int(np.count_nonzero(self._alive))
 
     @property
     def n_tokens(self) -> int:
@@ -172,8 +194,8 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         for doc_id in ids:
             pos = self._pos.get(int(doc_id))
             if pos is not None:
-                at = slice(int(self._starts[pos]), int(self._starts[pos] + self._doclens[pos]))
-                out[int(doc_id)] = (self._codes[at], self._residuals[at])
+                at = np.arange(int(self._starts[pos]), int(self._starts[pos] + self._doclens[pos]))
+                out[int(doc_id)] = (self._codes.take(at), self._residuals.take(at))
         return out
 
     @property
@@ -240,23 +262,28 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
                 coded = Coded(coded.codec, coded.error, [None] * len(old_docs) + list(coded.docs))
             self._build(np.concatenate([old_ids, ids]), old_docs + docs, coded)
             return
-        base = len(self._codes) if self._codec is not None else self._payload_len()
+        base = self._payload_len()
         if self._codec is not None:
             codes, packed, err_sum = self._compress(docs, lens, coded)
             self._added_error_sum += err_sum
             self._added_tokens += int(lens.sum())
-            self._codes = np.concatenate([self._codes, codes])
-            self._residuals = np.concatenate([self._residuals, packed])
-            self._ivf = None
+            self._codes.append(codes)
+            self._residuals.append(packed)
+            self._tail_ivf = None
         else:
             new = _flat(docs, self._dim).astype(np.float16)
-            self._vectors = new if self._vectors is None else np.concatenate([self._vectors, new])
+            if self._vectors is None:
+                self._vectors = Tokens(np.empty((0, self._dim), np.float16))
+            self._vectors.append(new)
         first = len(self._ids)
         self._ids = np.concatenate([self._ids, ids])
         self._doclens = np.concatenate([self._doclens, lens])
         self._starts = np.concatenate([self._starts, base + _segment_starts(lens)])
         self._alive = np.concatenate([self._alive, np.ones(len(ids), dtype=bool)])
         self._pos.update(zip(ids.tolist(), range(first, first + len(ids))))
+        payload = self._codes if self._codec is not None else self._vectors
+        if len(payload.tail) > max(_MIN_TAIL, len(payload.base) // 8):
+            self._compact()  # fold the tail into a new base
 
     def coded_only(self, ids: np.ndarray, lens: np.ndarray, coded: Coded | None) -> np.ndarray:
         """Which of the documents an :meth:`add` of ``ids`` (``lens`` tokens each) with
@@ -313,7 +340,7 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         all_ids = np.concatenate([live_ids, np.array(list(given), dtype=np.int64)])
         docs += list(given.values())
         self._codec = self._codes = self._residuals = self._vectors = None
-        self._ivf = None
+        self._ivf = self._tail_ivf = None
         self._reset_docs()
         if not len(all_ids):
             return
@@ -361,13 +388,14 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         live = np.flatnonzero(self._alive & (self._doclens > 0))
         if not len(live):
             return [(_EMPTY_IDS.copy(), _EMPTY_SCORES.copy()) for _ in queries]
-        if self._codec is None:
-            scores = exact_maxsim(self._starts, self._doclens, live, queries, self._exact_vectors)
-            return [_top_k(self._ids[live], s, k) for s in scores.T]
-        return [self._plaid_search(q, k, nprobe or self.nprobe, ndocs) for q in queries]
+        with one_thread():
+            if self._codec is None:
+                scores = exact_maxsim(self._starts, self._doclens, live, queries, self._exact_vectors)
+                return [_top_k(self._ids[live], s, k) for s in scores.T]
+            return [self._plaid_search(q, k, nprobe or self.nprobe, ndocs) for q in queries]
 
     def _exact_vectors(self, tokens: np.ndarray) -> np.ndarray:
-        return self._vectors[tokens].astype(np.float32)
+        return self._vectors.take(tokens).astype(np.float32)
 
 
     # -- internals -----------------------------------------------------------------------
@@ -421,16 +449,16 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
             self._codec = codec
             build_error = float(codec.error(flat, codes, packed)[held_out].mean())
         self._vectors = None
-        self._codes, self._residuals = codes, packed
+        self._codes, self._residuals = Tokens(codes), Tokens(packed)
         self._build_error = build_error
         self._added_error_sum, self._added_tokens = 0.0, 0
-        self._ivf = None
+        self._reset_docs()
         self._ids = ids.astype(np.int64)
         self._doclens = lens
         self._starts = _segment_starts(lens)
         self._alive = np.ones(len(ids), dtype=bool)
-        self._pos = {int(i): p for p, i in enumerate(self._ids.tolist())}
-        self._dead_tokens = 0
+        self._base_docs = len(ids)
+        self._ivf = self._tail_ivf = None
 
     def _compress(
         self, docs: Sequence[np.ndarray], lens: np.ndarray, coded: Coded | None
@@ -469,21 +497,22 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         return coded is not None and coded.codec.nbits == self.nbits and coded.codec.dim == self._dim
 
     def _compact(self) -> None:
-        """Drop the tokens of removed documents and renumber positions."""
+        """A new base of the live documents, base and tail (the tokens of removed documents
+        dropped, positions renumbered): in memory, written whole by the next save."""
         live = np.flatnonzero(self._alive)
         tokens = _token_index(self._starts[live], self._doclens[live])
         if self._codec is not None:
-            self._codes = self._codes[tokens]
-            self._residuals = self._residuals[tokens]
+            self._codes = Tokens(self._codes.take(tokens))
+            self._residuals = Tokens(self._residuals.take(tokens))
         elif self._vectors is not None:
-            self._vectors = self._vectors[tokens]
-        self._ids = self._ids[live]
-        self._doclens = self._doclens[live]
+            self._vectors = Tokens(self._vectors.take(tokens))
+        ids, doclens = self._ids[live], self._doclens[live]
+        self._reset_docs()
+        self._ids, self._doclens = ids, doclens
         self._starts = _segment_starts(self._doclens)
         self._alive = np.ones(len(live), dtype=bool)
-        self._pos = {int(i): p for p, i in enumerate(self._ids.tolist())}
-        self._dead_tokens = 0
-        self._ivf = None
+        self._base_docs = len(live)
+        self._ivf = self._tail_ivf = None
 
 
 def _taken(codec: ResidualCodec, lens: np.ndarray, coded: Coded | None) -> np.ndarray:

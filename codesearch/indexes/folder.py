@@ -1,0 +1,220 @@
+"""An index on disk as a folder of arrays, opened memory-mapped: what the vector indexes
+(`codesearch.indexes.dense`, `codesearch.indexes.plaid`) are saved as.
+
+``manifest.json`` names every file of the index, with its dtype, shape, size and CRC-32, and
+the index's own header. Files are written first, each under a fresh name
+(``codes.5f0c9a1e.npy``), then the manifest is replaced (temp name, fsync, ``os.replace``),
+then the files no manifest names are removed. A reader therefore sees the old index or the
+new one, never a mix, and a save rewrites only the files that changed: an index run that
+edits a few files of a 600k-chunk repository rewrites the small files of its additions and
+removals, not the large arrays.
+
+Opening reads the manifest and the ``.npy`` headers only: arrays are mapped read-only
+(``np.load(mmap_mode="r", allow_pickle=False)``), so a query touches just the pages it
+reads. Every shape and dtype is checked against the manifest, and a file's size against
+its header, so a damaged or truncated file is an `IndexCorruptError` on opening, never a
+crash on a later read. Files up to `CHECKED_BYTES` are also checked against their CRC on
+opening; larger ones (token codes, vectors) only when asked (``verify=True``): a flipped
+bit in them changes a score, not a shape or an offset.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from codesearch.errors import IndexCorruptError
+from codesearch.store import atomic_write
+from codesearch.types import JSONDict
+
+__all__ = ["CHECKED_BYTES", "MANIFEST", "Blob", "Folder", "Kept", "file_crc32", "read_folder", "write_folder"]
+
+MANIFEST = "manifest.json"
+#: Files up to this size are checked against their CRC whenever they are opened (a few ms);
+#: larger ones only by ``verify=True``.
+CHECKED_BYTES = 16 << 20
+_BLOCK = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """A file of the index as it is on disk already: saved again under the same name."""
+
+    entry: JSONDict
+
+
+@dataclass(frozen=True, slots=True)
+class Blob:
+    """A file that is not a numpy array (a FAISS index): ``write(path)`` makes it."""
+
+    suffix: str
+    write: Callable[[Path], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Folder:
+    """An opened index folder: its header, its arrays (mapped), and its other files' paths."""
+
+    path: Path
+    header: JSONDict
+    arrays: dict[str, np.ndarray]
+    blobs: dict[str, Path]
+    entries: dict[str, JSONDict]
+
+    def kept(self, name: str) -> Kept:
+        """The file ``name`` to be saved again as it is."""
+        return Kept(self.entries[name])
+
+
+def corrupt(path: Path, what: str, why: str) -> IndexCorruptError:
+    return IndexCorruptError(f"{what} '{path}' cannot be read ({why}); run 'codesearch index --rebuild' to recreate it")
+
+
+def file_crc32(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as fh:
+        while block := fh.read(_BLOCK):
+            crc = zlib.crc32(block, crc)
+    return crc
+
+
+def write_folder(
+    path: str | os.PathLike, header: JSONDict, files: Mapping[str, np.ndarray | Kept | Blob]
+) -> dict[str, JSONDict]:
+    """Save ``files`` (arrays, files kept as they are, blobs) and ``header`` as the index at
+    ``path``, atomically (see the module's notes); returns the manifest's entries. The
+    header is written last, so a blob's writer may still fill it in."""
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    entries: dict[str, JSONDict] = {}
+    for name, value in files.items():
+        if isinstance(value, Kept):
+            entries[name] = value.entry
+            continue
+        token = os.urandom(4).hex()
+        if isinstance(value, Blob):
+            target = folder / f"{name}.{token}.{value.suffix}"
+            value.write(target)
+            entries[name] = {"file": target.name, "bytes": target.stat().st_size, "crc32": file_crc32(target)}
+            continue
+        array = np.ascontiguousarray(value)
+        target = folder / f"{name}.{token}.npy"
+        with atomic_write(target) as fh:
+            np.save(fh, array, allow_pickle=False)
+        entries[name] = {
+            "file": target.name,
+            "dtype": array.dtype.str,
+            "shape": list(array.shape),
+            "bytes": target.stat().st_size,
+            "crc32": zlib.crc32(memoryview(array).cast("B")) if array.size else 0,
+        }
+    manifest = {"header": header, "files": entries}
+    with atomic_write(folder / MANIFEST) as fh:
+        fh.write(json.dumps(manifest, sort_keys=True).encode())
+    _fsync_dir(folder)
+    keep = {MANIFEST, *(e["file"] for e in entries.values())}
+    for child in folder.iterdir():
+        # Files of earlier saves (and of the format before manifests); not another
+        # writer's temp files (`atomic_write` names them with a leading dot).
+        if child.name not in keep and not child.name.startswith(".") and child.is_file():
+            child.unlink(missing_ok=True)
+    return entries
+
+
+def read_folder(path: str | os.PathLike, what: str, *, verify: bool = False) -> Folder:
+    """Open the index folder at ``path`` (``what`` names it in errors).
+
+    Raises
+    ------
+    IndexCorruptError
+        No manifest, or a file missing, cut short, of another shape or dtype than the
+        manifest says, or failing its CRC.
+    """
+    folder = Path(path)
+    for attempt in range(3):
+        try:
+            return _read(folder, what, verify)
+        except FileNotFoundError as exc:
+            # A save replaced the manifest and removed the files of the one read: read again.
+            if attempt == 2 or not (folder / MANIFEST).is_file():
+                raise corrupt(folder, what, f"{Path(exc.filename or '').name or 'a file'} is missing") from exc
+    raise AssertionError("unreachable")
+
+
+def _read(folder: Path, what: str, verify: bool) -> Folder:
+    try:
+        manifest = json.loads((folder / MANIFEST).read_bytes())
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError) as exc:
+        raise corrupt(folder, what, f"manifest: {type(exc).__name__}") from exc
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("header"), dict):
+        raise corrupt(folder, what, "manifest is not an index manifest")
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        raise corrupt(folder, what, "manifest lists no files")
+    arrays: dict[str, np.ndarray] = {}
+    blobs: dict[str, Path] = {}
+    for name, entry in files.items():
+        try:
+            file = folder / _file_name(entry)
+            size = file.stat().st_size
+            if size != int(entry["bytes"]):
+                raise corrupt(folder, what, f"{file.name} is {size} bytes, the manifest says {entry['bytes']}")
+            if "dtype" not in entry:
+                if (verify or size <= CHECKED_BYTES) and file_crc32(file) != int(entry["crc32"]):
+                    raise corrupt(folder, what, f"{file.name} fails its checksum")
+                blobs[name] = file
+                continue
+            arrays[name] = _open_array(file, entry, verify or size <= CHECKED_BYTES)
+        except (IndexCorruptError, FileNotFoundError):
+            raise
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise corrupt(folder, what, f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}") from exc
+        except IndexError as exc:  # (a mangled entry)
+            raise corrupt(folder, what, f"{name}: bad manifest entry") from exc
+    return Folder(folder, manifest["header"], arrays, blobs, files)
+
+
+def _file_name(entry: object) -> str:
+    if not isinstance(entry, dict) or not isinstance(entry.get("file"), str):
+        raise ValueError("bad manifest entry")
+    name = entry["file"]
+    if not name or "/" in name or "\\" in name or name.startswith("."):
+        raise ValueError(f"bad file name {name[:40]!r}")
+    return name
+
+
+def _open_array(file: Path, entry: JSONDict, check_crc: bool) -> np.ndarray:
+    shape = tuple(int(n) for n in entry["shape"])
+    dtype = np.dtype(str(entry["dtype"]))
+    if dtype.hasobject:
+        raise ValueError("object arrays are not index arrays")
+    # Mapped when it has bytes (numpy cannot map an empty array); checked against the
+    # manifest either way, and numpy checks the file holds what the .npy header says.
+    empty = int(np.prod(shape)) == 0
+    array = np.load(file, allow_pickle=False, mmap_mode=None if empty else "r")
+    if array.shape != shape or array.dtype != dtype:
+        raise ValueError(f"holds {array.dtype}{list(array.shape)}, the manifest says {dtype}{list(shape)}")
+    if check_crc and not empty and zlib.crc32(memoryview(np.ascontiguousarray(array)).cast("B")) != int(entry["crc32"]):
+        raise ValueError("fails its checksum")
+    return array
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
