@@ -8,6 +8,7 @@ its vector kind one entry in `codesearch.store.VECTOR_KINDS`.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os

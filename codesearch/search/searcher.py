@@ -21,7 +21,14 @@ from codesearch.encoder.base import Encoders
 from codesearch.errors import CodeSearchError, IndexCorruptError, NotIndexedError, QueryError
 from codesearch.globs import GlobFilter
 from codesearch.indexes.dense import CentroidIndex
-from codesearch.indexes.registry import DERIVED, FILE_VECTOR_MIN_TOKENS, IndexSpec, load_derived, rebuild_index, rebuild_lexical
+from codesearch.indexes.registry import (
+    DERIVED,
+    FILE_VECTOR_MIN_TOKENS,
+    IndexSpec,
+    load_derived,
+    rebuild_index,
+    rebuild_lexical,
+)
 from codesearch.search.phrase import CANDIDATES, exact_first, pasted_phrase
 from codesearch.search.query import Query, analyse
 from codesearch.search.ranking import Candidates, Ranker, RankingParams, RowFilter, Scored
