@@ -4,7 +4,7 @@ Usage: python examples/rag_retriever.py PATH QUESTION [--lexical]
 
 Prints the prompt you would send to a model: the question plus the best chunks, each
 labelled with its `path:start-end` so the answer can cite it. With langchain-core installed
-(pip install "codesearch[langchain]") the same context comes from a LangChain retriever.
+(pip install "codesearch-local[langchain]") the same context comes from a LangChain retriever.
 """
 
 from __future__ import annotations

@@ -119,7 +119,7 @@ def test_every_install_line_of_the_readme_names_the_distribution():
 
 def test_no_docstring_or_message_in_the_package_names_the_other_project():
     wrong = {str(path.relative_to(ROOT)): _wrong(path.read_text(encoding="utf-8"))
-             for path in sorted((ROOT / "codesearch").rglob("*.py"))}
+             for top in ("codesearch", "examples", "benchmarks") for path in sorted((ROOT / top).rglob("*.py"))}
     assert {path: found for path, found in wrong.items() if found} == {}
 
 

@@ -69,20 +69,22 @@ def _release(keys: list[object]) -> None:
 #: Limits of a connection to someone else's SQLite file (`open_untrusted`): no value longer
 #: than a chunk or an array can be (a 1 MB file's text, a 2 MB inline array of old stores),
 #: no statement past what our few SELECTs compile to, nothing attached, no trigger depth.
-UNTRUSTED_LIMITS = {
-    sqlite3.SQLITE_LIMIT_LENGTH: 16 << 20,
-    sqlite3.SQLITE_LIMIT_SQL_LENGTH: 100_000,
-    sqlite3.SQLITE_LIMIT_COLUMN: 100,
-    sqlite3.SQLITE_LIMIT_EXPR_DEPTH: 100,
-    sqlite3.SQLITE_LIMIT_COMPOUND_SELECT: 4,
-    sqlite3.SQLITE_LIMIT_VDBE_OP: 100_000,
-    sqlite3.SQLITE_LIMIT_FUNCTION_ARG: 8,
-    sqlite3.SQLITE_LIMIT_ATTACHED: 0,
-    sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH: 100,
-    sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER: 1000,
-    sqlite3.SQLITE_LIMIT_TRIGGER_DEPTH: 1,
-    sqlite3.SQLITE_LIMIT_WORKER_THREADS: 0,
-}
+#: (Python 3.10's sqlite3 has neither the names nor ``setlimit``: there a connection runs without them.)
+_LIMITS = (
+    ("SQLITE_LIMIT_LENGTH", 16 << 20),
+    ("SQLITE_LIMIT_SQL_LENGTH", 100_000),
+    ("SQLITE_LIMIT_COLUMN", 100),
+    ("SQLITE_LIMIT_EXPR_DEPTH", 100),
+    ("SQLITE_LIMIT_COMPOUND_SELECT", 4),
+    ("SQLITE_LIMIT_VDBE_OP", 100_000),
+    ("SQLITE_LIMIT_FUNCTION_ARG", 8),
+    ("SQLITE_LIMIT_ATTACHED", 0),
+    ("SQLITE_LIMIT_LIKE_PATTERN_LENGTH", 100),
+    ("SQLITE_LIMIT_VARIABLE_NUMBER", 1000),
+    ("SQLITE_LIMIT_TRIGGER_DEPTH", 1),
+    ("SQLITE_LIMIT_WORKER_THREADS", 0),
+)
+UNTRUSTED_LIMITS = {getattr(sqlite3, name): value for name, value in _LIMITS if hasattr(sqlite3, name)}
 #: SQLite VM steps between two looks at the clock of `open_untrusted`'s budget.
 _PROGRESS_STEPS = 10_000
 
@@ -106,7 +108,7 @@ def open_untrusted(path: str | os.PathLike[str], *, deadline: float) -> sqlite3.
     uri = Path(path).resolve().as_uri() + "?mode=ro&immutable=1"
     conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
     try:
-        for limit, value in UNTRUSTED_LIMITS.items():
+        for limit, value in UNTRUSTED_LIMITS.items() if hasattr(conn, "setlimit") else ():
             conn.setlimit(limit, value)
         for pragma in ("trusted_schema = OFF", "cell_size_check = ON", "query_only = ON", "mmap_size = 0",
                        "cache_size = -16000"):
