@@ -263,6 +263,10 @@ def _keep_vector_share(searcher, share: float, seed: int = 0) -> None:
     drop = ids[rng.random(len(ids)) >= share]
     dense.remove(drop)
     searcher._covered = searcher._coverage()
+    # The file centroids of what stays: each live file's mean kept chunk vector, as the
+    # index run makes them (`registry.DERIVED["file_centroids"]`).
+    from codesearch.indexes.dense import CentroidIndex
+
     c = searcher._ranker.corpus
     cent = np.zeros((c.n_files, dense.dim), dtype=np.float32)
     dropped = set(drop.tolist())
@@ -272,8 +276,12 @@ def _keep_vector_share(searcher, share: float, seed: int = 0) -> None:
         if keep.any():
             vecs = np.concatenate(arrays, axis=0).astype(np.float32, copy=False)
             np.add.at(cent, c.file_of(rows[keep]), vecs[keep])
+    files = np.flatnonzero(np.linalg.norm(cent, axis=1) > 0)
     cent /= np.maximum(np.linalg.norm(cent, axis=1, keepdims=True), 1e-9)
-    searcher._centroids = cent
+    index = CentroidIndex(dense.dim)
+    index.add(c.file_ids(files).astype(np.int64), cent[files])
+    ids, _ = index.scores(np.zeros((1, dense.dim), dtype=np.float32))
+    searcher._centroids = (index, c.files_of(np.asarray(ids, dtype=np.int64)))
 
 
 def report(results: list[dict], per_repo: list[dict], modes: list[str]) -> None:

@@ -39,6 +39,20 @@ segment, the postings of its terms (a bisection of the sorted term table), the l
 of their files, and the rows of its candidate files: nothing proportional to the
 repository, and nothing but numpy (a query imports neither scipy nor torch).
 
+Why a format of our own and not tantivy (the Rust engine under Quickwit and ParadeDB, on
+PyPI as ``tantivy``): its BM25 constants are fixed at k1 = 1.2, b = 0.75 in the library
+(``src/query/bm25.rs``; making them settable is an open request upstream, tantivy issue
+2924), and its block-max WAND stores per-block maxima computed with them, so a second
+length normalisation cannot be had from the same postings. The ranking needs two: chunks
+at b = 0.75 and whole files at b = 0.3 (`RankingParams.file_b`; a file's counts are its
+chunks' summed, which a tantivy document cannot give without a second index of files).
+Its document lengths are kept as a one-byte "fieldnorm" code, which moves every score a
+little, and its Python binding answers a query with its top hits, while the ranker reads
+every matching chunk's score and its file's rows (path words, defined names, centrality)
+to fuse the signals. This format keeps what tantivy gives that matters here (immutable
+segments, mapped in place, deletes as a live mask, merges) and scores exactly as the
+earlier in-memory matrix did.
+
 Examples
 --------
 >>> tokenize("getUserName(user_id)", stem=False)
