@@ -101,7 +101,7 @@ def timed(argv, env: dict[str, str], runs: int, before=None, *, importtime: bool
     """Wall seconds of ``runs`` fresh processes (after one warm-up, which also says whether
     torch is imported); ``before()`` runs ahead of each, untimed. ``argv`` may be a function
     of the run's number (a query that differs each time). ``importtime``: every timed run
-    under ``-X importtime`` too (as the numbers before session 10 were taken: it adds
+    under ``-X importtime`` too (as every run was before this became opt-in: it adds
     ~10-30 ms to a process that imports little)."""
     return paired({"": (argv, env)}, runs, before, importtime=importtime)[""]
 
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         envs[label] = env
     env = next(iter(envs.values()))
     exe = _exe()
-    # Whether this codesearch has the per-user daemon (issue 25): the "before" runs had none.
+    # Whether this codesearch has the per-user daemon: the "before" runs had none.
     daemon = subprocess.run([*exe, "daemon", "--help"], env=env, capture_output=True).returncode == 0
     model = args.model or _minilm()
     rows: dict[str, dict] = {}

@@ -1,4 +1,4 @@
-"""The daemon's index jobs and failure modes (issue 25), timed as a user meets them.
+"""The daemon's index jobs and failure modes, timed as a user meets them.
 
 * ``first-index``: ``codesearch index REPO --model M --multi-model none`` with no index yet,
   through the daemon (started by it) and, for comparison, ``--no-daemon`` on a copy;

@@ -1,4 +1,4 @@
-"""What the daemon adds to the index of a new root (issue 27): a second worktree indexed
+"""What the daemon adds to the index of a new root: a second worktree indexed
 through the daemon's registry against the same run in a `CodeSearch` of its own, as the CLI
 makes it without a daemon.
 

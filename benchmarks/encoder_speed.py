@@ -33,8 +33,9 @@ capping the instruction sets torch's kernels use, e.g. AVX2 only:
         python benchmarks/encoder_speed.py --suite paired --layers 6 --workloads chunks40 --threads 1
 
 ``--shape 17m`` is the default ColBERT model's shape (Ettin-17M: hidden 256, 7 layers, 4 heads,
-intermediate 384), ``--layers N`` any layer count, and workload ``chunks40`` the held-out check
-of issue 27: code chunks of 40 lines (400 of them at scale 1).
+intermediate 384), ``--layers N`` any layer count, and workload ``chunks40`` the workload of
+the outside check on a real Zen 4 (BENCHMARKS.md, 'Encoder against transformers'): code
+chunks of 40 lines (400 of them at scale 1).
 
     python benchmarks/encoder_speed.py --suite paired --layers 6 --workloads chunks40 mixed
     python benchmarks/encoder_speed.py --suite paired --shape 17m --workloads chunks40 --dtypes fp32
@@ -252,7 +253,7 @@ def cached_tokens(model_dir: Path, name: str, cut):
 
 def build_chunks(model_dir: Path, scale: float) -> list[list[int]]:
     """Workload ``chunks40``: consecutive 40-line chunks of shuffled source files (the shape of
-    issue 27's held-out check), as token ids with [CLS] and [SEP]; deterministic."""
+    the outside check on a real Zen 4), as token ids with [CLS] and [SEP]; deterministic."""
 
     def cut(tok, files, rng) -> list[list[int]]:
         want, texts = max(1, round(CHUNKS * scale)), []
@@ -386,7 +387,7 @@ def spawn(impl: str, workload: str, dtype: str, scale: float, variant: str = "")
 
 # ------------------------------------------------------------------------------ encode() suite (GPU)
 
-HF_BATCH_TOKENS = 65536  # padded tokens per transformers batch (the setting measured in the GPU issue)
+HF_BATCH_TOKENS = 65536  # padded tokens per transformers batch (the setting of the reported H100 figures)
 COLBERT_DIM = 128
 
 

@@ -1,4 +1,4 @@
-"""Prebuilt indexes (issue 27, item 3): `codesearch export` on one checkout, then
+"""Prebuilt indexes: `codesearch export` on one checkout, then
 `codesearch import` on a fresh clone, timed as whole processes until the clone's index is
 searchable with every vector.
 

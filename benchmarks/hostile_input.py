@@ -1,8 +1,8 @@
-"""Hostile globs against `codesearch serve` (issue 23): how long each is answered in, how
+"""Hostile globs against `codesearch serve`: how long each is answered in, how
 long ``/health`` takes meanwhile, and how long SIGTERM takes to end the server.
 
 A copy of a repository (default: the sample repository of the tests, plus a file with a
-45-character name, as in the issue) is indexed lexical-only and served on loopback. Then:
+45-character name, as in the reported case) is indexed lexical-only and served on loopback. Then:
 
 * ``globs``: each glob family at growing sizes, one request each, sequentially; the answer
   time and status (400 = refused by a limit), and the largest time per family;
@@ -10,7 +10,7 @@ A copy of a repository (default: the sample repository of the tests, plus a file
   of ``/health`` latency;
 * ``sigterm``: SIGTERM in the middle of the flood, seconds until the process is gone.
 
-Targets from the issue: every glob answered within 100 ms or refused, ``/health`` within
+Targets: every glob answered within 100 ms or refused, ``/health`` within
 100 ms, SIGTERM within 2 s. Nothing here asserts; it prints one JSON document.
 
 Run::

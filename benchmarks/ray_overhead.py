@@ -39,10 +39,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from codesearch.encoder.base import BatchEncoder  # noqa: E402 - after the sys.path lines above
 
-# Measured on one H100 in issue #13 (not here: this task had no GPU). Tokens/s of
-# codesearch's encode() on short chunks with today's sdpa backend, and with torch's varlen
-# flash attention plugged in (hidden_states end to end).
-H100_ASSUMED = {"sdpa backend (#13, measured there)": 195_000, "varlen flash (#13 experiment)": 471_000}
+# Reported from one H100 outside this project's machines (no GPU was lent to measure it
+# here). Tokens/s of codesearch's encode() on short chunks with today's sdpa backend, and with
+# torch's varlen flash attention plugged in (hidden_states end to end).
+H100_ASSUMED = {"sdpa backend (reported)": 195_000, "varlen flash (reported experiment)": 471_000}
 
 
 def code_texts(n: int, lines_per_text: int) -> list[str]:
@@ -243,7 +243,7 @@ class InstantEncoder(BatchEncoder):
     def count_tokens(self, texts):
         return [max(1, min(len(t) // 4, self.inner.max_length)) for t in texts]
 
-    # PLAID codes on the workers (issue 27 item 4), as RayEncoder makes them. The stand-in's
+    # PLAID codes on the workers, as RayEncoder makes them. The stand-in's
     # vectors are prefixes of its 64 pool arrays, so the workers' codes are prefixes of the
     # pool's codes, computed once per codec (that time is the workers', not the driver's).
     # CODESEARCH_BENCH_NO_CODES=1: the stand-in makes no codes (the driver assigns, as before).

@@ -1,4 +1,4 @@
-"""What ``--regex`` costs a search (issue 26 item 10), on an index you point it at.
+"""What ``--regex`` costs a search, on an index you point it at.
 
     python benchmarks/regex_filter.py ROOT          # ROOT already indexed (lexical is enough)
 

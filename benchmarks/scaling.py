@@ -7,7 +7,7 @@ times, each as its own process, as a user would from a shell:
 
 * ``first index``: ``codesearch index DIR --model none --multi-model none --no-daemon -q``
   with an empty user cache, as on a new machine (lexical only: vectors cost the encoder's
-  tokens/s times the tokens, see BENCHMARKS.md);
+  tokens/s times the tokens, see BENCHMARKS.md, 'Per 1,000 files on a CPU');
 * ``no-op index``: the same command again, nothing changed;
 * ``cold query``: ``codesearch query ... --mode lexical --no-daemon --no-refresh`` (a fresh
   process opens the index and answers one query).

@@ -1,5 +1,5 @@
 """A second copy of a repository (a worktree, a branch, a clone) indexed through the user's
-vector cache (issue 27): how long `codesearch index` takes when another copy embedded the
+vector cache: how long `codesearch index` takes when another copy embedded the
 text already, and how much a copy some files away encodes.
 
 For one repository the script, with a fresh cache folder (CODESEARCH_CACHE_DIR):
@@ -7,7 +7,7 @@ For one repository the script, with a fresh cache folder (CODESEARCH_CACHE_DIR):
 1. copies it to ``first/`` and runs ``codesearch index`` there: the full embedding, which
    fills the cache;
 2. copies it to ``second/`` and ``third/`` (the same commit) and times ``codesearch index``
-   in each from process start, as a user would: every vector (and, since session 10, every
+   in each from process start, as a user would: every vector (and, with the chunk cache, every
    file's chunks) comes from the cache;
 3. copies it to ``moved/``, appends a new function to ``--changed`` files (a commit N files
    away), and times ``codesearch index`` again: only those files' text is encoded.
@@ -51,9 +51,9 @@ def run_index(repo: Path, model: str, multi: str, cache: Path) -> dict:
            "--model", model, "--multi-model", multi, "--device", "cpu"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "COLUMNS": "200", "HF_HUB_OFFLINE": "1", "CODESEARCH_CACHE_DIR": str(cache),
-           # In this process, as a first index with no daemon running is: since session 10 an
-           # index with a model otherwise goes to the per-user daemon (started if none runs), and
-           # this process's CPU time and summary would not be the run's.
+           # In this process, as a first index with no daemon running is: an index with a model
+           # otherwise goes to the per-user daemon (started if none runs), and this process's CPU
+           # time and summary would not be the run's.
            "CODESEARCH_NO_DAEMON": "1"}
     before = load1()
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -105,7 +105,7 @@ def random_first(repo: Path, model: str, multi: str, cache: Path) -> dict:
         from codesearch.indexing.deferred import deferring
 
         load = deferring(load)
-    except ImportError:  # (before issue 27's deferred loading)
+    except ImportError:  # (a codesearch before deferred model loading)
         pass
     dense = RandomVectors(load(model, device="cpu")) if model != "none" else None
     colbert = RandomVectors(load(multi, device="cpu")) if multi != "none" else None

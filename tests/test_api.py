@@ -393,7 +393,7 @@ def test_concurrent_hybrid_searches_share_the_encoders(model_search):
     assert all(paths == expected[q] for q, paths in results)
 
 
-# -- one request shape, output controls, switched-off models (issues 10 and 11) ------------------
+# -- one request shape, output controls, switched-off models ------------------------------------
 
 
 def test_query_takes_a_search_request_or_its_fields(lexical_repo):

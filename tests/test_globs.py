@@ -85,7 +85,7 @@ def test_scoping_to_a_subfolder_keeps_the_rules_inside_it():
     assert [p for p in PATHS if f.match(p)] == ["src/main.rs", "src/lib.rs", "src/walk/mod.rs"]
 
 
-# -- issue 23: a glob can no longer freeze the process, and means what it meant -------------
+# -- a glob can no longer freeze the process, and means what it meant -------------------------
 
 
 def pathspec_verdict(patterns: list[str], path: str) -> bool:
@@ -300,7 +300,7 @@ def test_matching_stops_at_the_deadline_of_its_thread():
         assert seen == [6000]
 
 
-# -- gitignore semantics for ignore files and --include/--exclude (issue 23, the walk) -------
+# -- gitignore semantics for ignore files and --include/--exclude (the walk) ----------------
 
 
 def walk_verdict(rules: GitIgnore, path: str) -> bool | None:

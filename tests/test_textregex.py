@@ -1,4 +1,4 @@
-"""The ``--regex`` filter (issue 26 item 10): RE2 syntax, limits, one-line errors, linear time,
+"""The ``--regex`` filter: RE2 syntax, limits, one-line errors, linear time,
 and what it keeps through `CodeSearch.query` and the CLI."""
 
 from __future__ import annotations

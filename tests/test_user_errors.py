@@ -183,14 +183,14 @@ def test_an_unknown_hub_id_offline(repo, tmp_path, option):
 
 
 def test_default_models_offline_give_a_lexical_index_said_once_by_the_index_run(repo, tmp_path):
-    # Issue 11: the index run says it; each query shows it in indexes_used, not in a notice.
+    # The index run says it; each query shows it in indexes_used, not in a notice.
     env = offline_env(tmp_path)
     done = ok("index", repo, "-q", env=env)
     notices = done.stderr.splitlines()
     # One line for the missing default, and on a CPU one saying the dense model is opt-in.
     assert notices and all(n.startswith("Notice: ") for n in notices) and len(notices) <= 2
     assert any("indexed lexical-only" in n for n in notices)
-    # issue 26 item 4: each hybrid answer then says, once, that BM25 alone ranked it.
+    # Each hybrid answer then says, once, that BM25 alone ranked it.
     query = ok("query", QUERY, "-p", repo, env=env)
     assert query.stdout.startswith(f"{WINNER}:")
     assert len(query.stderr.splitlines()) == 1 and query.stderr.startswith("Notice: lexical index only")
@@ -259,7 +259,7 @@ def test_an_empty_query(repo, query, indexed):
 def test_query_in_a_folder_without_an_index(tmp_path):
     # Outside any index or git work tree a query does not index the folder it stands in...
     user_error(cli("query", "retry", cwd=tmp_path), "no index found", "codesearch index")
-    # ...while a named folder is indexed first (issue 11), here with nothing in it to index.
+    # ...while a named folder is indexed first, here with nothing in it to index.
     user_error(cli("query", "retry", "-p", tmp_path), "nothing to index", notices=1)
 
 

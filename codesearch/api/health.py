@@ -1,5 +1,5 @@
-"""Index health for an agent: one state, what is wrong, and the one action that fixes it
-(issue 26, item 11). ``status --json`` and the MCP ``index_status`` tool carry it.
+"""Index health for an agent: one state, what is wrong, and the one action that fixes it.
+``status --json`` and the MCP ``index_status`` tool carry it.
 
 The states, worst first: ``not_indexed`` (no store), ``damaged`` (a derived index file is
 missing or unreadable, or the store cannot be read), ``building`` (an index run holds the

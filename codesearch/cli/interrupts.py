@@ -5,7 +5,7 @@ Why 143 for SIGTERM: it is what a shell, ``timeout`` and process supervisors rep
 process that SIGTERM ended (128 + 15), so a script can tell "stopped by the user" (130) from
 "stopped by the system" (143). Both leave the same resumable index.
 
-A plain ``KeyboardInterrupt`` is not enough, and issue 26 saw each way it fails:
+A plain ``KeyboardInterrupt`` is not enough, and each of these failures was seen:
 
 * it can be lost: raised inside a finalizer (``__del__``, a weakref callback, a generator
   closed by the garbage collector) Python prints "Exception ignored" and carries on, and a

@@ -215,7 +215,7 @@ class SdpaBackend:
         # block: queries per tile on local layers. Smaller tiles waste less on the band (a query
         # needs 2w + 1 of its tile's block + 2w keys), larger ones run the SDPA kernel more
         # efficiently. Default w/2 on the CPU (32 queries see 160 keys: 6-8% faster end to end
-        # than 2w at the 17M and 6-layer base shapes, Emerald Rapids, BENCHMARKS.md session 8),
+        # than 2w at the 17M and 6-layer base shapes, Emerald Rapids, one thread),
         # 2w elsewhere (128 queries see 256 keys).
         self.dtype = dtype
         self.device = torch.device(device)

@@ -78,13 +78,13 @@ def cpu_has_fast_bf16() -> bool:
     """True when this CPU multiplies bf16 matrices clearly faster than fp32 ones.
 
     AMX-bf16 (Sapphire Rapids and later Xeons): yes without measuring (bf16 3.3x fp32 for the
-    whole model, BENCHMARKS.md), unless an instruction-set cap (:data:`ISA_CAPS`) is set, which
-    is measured. No bf16 instructions at all: no (bf16 is emulated). AVX512-bf16
-    without AMX is measured once per machine (:func:`bf16_matmul_speedup`; ``CODESEARCH_CPU_BF16=1``
-    or ``0`` decides instead), because it goes
-    both ways: on Zen 4 its dot-product instruction doubles the fp32 rate, while on a Xeon
-    whose hypervisor hides AMX (Emerald Rapids, 2 cores) oneDNN's bf16 kernels ran at 0.55-0.65x
-    of MKL's fp32 ones (BENCHMARKS.md, session 8, issue 27).
+    whole model, BENCHMARKS.md, 'Encoder against transformers'), unless an instruction-set cap
+    (:data:`ISA_CAPS`) is set, which is measured. No bf16 instructions at all: no (bf16 is
+    emulated). AVX512-bf16 without AMX is measured once per machine
+    (:func:`bf16_matmul_speedup`; ``CODESEARCH_CPU_BF16=1`` or ``0`` decides instead), because
+    it goes both ways: on Zen 4 its dot-product instruction doubles the fp32 rate, while on a
+    Xeon whose hypervisor hides AMX (Emerald Rapids, 2 cores) oneDNN's bf16 kernels ran at
+    0.55-0.65x of MKL's fp32 ones (BENCHMARKS.md, 'How to read the figures').
     """
     # With the instruction sets capped (ISA_CAPS) AMX is no verdict: an AMX CPU whose oneDNN may
     # use only AVX2 emulates bf16, so it is measured like any other.
@@ -202,10 +202,10 @@ class CpuContention:
     of its slowest thread. When another process holds one of the cores, the thread sharing
     that core makes every barrier wait for the scheduler: with one CPU-bound process beside it
     on 2 cores, a 2-thread pass of the 17M model ran at 4,534 tok/s and a 1-thread pass at
-    10,849 (Emerald Rapids, BENCHMARKS.md session 8); at load 13-20, the 6-layer base shape ran
-    at 432 tok/s capped and 194 uncapped (bf16), 412 and 109 (fp32). So a pass leaves one
-    thread out per core that others kept busy during the previous passes. On a quiet machine
-    others are ~0 and every thread stays.
+    10,849 (Emerald Rapids); at load 13-20, the 6-layer base shape ran at 432 tok/s capped and
+    194 uncapped (bf16), 412 and 109 (fp32; ``benchmarks/encoder_speed.py --suite paired``).
+    So a pass leaves one thread out per core that others kept busy during the previous passes.
+    On a quiet machine others are ~0 and every thread stays.
 
     "Busy" is read from ``/proc/stat`` for the CPUs this process may run on (a container's
     cpuset, not the host), less this process's own CPU time, per second of the pass; hypervisor

@@ -233,8 +233,8 @@ COMPILE_ESTIMATE_S = 20  # two small graphs, dynamic in the token count; less wi
 def compile_wanted(device: torch.device, compile: bool | None = None) -> bool:
     """Compile the elementwise work? ``None``: on CUDA unless ``CODESEARCH_COMPILE=0``.
 
-    Never by default on the CPU: our CPU path is tuned eager (measured, BENCHMARKS.md) and a
-    compile there needs a C++ toolchain.
+    Never by default on the CPU: our CPU path is tuned eager (measured; BENCHMARKS.md, 'Encoder
+    against transformers') and a compile there needs a C++ toolchain.
     """
     if compile is not None:
         return compile

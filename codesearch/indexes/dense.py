@@ -105,7 +105,7 @@ class DenseIndex:
         least 16.
     nprobe : int or None
         Cells visited per query; ``None`` picks ``max(16, nlist // 8)``, which gave
-        recall@10 >= 0.95 against exact search on clustered data (see BENCHMARKS.md).
+        recall@10 >= 0.95 against exact search on clustered data (`benchmarks/dense_bench.py`).
     seed : int
         Seed of the k-means that trains the IVF cells, so builds are reproducible.
 

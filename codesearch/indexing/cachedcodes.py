@@ -1,4 +1,4 @@
-"""PLAID codes in the user's vector cache (issue 27): a new copy of a repository takes the
+"""PLAID codes in the user's vector cache: a new copy of a repository takes the
 codec and the codes another copy made, instead of k-means and the assignment of every token.
 
 A second worktree found every ColBERT vector in the cache (`codesearch.indexing.reuse`), yet

@@ -1,4 +1,4 @@
-"""PLAID codes on the workers (issue 27, item 4): on a large first index, assigning every
+"""PLAID codes on the workers: on a large first index, assigning every
 token to its centroid on the driver (32-61k tok/s on 2 cores) took minutes after the last
 worker batch. An encoder that computes elsewhere and can compress (``set_codec`` and
 ``codes_for``: the Ray path) gets the codec early, and returns each text's codes with its
@@ -37,8 +37,8 @@ log = logging.getLogger(__name__)
 #: Sample tokens per centroid. k-means trains on 32 per centroid (`ResidualCodec.train`),
 #: drawn from the tokens of the sample's texts, so a sample of more texts covers more of the
 #: collection for the same training cost (with 40 per centroid, the error over every token
-#: was 0.18 against 0.12 for a codec trained on everything, BENCHMARKS session 10); a fifth
-#: of the texts is held out to measure the codec's error.
+#: was 0.18 against 0.12 for a codec trained on everything, `benchmarks/plaid_bench.py
+#: --sample`); a fifth of the texts is held out to measure the codec's error.
 SAMPLE_PER_CENTROID = 96
 
 
@@ -127,7 +127,8 @@ class RunCodes:
             self.train_s = time.perf_counter() - t0
             # The stream stays held for these too: made beside it, they took longer than the
             # rest of a 16M-token stream on this loaded stand-in (243 s against 146 s), and the
-            # driver then waited for them after the last batch (BENCHMARKS session 11).
+            # driver then waited for them after the last batch (BENCHMARKS.md, 'A large first
+            # index on workers').
             docs = compress_documents(codec, arrays)
             self.book.set_codec(codec, held_out_error(docs, held), ready=False)
             self.book.put(codec.fingerprint, zip(hashes, docs))

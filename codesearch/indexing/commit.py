@@ -168,8 +168,8 @@ def writing(run: Run) -> Iterator[ChangeWriter]:
 #: Batches written within this many seconds of the one before share a commit, and a group
 #: takes batches for at most this long: SQLite's WAL rewrites every index page a commit
 #: touches (64 KiB pages, keys in random order), so at a GPU cluster's rates one commit per 64
-#: vectors cuts what the writer takes in by ~3x (BENCHMARKS.md). A batch that took longer
-#: (a CPU run of a real model) commits alone, at once.
+#: vectors cuts what the writer takes in by ~3x (BENCHMARKS.md, 'A large first index on
+#: workers'). A batch that took longer (a CPU run of a real model) commits alone, at once.
 COMMIT_GROUP_S = 1.0
 
 

@@ -1,4 +1,4 @@
-"""Encoders an index run loads only when it has something to encode (issue 27).
+"""Encoders an index run loads only when it has something to encode.
 
 A second worktree finds every vector in the user's cache, yet loading the model (importing
 torch, reading and hashing the weights) was most of its run. What a run needs before it

@@ -47,7 +47,8 @@ EMBEDDED_KEY = "embedded"
 
 #: Chunks are never longer than this many tokens, whatever the model accepts: retrieval
 #: wants units of about a function or two. Measured on the semble dev split (lexical mode):
-#: 128 tokens 0.815, 256 0.845, 512 0.861, 1024 0.837 NDCG@10 (BENCHMARKS.md).
+#: 128 tokens 0.815, 256 0.845, 512 0.861, 1024 0.837 NDCG@10 (BENCHMARKS.md, 'What each
+#: ranking signal adds').
 MAX_CHUNK_TOKENS = 512
 #: A multi-vector window at least this many budgets (+ special tokens) wide holds any chunk
 #: the byte estimate allows, so chunking needs no tokenizer (see `chunk_budget`).
@@ -245,7 +246,7 @@ def chunk_budget(encoders: Encoders, chunk_tokens: int | None) -> tuple[int, Tok
         # 512-token chunk): on the benchmark, hybrid NDCG was the same with 256- and
         # 512-token chunks, lexical better with 512, and 512 halves the texts to encode.
         # (Reading a long chunk as the mean of its windows' vectors was measured too: hybrid
-        # 0.875 -> 0.868 for 1.5x the encoding, BENCHMARKS.md.)
+        # 0.875 -> 0.868 for 1.5x the encoding, `benchmarks/quality.py`.)
         budget = min([MAX_CHUNK_TOKENS, *(int(e.max_length) for e in encs if e.multivector)])
     if not encs:
         return budget, None, "approx"
@@ -300,12 +301,13 @@ def default_models(device: str | torch.device) -> tuple[str | None, str | None]:
       model load stopped importing torch._dynamo); the 149M dense model 4,358 s
       (136k tokens, 45% of them whole files; ~20 CPU minutes while the shared machine ran
       at load 10-18).
-    - flask (26 files), the issue's run at load ~4.5: lexical 0.8 s, 17M ColBERT 38.6 s,
+    - flask (26 files), at load ~4.5: lexical 0.8 s, 17M ColBERT 38.6 s,
       both 891.9 s. The 149M model does ~28x the matmul work of the 17M one per token
       (110M vs 3.9M parameters in linear layers) and encodes every file again whole, so it
       is 95% of the default's CPU time: minutes for 26 files, hours for 1,000.
     - int8 linear layers do not rescue it: per-tensor dynamic int8 moves real MiniLM vectors
-      to a cosine of ~0.94 against fp32 (per-channel ~0.98); see BENCHMARKS.md.
+      to a cosine of ~0.94 against fp32 (per-channel ~0.98); see `benchmarks/int8_cpu.py`
+      and BENCHMARKS.md, 'Encoder against transformers'.
     - Quality, from published numbers only (the real weights cannot be fetched here, so
       the real-weight quality of either choice is unmeasured): on semble's code-search
       benchmark LateOn-Code-edge with full-text fusion scores 0.846 NDCG@10 (ColGREP's

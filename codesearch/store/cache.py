@@ -105,7 +105,7 @@ _MIGRATIONS = [
     CREATE INDEX vectors_used ON vectors(used);
     CREATE INDEX vectors_seg ON vectors(seg, off) WHERE seg IS NOT NULL;
     """,
-    # 2: the chunks of a file (issue 27): a new worktree skips tree-sitter and the tokenizer
+    # 2: the chunks of a file: a new worktree skips tree-sitter and the tokenizer
     # for every file another copy chunked with the same parameters.
     """
     CREATE TABLE chunks (
@@ -118,7 +118,7 @@ _MIGRATIONS = [
     """,
 ]
 
-#: PLAID codes of cached multi-vectors (issue 27), as tables every open adds when missing,
+#: PLAID codes of cached multi-vectors, as tables every open adds when missing,
 #: without a schema version of their own: a build that knows only the numbered migrations
 #: refuses a cache of a newer version whole (and encodes everything), while these tables it
 #: simply never reads. A codec (centroids and residual buckets, keyed by its fingerprint and

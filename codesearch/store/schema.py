@@ -70,8 +70,9 @@ MIGRATIONS: list[str] = [
     # float16 blob (28-77 KB for a ColBERT text) inside a b-tree ordered by a random hash, so
     # every insert split and moved 64 KiB pages: a writer ceiling of ~960 ColBERT texts/s
     # (300 x 48) and ~3,800 dense vectors/s. Appended by rowid with a small unique index:
-    # ~6,200 and ~21,000 in a short run (BENCHMARKS.md, session 4; the steady state, past
-    # WAL checkpoints, is in session 5). Reads are the same SQL on either layout.
+    # ~6,200 and ~21,000 in a short run (`benchmarks/ray_overhead.py --writer`; the steady state,
+    # past WAL checkpoints, is in BENCHMARKS.md, 'A large first index on workers'). Reads are
+    # the same SQL on either layout.
     """
     CREATE TABLE vectors_v2 (
         id INTEGER PRIMARY KEY,
@@ -90,9 +91,9 @@ MIGRATIONS: list[str] = [
     """,
     # 3: multi-vector arrays move out of the rows into append-only segment files, written
     # once (SQLite's WAL wrote each page twice, which bound the ColBERT writer at ~100 MB/s
-    # of vectors on a 450 MB/s disk; BENCHMARKS.md, session 6). A row with ``seg`` NULL
-    # keeps its array in ``data`` (every row before this version); otherwise ``data`` is
-    # empty and the array is ``n * dim * 2`` bytes at ``off`` in segment ``seg``.
+    # of vectors on a 450 MB/s disk; `benchmarks/ray_overhead.py --writer`). A row with
+    # ``seg`` NULL keeps its array in ``data`` (every row before this version); otherwise
+    # ``data`` is empty and the array is ``n * dim * 2`` bytes at ``off`` in segment ``seg``.
     """
     ALTER TABLE vectors ADD COLUMN seg INTEGER;     -- segment file number, NULL: in data
     ALTER TABLE vectors ADD COLUMN off INTEGER;     -- byte offset in that segment

@@ -2,9 +2,9 @@
 
 Why not SQLite blobs: a ColBERT text is 28-77 KB of float16, and SQLite in WAL mode writes
 every page twice (the WAL, then the checkpoint into the database). On a 450 MB/s disk that
-held the writer at ~100 MB/s of vectors (BENCHMARKS.md, session 5). Here each array is
-written once, at the end of a segment file, and the store's row keeps only where it is
-(segment number, byte offset) and its CRC-32.
+held the writer at ~100 MB/s of vectors (`benchmarks/ray_overhead.py --writer`). Here each
+array is written once, at the end of a segment file, and the store's row keeps only where it
+is (segment number, byte offset) and its CRC-32.
 
 The rules that keep the store the source of truth:
 

@@ -183,7 +183,7 @@ def test_query_refreshes_a_stale_index_and_says_so(fresh_repo):
 
 
 def test_hybrid_query_on_a_lexical_index_says_it_in_indexes_used_not_in_a_notice(repo):
-    # Issue 11: "Notice: lexical index only" came with every query, even when lexical-only
+    # Regression: "Notice: lexical index only" came with every query, even when lexical-only
     # was chosen; the index run says it once (its models row), a query only what is new.
     result = run("query", "parseConfigFile", "-p", repo, "--json")
     doc = json.loads(result.stdout)
@@ -193,7 +193,7 @@ def test_hybrid_query_on_a_lexical_index_says_it_in_indexes_used_not_in_a_notice
 
 
 def test_hybrid_query_on_an_index_lexical_without_being_asked_says_so_once(fresh_repo):
-    # issue 26 item 4: a hybrid query on a lexical-only index (here: the one a query builds)
+    # Regression: a hybrid query on a lexical-only index (here: the one a query builds)
     # answered with indexes_used ["lexical"] and no word of it
     first = run("query", "parseConfigFile", "-p", fresh_repo, "--json")
     assert "no index yet" in first.stderr
@@ -277,7 +277,7 @@ def test_repeated_lang_means_any_of_them(repo):
 
 @pytest.mark.parametrize("fmt", ["--json", "--jsonl"])
 def test_files_only_json_has_no_text(repo, fmt):
-    # issue 26 item 2: --files-only --json shipped each hit's code
+    # Regression: --files-only --json shipped each hit's code
     out = run("query", EVERYTHING, "-p", repo, "--mode", "lexical", "-k", "5", "--files-only", fmt).stdout
     hits = json.loads(out)["results"] if fmt == "--json" else [json.loads(line) for line in out.splitlines()]
     assert len(hits) > 1 and {h["text"] for h in hits} == {""}
@@ -291,7 +291,7 @@ def _source(repo: Path, hit: dict) -> str:
 
 @pytest.mark.parametrize("cut", [["--max-lines", "3"], ["--budget", "60"], ["--budget", "150", "--max-lines", "4"]])
 def test_json_text_is_the_exact_source_of_its_lines_when_cut(repo, cut):
-    # issue 26 item 3: `--max-lines 3 --json` gave end_line 100 with 3 lines of text and
+    # Regression: `--max-lines 3 --json` gave end_line 100 with 3 lines of text and
     # "... (27 more lines)" in it
     base = ["query", EVERYTHING, "-p", repo, "--mode", "lexical", "-k", "5"]
     full = {(r["path"], r["start_line"]): r for r in json.loads(run(*base, "--json").stdout)["results"]}
@@ -425,7 +425,7 @@ def test_path_does_not_exist(tmp_path, argv):
 
 
 def test_a_query_in_a_folder_without_index_indexes_it_first(fresh_repo):
-    # Issue 11 (as ck, ColGREP and semble do): build it with a notice instead of an error.
+    # As ck, ColGREP and semble do: build it with a notice instead of an error.
     first = run("query", "parseConfigFile", "-p", fresh_repo, "-l")
     assert first.stdout.splitlines()[0] == "src/config.js"
     assert first.stderr.startswith(f"Notice: no index yet: indexing {fresh_repo.resolve()} first")
@@ -466,7 +466,7 @@ def test_default_models_unavailable_offline_degrade_to_lexical_with_a_notice(fre
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     quiet = run("index", fresh_repo, "--quiet")  # no summary, but the notice still shows
     assert quiet.stderr.startswith("Notice:") and "lexical" in quiet.stderr
-    # Said once per index, not on every run (issue 25): the next run has nothing to say.
+    # Said once per index, not on every run: the next run has nothing to say.
     (fresh_repo / "later.py").write_text("def later():\n    return 2\n")
     again = run("index", fresh_repo)
     assert "Notice:" not in again.stderr, again.stderr
@@ -546,7 +546,7 @@ def test_another_model_for_an_existing_index_needs_rebuild(fresh_repo, single_ve
 
 
 def test_models_switched_off_stay_off_on_a_later_plain_index(fresh_repo, single_vector_dir, tmp_path, monkeypatch):
-    # Issue 11: after '--multi-model none' a plain 'index' warned that the default ColBERT
+    # Regression: after '--multi-model none' a plain 'index' warned that the default ColBERT
     # model is not cached; the same after '--model none --multi-model none'.
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))

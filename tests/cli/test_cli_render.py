@@ -40,7 +40,7 @@ def test_terminal_output_has_a_file_link_and_highlighting(monkeypatch, tmp_path)
 
 
 def test_a_cut_snippet_on_a_terminal_ends_with_an_unnumbered_marker(monkeypatch, tmp_path):
-    # issue 26 item 3: the "... (27 more lines)" marker was shown as numbered, highlighted code
+    # Regression: the "... (27 more lines)" marker was shown as numbered, highlighted code
     from codesearch.search.snippets import fit
     from codesearch.types import SearchRequest
 

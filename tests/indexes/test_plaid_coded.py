@@ -1,4 +1,4 @@
-"""PLAID codes made away from the index (the run's workers, issue 27 item 4): the same codes,
+"""PLAID codes made away from the index (the run's workers): the same codes,
 the same search, and a sound drift rule when the codec was trained on a sample."""
 
 from __future__ import annotations

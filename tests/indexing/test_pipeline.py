@@ -598,7 +598,7 @@ def test_unavailable_default_models_degrade_to_lexical_only_with_a_notice(offlin
 
 
 def test_the_fix_for_a_missing_default_names_the_option_that_picks_that_model(offline_hub, single_vector_dir):
-    # issue 26 item 5: with --model MINILM, the missing ColBERT default said "pass --model PATH"
+    # Regression: with --model MINILM, the missing ColBERT default said "pass --model PATH"
     from codesearch.errors import ModelUnavailableError
 
     encoders, notices = resolve_encoders(str(single_vector_dir), device="cpu")

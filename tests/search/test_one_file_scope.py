@@ -1,5 +1,5 @@
 """A glob naming one file lists that file's chunks, as many as ``k`` asks: no per-file cap
-(the probe of issue 26 saw 3 hits at most per file, even with k=1000; README: "Hits from
+(a per-file cap once gave 3 hits at most per file, even with k=1000; README: "Hits from
 one file are not capped")."""
 
 from __future__ import annotations

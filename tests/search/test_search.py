@@ -124,9 +124,9 @@ def test_tests_and_docs_are_demoted_unless_asked_for(lexical_index):
 
 
 def test_hybrid_without_vectors_is_lexical_and_says_so(lexical_index):
-    # Issue 11 made this silent; issue 26 item 4: an index that is lexical-only without
-    # '--multi-model none' says, on each hybrid answer, that BM25 alone ranked it (an index
-    # built with 'none' stays silent: tests/cli/test_cli_commands.py).
+    # Regression: silencing the notice on every query made this silent too. An index that is
+    # lexical-only without '--multi-model none' says, on each hybrid answer, that BM25 alone
+    # ranked it (an index built with 'none' stays silent: tests/cli/test_cli_commands.py).
     result = lexical_index.search("sqlite connection", k=3)
     assert result.mode == "hybrid" and result.indexes_used == ("lexical",)
     assert len(result.notices) == 1 and result.notices[0].startswith("lexical index only")
@@ -502,7 +502,7 @@ def test_centrality_is_computed_when_the_index_is_written_not_per_process(tmp_pa
     assert computed == [1, 1] and after != values
 
 
-# ---- chunks that are rarely the answer (issue 11) ----------------------------------------
+# ---- chunks that are rarely the answer ---------------------------------------------------
 
 _SIZE_CASES = "".join(f'            ("{i}k", {i}000),\n' for i in range(1, 60))
 RULES_FILES = {

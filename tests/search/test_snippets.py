@@ -25,7 +25,7 @@ def test_nothing_asked_changes_nothing():
 
 
 def test_max_lines_shrinks_the_range_to_the_text_and_counts_the_cut_lines():
-    # issue 26 item 3: text is the exact source of start_line..end_line, never a marker
+    # Regression: text is the exact source of start_line..end_line, never a marker
     out = fit(RESULT, SearchRequest("q", max_lines=5))
     for before, after in zip(RESULT.hits, out.hits):
         assert after.text == "".join(before.text.splitlines(keepends=True)[:5])

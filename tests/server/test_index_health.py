@@ -1,4 +1,4 @@
-"""Index health an agent can check and repair (issue 26, item 11): ``status --json`` and the
+"""Index health an agent can check and repair: ``status --json`` and the
 MCP ``index_status`` tool say complete / stale / incomplete / building / damaged /
 not_indexed with the next action, and the MCP ``repair_index`` tool does it."""
 

@@ -1,4 +1,4 @@
-"""Hostile input against the real server (issue 23): globs built to make a regex engine
+"""Hostile input against the real server: globs built to make a regex engine
 backtrack, brace bombs, bodies that are not JSON, paths that are not paths; a server must
 answer each with one line, keep answering /health, and stop on SIGTERM.
 
@@ -20,7 +20,7 @@ import pytest
 from fixtures.sample_repo import write_sample_repo
 from serverkit import LEXICAL, server_env, start_server
 
-LONG_NAME = "a" * 41 + ".txt"  # 45 characters, as in the issue
+LONG_NAME = "a" * 41 + ".txt"  # 45 characters, as in the reported case
 ISSUE_GLOB = "*?" * 22 + "Z"
 HOSTILE_GLOBS = [
     ISSUE_GLOB,  # 44 wildcards: refused
@@ -121,12 +121,12 @@ def test_health_answers_and_sigterm_stops_the_server_during_hostile_searches(hos
             thread.start()
         with httpx.Client(base_url=proc.url, timeout=5) as http:
             for _ in range(20):
-                # A frozen event loop (the issue's 90 s) shows as a timeout here.
+                # A frozen event loop (90 s in the reported case) shows as a timeout here.
                 assert http.get("/health").json()["status"] == "ok"
                 time.sleep(0.05)
         assert answers and set(answers) <= {200, 400}, set(answers)
         proc.proc.send_signal(signal.SIGTERM)
-        # Bounded wait: the server of the issue never exited on SIGTERM.
+        # Bounded wait: the server before the fix never exited on SIGTERM.
         assert proc.proc.wait(timeout=20) == 0
         stop.set()
         assert not (hostile_repo / ".codesearch" / "server.json").exists()

@@ -36,7 +36,7 @@ def test_search_equals_the_library(lexical_server, sample_repo, query):
         ({"glob": "src/**"}, {"glob": "src/**"}),
         ({"files_only": True, "k": 3}, {"files_only": True}),
         ({"mode": "hybrid"}, {"mode": "hybrid"}),
-        # issue 11: several languages or globs, ripgrep-style globs, output controls
+        # Several languages or globs, ripgrep-style globs, output controls
         ({"lang": ["go", "javascript"]}, {"language": ["go", "javascript"]}),
         ({"glob": ["*.{go,js}", "!server/**"]}, {"glob": ["*.{go,js}", "!server/**"]}),
         ({"glob": "!src/**", "max_lines": 2}, {"glob": "!src/**", "max_lines": 2}),
@@ -57,7 +57,7 @@ def test_filters_and_modes_equal_the_library(lexical_server, sample_repo, body, 
 
 
 def test_files_only_ships_no_text_and_a_cut_snippet_is_exact(lexical_server, sample_repo):
-    # issue 26 items 2 and 3: files_only results carried 500-700 characters of text each;
+    # Regression: files_only results carried 500-700 characters of text each;
     # max_lines left end_line at the chunk's end and put a marker in the text
     with lexical_server.client() as http:
         names = http.post("/search", json={"query": "config database server", "k": 5, "mode": "lexical",

@@ -51,7 +51,7 @@ async def _exercise(client: Client, root) -> None:
         root, "config database server", 5, mode="lexical", language=["javascript", "go"],
         glob=["*.{js,go}", "!server/**"], budget=60,
     )
-    # issue 26 item 2: file names only means no code
+    # Regression: file names only means no code
     names = await client.call_tool("search_code", {"query": "config database server", "k": 5, "mode": "lexical",
                                                    "files_only": True})
     found = names.structured_content["results"]

@@ -142,7 +142,7 @@ def test_a_dense_only_index_loads_its_model_once(tmp_path, single_vector_dir, mo
 
 
 def test_a_model_switched_off_stays_off_through_server_runs(tmp_path, single_vector_dir, monkeypatch):
-    # Issue 11: the server composed the writer's encoders from the reader's and dropped the
+    # Regression: the server composed the writer's encoders from the reader's and dropped the
     # roles switched off with 'none'; its run then recorded none, and the next plain
     # 'index' (or server start) warned that the default ColBERT model is not cached.
     from codesearch.server.repos import RepoOptions, RepoSet

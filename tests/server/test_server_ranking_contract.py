@@ -128,7 +128,7 @@ REGEX = r"walk_parallel_part_\d*[05]\(|^pub fn visit_"
 
 
 def test_regex_top_k_is_exact_and_the_same_in_every_front_end(roots, server):
-    # issue 26 item 10: --regex keeps the chunks whose text matches, then ranks them; k hits
+    # --regex keeps the chunks whose text matches, then ranks them; k hits
     # whenever k chunks match, a prefix of any larger k, one answer through every front end
     import re
 

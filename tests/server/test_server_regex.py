@@ -1,4 +1,4 @@
-"""The regex filter against a real server (issue 26 item 10): a catastrophic-backtracking
+"""The regex filter against a real server: a catastrophic-backtracking
 pattern is answered (RE2 does not backtrack) while /health keeps answering, and a bad or
 oversized pattern is a one-line 400 over HTTP and a tool error over MCP."""
 

@@ -1,7 +1,7 @@
 """SIGTERM under load: searches in flight get the documented JSON error, the server exits
 with no traceback, and a search's filters stop with it.
 
-The issue's case: eight clients sending within-limit globs to a 2,000-file ``serve``, then
+Before the fix: eight clients sending within-limit globs to a 2,000-file ``serve``, then
 SIGTERM: the server took 3.9-4.3 s to exit, every client got a plain-text 500, and stderr a
 traceback per request (458-914 lines).
 """

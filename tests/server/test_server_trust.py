@@ -1,4 +1,4 @@
-"""Whom the CLI believes, and which token a server holds (issue 23).
+"""Whom the CLI believes, and which token a server holds.
 
 A ``.codesearch/server.json`` can come with a cloned repository: the client must not send
 the query, let alone ``$CODESEARCH_TOKEN``, to whatever it names. A stand-in server in this

@@ -63,7 +63,7 @@ def test_an_index_written_before_issue_24_opens_and_answers_as_it_did(tmp_path, 
             got = result.hits
             assert [[h.path, h.start_line, h.end_line] for h in got] == [h[:3] for h in hits], mode
             # That code computed the bfloat16 test model in bfloat16; a CPU whose bf16 matmuls
-            # are slow now computes it in float32 (issue 27, item 5): scores agree at bf16's
+            # are slow now computes it in float32: scores agree at bf16's
             # precision (measured: 0.0024 on a dense score), the order exactly.
             assert [h.score for h in got] == pytest.approx([h[3] for h in hits], abs=1e-2), mode
     assert rebuilt == ["lexical"] and len(said) == 1

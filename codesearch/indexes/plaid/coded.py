@@ -1,6 +1,6 @@
 """PLAID codes made away from the index: by the workers that encode the documents, under a
 codec trained early on a sample of the run's texts, so the driver of a large first index
-only writes them (issue 27, item 4).
+only writes them.
 
 A worker compresses the token vectors as the store will hold them (rounded to float16), so
 its codes are those the index would compute from the stored vectors: assignment is
@@ -43,8 +43,8 @@ def train_on_sample(
 
     Whole documents are held out, not tokens: a document's tokens share its topics, so tokens
     held out of trained documents fit as well as the trained ones (an error of 0.11 where the
-    collection's was 0.17, BENCHMARKS session 10), and the drift check would trust a sample
-    that did not stand for the collection.
+    collection's was 0.17, `benchmarks/plaid_bench.py --sample`), and the drift check would
+    trust a sample that did not stand for the collection.
     """
     codec, held = fit_on_sample(docs, nbits=nbits, n_centroids=n_centroids, niter=niter, seed=seed)
     return codec, held_out_error(compress_documents(codec, docs), held)

@@ -16,8 +16,8 @@ from codesearch.types import Chunk
 
 log = logging.getLogger("codesearch.indexing.chunking")
 
-# Below this many files a pool costs more than it saves (BENCHMARKS.md "Walking and
-# chunking"). Forked workers start at once and inherit the parent's imports: on 2 cores they
+# Below this many files a pool costs more than it saves (`benchmarks/index_speed.py
+# --workers`). Forked workers start at once and inherit the parent's imports: on 2 cores they
 # won from 128 files up (a fresh process, quiet machine). Forkserver workers (a caller with
 # threads) import tree-sitter and build their parsers first, ~0.3-0.5 s: they lost below
 # ~500 files.

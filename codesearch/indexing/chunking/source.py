@@ -19,7 +19,7 @@ log = logging.getLogger("codesearch.indexing.chunking")
 #: Bumped when `chunk_source` cuts or labels the same text differently; an index whose
 #: chunks came from another version is re-chunked on its next run (the pipeline records
 #: it), so an upgrade reaches old indexes without --rebuild. 2: enclosing definition as
-#: the symbol of a piece, kinds "test" and "imports" (issue 11).
+#: the symbol of a piece, kinds "test" and "imports".
 CHUNKER_VERSION = 2
 
 def chunk_source(
@@ -158,9 +158,9 @@ def _enforce_budget(
 
 # Lines of an import-only chunk. An import chunk only says which names a file uses; that
 # is already in the chunks that use them, so on its own it is rarely what a search is
-# after (two of four RAG context chunks were import blocks in issue 11). Kept narrow:
-# a re-export (`export * from`, `pub use`, Python's `import X as X`) or a module
-# declaration is part of a module's public shape and is not matched.
+# after (two of four RAG context chunks were import blocks in a trial on fd and uvicorn).
+# Kept narrow: a re-export (`export * from`, `pub use`, Python's `import X as X`) or a
+# module declaration is part of a module's public shape and is not matched.
 _IMPORT_LINE = re.compile(
     r"(?:from\s+[\w.]+\s+)?import\b(?!\()"  # Python, JS/TS, Java, Kotlin, Scala, Go, Swift, Haskell
     r"|(?:using|use)\s+(?:static\s+)?[\w.:\\*]+(?:(?:::|\\)\{|\s*=|\s*;|\s*$|\s+as\b|,)"  # C#, Rust, PHP, Elixir
