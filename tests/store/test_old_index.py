@@ -34,8 +34,8 @@ def test_an_index_built_before_the_relayout_opens_searches_and_updates(tmp_path)
 MAIN_INDEX = Path(__file__).resolve().parents[1] / "fixtures" / "index_main_19a40e4"
 
 
-def test_an_index_written_before_issue_24_opens_and_answers_as_it_did(tmp_path, monkeypatch, single_vector_dir,
-                                                                       colbert_dir):
+def test_an_index_written_before_the_package_relayout_opens_and_answers_as_it_did(tmp_path, monkeypatch,
+                                                                                   single_vector_dir, colbert_dir):
     """The index of fixtures/index_main_19a40e4 (lexical, dense, whole-file, ColBERT/PLAID,
     a vectors segment), written by the code before this re-layout: its vector files load as
     they are, its lexical index (``lexical.npz``, of the format before the segmented one) is
