@@ -175,8 +175,10 @@ def _read(folder: Path, what: str, verify: bool) -> Folder:
             arrays[name] = _open_array(file, entry, verify or size <= CHECKED_BYTES)
         except (IndexCorruptError, FileNotFoundError):
             raise
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise corrupt(folder, what, f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}") from exc
+        except (OSError, ValueError, KeyError, TypeError, SyntaxError, RecursionError, OverflowError, EOFError) as exc:
+            # (numpy parses a .npy header as a Python literal: a damaged one is a SyntaxError)
+            why = (str(exc).splitlines() or [""])[0][:120]
+            raise corrupt(folder, what, f"{name}: {type(exc).__name__}: {why}") from exc
         except IndexError as exc:  # (a mangled entry)
             raise corrupt(folder, what, f"{name}: bad manifest entry") from exc
     return Folder(folder, manifest["header"], arrays, blobs, files)
@@ -199,6 +201,19 @@ def _open_array(file: Path, entry: JSONDict, check_crc: bool) -> np.ndarray:
     # Mapped when it has bytes (numpy cannot map an empty array); checked against the
     # manifest either way, and numpy checks the file holds what the .npy header says.
     empty = int(np.prod(shape)) == 0
+    # The .npy header first: an array is loaded only once its header says what the manifest
+    # does (a header promising more than the file holds is never allocated for).
+    with open(file, "rb") as fh:
+        try:
+            version = np.lib.format.read_magic(fh)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            header_shape, _fortran, header_dtype = read(fh)
+        except OSError:
+            raise
+        except Exception as exc:  # (numpy parses the header as a Python literal: any parser's error)
+            raise ValueError(f"its .npy header cannot be read ({type(exc).__name__})") from exc
+    if tuple(header_shape) != shape or np.dtype(header_dtype) != dtype:
+        raise ValueError(f"holds {np.dtype(header_dtype)}{list(header_shape)}, the manifest says {dtype}{list(shape)}")
     array = np.load(file, allow_pickle=False, mmap_mode=None if empty else "r")
     if array.shape != shape or array.dtype != dtype:
         raise ValueError(f"holds {array.dtype}{list(array.shape)}, the manifest says {dtype}{list(shape)}")

@@ -644,7 +644,10 @@ def export_codes(folder: Path, store: Store, chunk_hashes: dict[int, str]):  # -
         if n is None or len(codes) != n or packed.shape != (n, codec.packed_dim) or packed.dtype != np.uint8:
             continue
         if not np.issubdtype(codes.dtype, np.integer) or (n and (int(codes.min()) < 0 or int(codes.max()) >= k)):
-            continue
+            # No codec makes a code past its centroids: the index was damaged or crafted, and
+            # none of its codes is taken (a build trains its own codec).
+            log.info("the export's multi-vector index holds a code past its centroids; its codes are made again")
+            return None
         # (A build takes the codec's held-out error, never the documents' own: 0 here.)
         docs[text_hash] = DocCodes(codes.astype(codec.code_dtype), packed, 0.0)
     if not docs:
