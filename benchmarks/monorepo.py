@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     # No-op index: nothing changed since the first index.
     def noop(run_env: dict[str, str], what: str) -> None:
         runs = [check(measure(cli("index", str(root), *LEXICAL), run_env), what) for _ in range(args.noop_runs)]
-        said = [m for m in runs if "files unchanged" in m.stderr]
+        said = [m for m in runs if "files indexed: 0\n" in m.stderr + m.stdout]
         walls = sorted(m.wall for m in runs)
         print(f"no-op index ({what}): median wall {statistics.median(walls):.2f} s (min {walls[0]:.2f}, max "
               f"{walls[-1]:.2f}), median {statistics.median(m.cpu for m in runs):.2f} CPU-s, peak RSS "
