@@ -11,7 +11,7 @@ import re
 
 import numpy as np
 
-from codesearch.indexes.lexical import _expand, split_identifier, stem_word
+from codesearch.indexes.lexical import CENTRALITY_VERSION, _expand, split_identifier, stem_word
 
 __all__ = [
     "CENTRALITY_VERSION",
@@ -25,9 +25,6 @@ __all__ = [
     "symbol_names",
 ]
 
-#: The version of centrality's definition: part of the lexical index's format, so an index
-#: written under another definition is rebuilt rather than read.
-CENTRALITY_VERSION = 2
 
 _WORD_CHAR = re.compile(r"[\w$]")
 _ALNUM_RUN = re.compile(r"[A-Za-z0-9]+")

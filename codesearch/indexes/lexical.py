@@ -61,9 +61,12 @@ Examples
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import os
 import re
+import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +75,7 @@ import numpy as np
 
 from codesearch.errors import IndexCorruptError
 from codesearch.indexes.lexical_arrays import Arrays, StringTable, corrupt, encode, offsets_slice
+from codesearch.store import atomic_write
 
 __all__ = [
     "STOPWORDS",
@@ -87,6 +91,10 @@ __all__ = [
     "tokenize",
     "union",
 ]
+
+#: The version of centrality's definition (`codesearch.indexes.features`): part of the
+#: format, so an index written under another definition is rebuilt rather than read.
+CENTRALITY_VERSION = 2
 
 # An identifier-ish run: letters, digits, underscores. Punctuation and operators never
 # carry meaning a user would type into a search box.
@@ -384,8 +392,6 @@ class Manifest:
 
 
 def _centrality_version() -> int:
-    from codesearch.indexes.features import CENTRALITY_VERSION
-
     return CENTRALITY_VERSION
 
 
@@ -579,10 +585,8 @@ class LexicalIndex:
         return self.manifest.live_rows
 
     def save(self, path: str | Path) -> None:
-        """Commit this index as the folder ``path``'s (`lexical_writer.commit`): what an
-        update or a build wrote is searchable from then on. The caller holds the index lock."""
-        from codesearch.indexes.lexical_writer import commit
-
+        """Commit this index as the folder ``path``'s (`commit`): what an update or a build
+        wrote is searchable from then on. The caller holds the index lock."""
         commit(self, Path(path))
 
     def close(self) -> None:
@@ -840,3 +844,69 @@ def _read_manifest(folder: Path) -> bytes:
     if len(data) > MAX_MANIFEST_BYTES:
         raise corrupt(path, "manifest too large")
     return data
+
+
+TMP_RE = re.compile(r"tmp-(\d+)-[0-9a-f]{8}\Z")
+
+
+# ---- the commit --------------------------------------------------------------------------
+
+
+def commit(index: LexicalIndex, path: Path) -> None:
+    """Make ``index`` the committed index of the folder ``path``: its segments and state
+    moved there if they were written elsewhere, then the manifest replaced atomically, then
+    whatever no manifest lists deleted. The caller holds the index lock."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        path.unlink()
+    path.mkdir(parents=True, exist_ok=True)
+    src = index.folder
+    if src.resolve() != path.resolve():
+        for name in _files_of(index.manifest):
+            try:
+                os.replace(src / name, path / name)
+            except OSError:  # another file system: copy (to a temp name, then renamed)
+                tmp = path / f".{name}.tmp-{os.getpid()}"
+                shutil.copy2(src / name, tmp)
+                os.replace(tmp, path / name)
+        index.folder = path
+        for seg in index.segments:
+            seg.arrays.path = path / f"{seg.entry.name}.bin"
+    with atomic_write(path / MANIFEST) as fh:
+        fh.write(index.manifest.to_json())
+    collect_garbage(path, index.manifest)
+
+
+def collect_garbage(path: Path, manifest: Manifest) -> None:
+    """Delete what ``manifest`` does not list: older segments and state files, and the
+    folders of builds whose process is gone."""
+    keep = set(_files_of(manifest))
+    for entry in os.scandir(path):
+        name = entry.name
+        if name in keep or name == MANIFEST:
+            continue
+        tmp = TMP_RE.match(name)
+        stem = name.split(".", 1)[0]
+        stale = SEGMENT_RE.match(stem) or STATE_RE.match(stem)
+        if tmp and _alive(int(tmp.group(1))):
+            continue
+        if stale or tmp:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+
+
+def _files_of(manifest: Manifest) -> list[str]:
+    return [*(f"{e.name}.bin" for e in manifest.segments), f"{manifest.state}.bin"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return pid != 0

@@ -24,9 +24,7 @@ counted at the next full computation, never wrongly (the counts only lag).
 
 from __future__ import annotations
 
-import contextlib
 import os
-import re
 import secrets
 import shutil
 import tempfile
@@ -53,11 +51,8 @@ from codesearch.indexes.features import (
 from codesearch.indexes.lexical import (
     _WORD_RE,
     IMPORTS,
-    MANIFEST,
     OVERLAPS,
-    SEGMENT_RE,
     SIZE_KEYS,
-    STATE_RE,
     TABLES,
     TEST_CODE,
     LexicalIndex,
@@ -65,16 +60,16 @@ from codesearch.indexes.lexical import (
     SegmentEntry,
     _expand,
     _word_tokens,
+    commit,
     tokenize,
 )
 from codesearch.indexes.lexical_arrays import corrupt, encode, pack_strings, write_arrays
-from codesearch.store import atomic_write
 from codesearch.types import path_kind
 
 if TYPE_CHECKING:  # pragma: no cover
     from codesearch.store import Store
 
-__all__ = ["ROWS_PER_SEGMENT", "build", "commit", "update"]
+__all__ = ["ROWS_PER_SEGMENT", "build", "commit", "update"]  # (`commit` is the format's, in `lexical`)
 
 #: Rows a segment takes before it is written (a file's chunks always share one segment).
 #: ~3M postings at ~100 distinct terms a chunk: the writer's peak stays near 350 MB.
@@ -86,7 +81,6 @@ MAX_SMALL = 8
 CENTRALITY_REFRESH = 0.05
 #: ... and on every change while the repository has at most this many files.
 CENTRALITY_ALWAYS = 20_000
-_TMP_RE = re.compile(r"tmp-(\d+)-[0-9a-f]{8}\Z")
 
 
 class Vocabulary:
@@ -686,69 +680,6 @@ def _defined_in(seg, dmap: dict[bytes, int], *, every: bool) -> tuple[np.ndarray
             if i >= 0:
                 d_of_tid[i] = d
     return d_of_tid, np.flatnonzero(d_of_tid >= 0)
-
-
-# ---- the commit --------------------------------------------------------------------------
-
-
-def commit(index: LexicalIndex, path: Path) -> None:
-    """Make ``index`` the committed index of the folder ``path``: its segments and state
-    moved there if they were written elsewhere, then the manifest replaced atomically, then
-    whatever no manifest lists deleted. The caller holds the index lock."""
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        path.unlink()
-    path.mkdir(parents=True, exist_ok=True)
-    src = index.folder
-    if src.resolve() != path.resolve():
-        for name in _files_of(index.manifest):
-            try:
-                os.replace(src / name, path / name)
-            except OSError:  # another file system: copy (to a temp name, then renamed)
-                tmp = path / f".{name}.tmp-{os.getpid()}"
-                shutil.copy2(src / name, tmp)
-                os.replace(tmp, path / name)
-        index.folder = path
-        for seg in index.segments:
-            seg.arrays.path = path / f"{seg.entry.name}.bin"
-    with atomic_write(path / MANIFEST) as fh:
-        fh.write(index.manifest.to_json())
-    collect_garbage(path, index.manifest)
-
-
-def collect_garbage(path: Path, manifest: Manifest) -> None:
-    """Delete what ``manifest`` does not list: older segments and state files, and the
-    folders of builds whose process is gone."""
-    keep = set(_files_of(manifest))
-    for entry in os.scandir(path):
-        name = entry.name
-        if name in keep or name == MANIFEST:
-            continue
-        tmp = _TMP_RE.match(name)
-        stem = name.split(".", 1)[0]
-        stale = SEGMENT_RE.match(stem) or STATE_RE.match(stem)
-        if tmp and _alive(int(tmp.group(1))):
-            continue
-        if stale or tmp:
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    os.unlink(entry.path)
-
-
-def _files_of(manifest: Manifest) -> list[str]:
-    return [*(f"{e.name}.bin" for e in manifest.segments), f"{manifest.state}.bin"]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return pid != 0
 
 
 def build_elsewhere(store: Store, path: Path | None) -> LexicalIndex:

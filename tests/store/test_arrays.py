@@ -130,42 +130,11 @@ def test_checks_of_what_the_arrays_say():
         check_finite(np.array([0.5, 1e38], np.float32), what="T", path="p", bound=1.0)
 
 
-def _lexical(tmp_path):
-    from codesearch.indexes.lexical import LexicalIndex
+def _plaid_v1(tmp_path):
+    """A PLAID index in plaid mode, written in the one-file format before folders (still
+    read: an index written then, an older export): its arrays and its manifest."""
 
-    index = LexicalIndex()
-    index.add(np.arange(4), ["def alpha(): pass", "beta gamma", "alpha beta", "delta"])
-    path = tmp_path / "lexical.npz"
-    index.save(path)
-    return LexicalIndex, path
-
-
-@pytest.mark.parametrize("change", ["backwards", "past_end", "term_out_of_range", "nan", "shape_lie"])
-def test_the_lexical_index_loader_refuses_arrays_that_would_crash_a_query(tmp_path, change):
-    """Offsets out of order segfaulted every query (scipy reads out of bounds)."""
-    cls, path = _lexical(tmp_path)
-    arrays = dict(np.load(path, allow_pickle=False))
-    n = len(arrays["indices"])
-    if change == "backwards":
-        arrays["indptr"] = np.array([0, n, 0, n, n], np.int64)
-    elif change == "past_end":
-        arrays["indptr"] = np.array([0, 1, 2, 3, n + 5], np.int64)
-    elif change == "term_out_of_range":
-        arrays["indices"] = arrays["indices"] + 1000
-    elif change == "nan":
-        arrays["data"] = np.full_like(arrays["data"], np.nan)
-    with open(path, "wb") as fh:
-        np.savez(fh, **arrays)
-    if change == "shape_lie":  # the header of 'ids' promises fewer values than it holds
-        data = path.read_bytes()
-        at = data.find(b"'shape': (4,)")
-        path.write_bytes(data[:at] + b"'shape': (3,)" + data[at + 13 :])
-    with pytest.raises(IndexCorruptError) as err:
-        cls.load(path)
-    assert "\n" not in str(err.value) and "--rebuild" in str(err.value)
-
-
-def test_the_multi_vector_loader_refuses_a_nan_codec_and_codes_past_its_centroids(tmp_path):
+    from codesearch.indexes.folder import read_folder
     from codesearch.indexes.plaid import PlaidIndex
 
     rng = np.random.default_rng(0)
@@ -174,14 +143,39 @@ def test_the_multi_vector_loader_refuses_a_nan_codec_and_codes_past_its_centroid
     index = PlaidIndex(8, mode="plaid", n_centroids=4)
     index.add(np.arange(30), docs)
     index.save(tmp_path / "plaid")
-    file = tmp_path / "plaid" / "index.npz"
+    h, a = (lambda f: (f.header, f.arrays))(read_folder(tmp_path / "plaid", "test"))
+    arrays = {"ids": np.concatenate([a["ids"], a["tail_ids"]]).astype(np.int64),
+              "doclens": np.concatenate([a["doclens"], a["tail_doclens"]]).astype(np.int64),
+              "centroids": np.array(a["centroids"]), "cutoffs": np.array(a["cutoffs"]),
+              "weights": np.array(a["weights"]),
+              "codes": np.concatenate([a["codes"], a["tail_codes"]]),
+              "residuals": np.concatenate([a["residuals"], a["tail_residuals"]])}
+    manifest = {"format": 1, "dim": h["dim"], "params": h["params"], "kind": "plaid",
+                "n_docs": len(arrays["ids"]), "n_tokens": int(arrays["doclens"].sum()),
+                "build_error": h["build_error"], "added_error_sum": 0.0, "added_tokens": 0}
+    return PlaidIndex, arrays, manifest
+
+
+def _save_v1(path, arrays, manifest):
+    import json
+
+    manifest = {**manifest, "shapes": {name: list(a.shape) for name, a in arrays.items()}}
+    with open(path, "wb") as fh:
+        np.savez(fh, manifest=np.frombuffer(json.dumps(manifest).encode(), dtype=np.uint8), **arrays)
+
+
+def test_the_multi_vector_loader_refuses_a_nan_codec_and_codes_past_its_centroids(tmp_path):
+    """The one-file format is read whole, so its loader checks the codec and the codes
+    before any search."""
+    cls, good, manifest = _plaid_v1(tmp_path)
+    _save_v1(tmp_path / "good.npz", good, manifest)
+    assert len(cls.load(tmp_path / "good.npz")) == 30
     for change in ("nan", "codes"):
-        arrays = dict(np.load(file, allow_pickle=False))
+        arrays = {name: a.copy() for name, a in good.items()}
         if change == "nan":
             arrays["centroids"] = np.full_like(arrays["centroids"], np.nan)
         else:
             arrays["codes"] = np.full_like(arrays["codes"], 40)
-        with open(tmp_path / "bad.npz", "wb") as fh:
-            np.savez(fh, **arrays)
+        _save_v1(tmp_path / "bad.npz", arrays, manifest)
         with pytest.raises(IndexCorruptError):
-            PlaidIndex.load(tmp_path / "bad.npz")
+            cls.load(tmp_path / "bad.npz")
