@@ -139,15 +139,17 @@ def _query(argv: list[str]) -> int | None:
     from codesearch.server import daemon_client
 
     policy = daemon_client.policy(bool(opts.get("no_daemon")))
-    lexical = request["mode"] == "lexical"
-    if policy == daemon_client.OFF and not lexical:
-        return None
     found = _locate(opts.get("path"), opts.get("index_dir"))
     if found is None and policy != daemon_client.OFF:
         found = _indexing(opts.get("path"), opts.get("index_dir"))
     if found is None:
         return None  # no index yet: the Typer path indexes it first, lexically, here
     root, index_dir = found
+    # What this process answers without torch: a lexical query, or a hybrid one (the default)
+    # of an index that records no model, which BM25 alone ranks (the searcher says so).
+    lexical = request["mode"] == "lexical" or (request["mode"] == "hybrid" and not _records_models(index_dir))
+    if policy == daemon_client.OFF and not lexical:
+        return None
     from codesearch.server.discovery import read_discovery
 
     if read_discovery(index_dir) is not None:
@@ -187,8 +189,9 @@ def _query(argv: list[str]) -> int | None:
 
 
 def _query_here(root: Path, index_dir: Path, request: dict[str, object], opts: dict[str, object]) -> int | None:
-    """A lexical query with no daemon running: searched in this process, as the Typer path
-    searches it (refresh included; no model, no torch), without importing typer or rich.
+    """A lexical query with no daemon running (or a hybrid one of an index with no model):
+    searched in this process, as the Typer path searches it (refresh included; no model, no
+    torch), without importing typer or rich.
     An error (a bad glob, ...): None, and the Typer path says it in its words."""
     from codesearch.api import CodeSearch
     from codesearch.errors import CodeSearchError
@@ -196,7 +199,7 @@ def _query_here(root: Path, index_dir: Path, request: dict[str, object], opts: d
 
     try:
         req = SearchRequest(
-            str(request["query"]), int(request["k"]), "lexical", tuple(request["lang"] or ()),  # type: ignore[arg-type]
+            str(request["query"]), int(request["k"]), str(request["mode"]), tuple(request["lang"] or ()),  # type: ignore[arg-type]
             tuple(request["glob"] or ()), bool(request["files_only"]), context=int(request["context"]),  # type: ignore[arg-type]
             max_lines=request["max_lines"], no_snippet=bool(request["no_snippet"]),  # type: ignore[arg-type]
             min_score=request["min_score"], budget=request["budget"],  # type: ignore[arg-type]

@@ -37,6 +37,22 @@ def test_the_lean_lexical_answer_is_the_typer_one(repo, form):
     assert lean.returncode == 0 and (lean.stdout or "No results." in lean.stderr)
 
 
+@pytest.mark.parametrize("form", [[], ["--json"], ["--mode", "hybrid", "-k", "3"]],
+                         ids=lambda f: " ".join(f) or "plain")
+def test_a_default_query_of_an_index_without_a_model_is_the_lean_lexical_one(repo, form):
+    """The default mode (hybrid) of an index that records no model is BM25 alone: answered
+    here without typer, rich or torch, as the Typer path would answer it."""
+    args = ["query", "parse the config file", "-p", repo, *form]
+    lean = cli(*args, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    typer_path = cli(*args, "--no-server")
+    imported = {line.rsplit("|", 1)[-1].strip() for line in lean.stderr.splitlines() if line.startswith("import time:")}
+    assert imported and not imported & {"typer", "rich", "torch", "click"}
+    said = "\n".join(line for line in lean.stderr.splitlines() if not line.startswith("import time:"))
+    assert (lean.returncode, lean.stdout, said) == (typer_path.returncode, typer_path.stdout,
+                                                    typer_path.stderr.rstrip("\n"))
+    assert lean.returncode == 0 and lean.stdout
+
+
 def test_nothing_found_and_a_bad_glob_are_said_as_the_typer_path_says_them(repo):
     for extra in (["--glob", "*.nothing"], ["--glob", "a{b"]):
         args = ["query", "parse the config file", "--mode", "lexical", "-p", repo, *extra]
