@@ -66,6 +66,11 @@ _EMPTY_SCORES = np.empty(0, dtype=np.float32)
 SMALL_SEARCH_QUERIES = 8
 
 
+#: Training points per IVF cell (a seeded sample), and the vectors added to the lists at a time.
+_TRAIN_POINTS_PER_CELL = 64
+_ADD_BLOCK = 65_536
+
+
 @dataclass
 class _Base:
     """The written part: sorted ids and, aligned with them, a float32 matrix (exact), or a
@@ -445,11 +450,15 @@ class DenseIndex:
             self._merge()
 
     def _rebuild(self, *, ivf: bool) -> None:
-        ids, vectors = self._all_vectors()
         if ivf:
+            # In float16, as the lists hold them: half the bytes of float32 and one copy, never
+            # a second (600k x 384 retrained in 2.8 GB as float32 copies; in half that now).
+            # (A first add of everything at once is trained from the tail as it is: no copy.)
+            ids, vectors = self._all_vectors(np.float16) if len(self._base.ids) else (self._tail_ids, self._tail)
             self._set_base(_Base(np.sort(ids), lists=self._train(ids, vectors)))
             self._trained_on = len(ids)
         else:
+            ids, vectors = self._all_vectors()
             order = np.argsort(ids)
             self._set_base(_Base(ids[order], vectors[order]))
             self._trained_on = 0
@@ -482,23 +491,27 @@ class DenseIndex:
         nlist = self._base.lists.nlist
         return min(nlist, self.nprobe or max(16, nlist // 8))
 
-    def _all_vectors(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every live (id, vector): the base's (read back from its matrix or lists) and the tail's."""
+    def _all_vectors(self, dtype: type = np.float32) -> tuple[np.ndarray, np.ndarray]:
+        """Every live (id, vector): the base's (read back from its matrix or lists) and the
+        tail's, written once into one array of ``dtype``."""
         base = self._base
-        if not len(base.ids):
+        if not len(base.ids) and dtype == np.float32:
             return self._tail_ids, self._tail  # (no copy: a first add of everything at once)
+        n_base = len(base.ids) - len(self._removed)
+        ids = np.empty(n_base + len(self._tail_ids), dtype=np.int64)
+        out = np.empty((len(ids), self._dim), dtype=dtype)
         if base.is_ivf:
-            ids, vectors = _ivf_contents(base.lists, self._dim)
-            keep = ~np.isin(ids, self._removed) if len(self._removed) else slice(None)
-            ids, vectors = ids[keep], vectors[keep]
-        else:
+            _ivf_contents_into(base.lists, self._removed, ids[:n_base], out[:n_base])
+        elif n_base:
             keep = np.ones(len(base.ids), dtype=bool)
             keep[base.rows_of(self._removed)] = False
-            ids, vectors = base.ids[keep], np.asarray(base.vectors[keep], dtype=np.float32)
-        return np.concatenate([ids, self._tail_ids]), np.concatenate([vectors, self._tail])
+            ids[:n_base], out[:n_base] = base.ids[keep], base.vectors[keep]
+        ids[n_base:], out[n_base:] = self._tail_ids, self._tail
+        return ids, out
 
     def _train(self, ids: np.ndarray, vectors: np.ndarray):
-        """A fresh IVF index of ``vectors`` (float16 lists, cells trained on them)."""
+        """A fresh IVF index of ``vectors`` (float16 lists, cells trained on a seeded sample of
+        them; added a block at a time, so float16 ``vectors`` are never all made float32)."""
         import faiss
 
         n = len(ids)
@@ -509,12 +522,16 @@ class DenseIndex:
             quantizer, self._dim, nlist, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT, False
         )
         index.cp.seed = self.seed
-        # Cap the k-means sample: 64 points per cell is plenty for cell boundaries and keeps
-        # training at a few seconds for 1M vectors.
-        index.cp.max_points_per_centroid = 64
+        # 64 points per cell is plenty for cell boundaries and keeps training at a few
+        # seconds for 1M vectors; the sample is drawn here (seeded), so only it is float32.
+        sample = min(n, _TRAIN_POINTS_PER_CELL * nlist)
+        rows = np.sort(np.random.default_rng(self.seed).choice(n, sample, replace=False)) if sample < n else slice(None)
+        index.cp.max_points_per_centroid = _TRAIN_POINTS_PER_CELL
         index.cp.niter = 10  # cell boundaries settle early; FAISS's 25 triples training time
-        index.train(vectors)
-        index.add_with_ids(vectors, ids)
+        index.train(np.ascontiguousarray(vectors[rows], dtype=np.float32))
+        for start in range(0, n, _ADD_BLOCK):
+            block = slice(start, start + _ADD_BLOCK)
+            index.add_with_ids(np.ascontiguousarray(vectors[block], dtype=np.float32), ids[block])
         quantizer.this.disown()  # the IVF index now owns (and frees) its quantizer
         index.own_fields = True
         return index
@@ -630,25 +647,44 @@ def _ivf_ids(index) -> np.ndarray:
 
 
 def _ivf_contents(index, dim: int | None) -> tuple[np.ndarray, np.ndarray | None]:
-    """Every (id, vector) of a FAISS IVF index, read from its lists (float16 codes decoded);
-    ids only when ``dim`` is None."""
+    """Every (id, vector) of a FAISS IVF index, read from its lists (float16 codes decoded to
+    float32); ids only when ``dim`` is None."""
+    n = int(index.ntotal)
+    ids = np.empty(n, dtype=np.int64)
+    if dim is None:
+        _ivf_contents_into(index, _EMPTY_IDS, ids, None)
+        return ids, None
+    vectors = np.empty((n, dim), dtype=np.float16)
+    _ivf_contents_into(index, _EMPTY_IDS, ids, vectors)
+    return ids, vectors.astype(np.float32)
+
+
+def _ivf_contents_into(index, removed: np.ndarray, ids: np.ndarray, vectors: np.ndarray | None) -> None:
+    """Write every (id, vector) of a FAISS IVF index but the ``removed`` ids into ``ids`` and
+    ``vectors`` (sized for exactly those; any float dtype), a list at a time: no copy of all
+    the codes is ever made."""
     import faiss
 
     invlists = index.invlists
-    ids, codes = [], []
+    dim = None if vectors is None else vectors.shape[1]
+    at = 0
     for cell in range(invlists.nlist):
         size = invlists.list_size(cell)
         if not size:
             continue
         ptr = invlists.get_ids(cell)
-        ids.append(faiss.rev_swig_ptr(ptr, size).copy())
+        cell_ids = faiss.rev_swig_ptr(ptr, size).astype(np.int64)
         invlists.release_ids(cell, ptr)
-        if dim is not None:
+        keep = ~np.isin(cell_ids, removed) if len(removed) else None
+        n = size if keep is None else int(keep.sum())
+        if at + n > len(ids):
+            raise ValueError("the IVF lists hold more vectors than the index counts")
+        ids[at : at + n] = cell_ids if keep is None else cell_ids[keep]
+        if vectors is not None and n:
             ptr = invlists.get_codes(cell)
-            codes.append(faiss.rev_swig_ptr(ptr, size * 2 * dim).copy())
+            codes = faiss.rev_swig_ptr(ptr, size * 2 * dim).view(np.float16).reshape(size, dim)
+            vectors[at : at + n] = codes if keep is None else codes[keep]
             invlists.release_codes(cell, ptr)
-    all_ids = np.concatenate(ids).astype(np.int64) if ids else _EMPTY_IDS.copy()
-    if dim is None:
-        return all_ids, None
-    flat = np.concatenate(codes) if codes else np.empty(0, np.uint8)
-    return all_ids, flat.view(np.float16).reshape(-1, dim).astype(np.float32)
+        at += n
+    if at != len(ids):
+        raise ValueError("the IVF lists hold fewer vectors than the index counts")
