@@ -201,6 +201,10 @@ def _vectors_mark(store: Store) -> str | None:
     return f"{top}:" + ",".join(f"{role}={m.identity}" for role, m in sorted(store.models().items()))
 
 
+#: Ids whose vectors a sync reads from the store and adds to an index at a time.
+_ADD_BATCH = 16_384
+
+
 def _add_from_store(
     name: str, index: Index, store: Store, ids: Sequence[int] | None, codes: CodeBook | None = None,
     *, use_codes: bool = True,
@@ -216,7 +220,10 @@ def _add_from_store(
     if spec.one_add and use_codes and codes is not None and codes.codec is not None:
         if _add_coded(index, store, spec.kind, ids, codes):
             return
-    batches = store.iter_vectors(spec.kind) if ids is None else [store.vectors_for(ids, spec.kind)]
+    # A batch at a time: vectors_for makes an array per id, and a sync that adds every chunk
+    # of a first run (603,770 at once) held them all, with their float32 copy: 3.1 GB.
+    batches = store.iter_vectors(spec.kind) if ids is None else (
+        store.vectors_for(ids[start : start + _ADD_BATCH], spec.kind) for start in range(0, len(ids), _ADD_BATCH))
     if spec.one_add:
         all_ids, all_vecs = [], []
         for found, arrays in batches:
