@@ -31,6 +31,9 @@ from codesearch.indexes.lexical import LexicalIndex, Postings, bm25, idf, length
 from codesearch.search.corpus import Corpus, norm_ident
 from codesearch.search.query import Query
 
+#: How many of the files the whole-file vector signal scores best become candidates.
+FILE_SIGNAL_CANDIDATES = 500
+
 
 @dataclass(frozen=True)
 class RankingParams:
@@ -297,7 +300,12 @@ class Ranker:
             touched_rows.append(np.asarray(include, dtype=np.int64))
         extra = np.concatenate(touched_rows)
         lex_files = union([runs(pt.files)[0] for pt in posts.values()]) if use_lexical else empty_i
-        files = union([lex_files, path_files, stem_files, fd_files, np.sort(c.file_of(extra))])
+        # Of the whole-file signal, only its best files: a short-context model scores every
+        # file by its centroid, and each file made a candidate costs its rows (all 603,770
+        # of a 114k-file monorepo). The others keep their score where something else makes
+        # them candidates; the normalisation below is over every file it scored.
+        fd_best = fd_files[np.sort(_top(fd_scores, fd_files, FILE_SIGNAL_CANDIDATES))] if len(fd_files) else empty_i
+        files = union([lex_files, path_files, stem_files, fd_best, np.sort(c.file_of(extra))])
         rows, owner = c.file_rows(files)
         n = len(rows)
         row_at, file_at = _positions(idx.n_rows, rows), _positions(idx.n_files, files)
@@ -355,9 +363,10 @@ class Ranker:
                 norm = _impute(norm, covered[name][rows], lex_c)
             total += w * norm
         if len(fd_files):
-            present = np.zeros(len(files), dtype=bool)
-            present[file_at[fd_files]] = True
-            fnorm = _normalise(at_files(fd_files, fd_scores), present, p.vector_norm)
+            scored = _normalise(fd_scores, np.ones(len(fd_files), dtype=bool), p.vector_norm)
+            at = np.searchsorted(files, fd_files).clip(0, max(len(files) - 1, 0))
+            held = files[at] == fd_files if len(files) else np.zeros(len(fd_files), dtype=bool)
+            fnorm = at_files(fd_files[held], scored[held])
             if covered is not None and "files" in covered:
                 pooled = None if lex_c is None else np.bincount(owner, weights=lex_c, minlength=len(files))
                 fnorm = _impute(fnorm, covered["files"][files], pooled)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import threading
 from pathlib import Path
@@ -627,3 +628,29 @@ def test_a_new_index_of_chunk_vectors_is_one_registry_entry(minilm_index, monkey
         assert len(searcher._indexes["dense_copy"]) == len(searcher._indexes["dense_chunks"])
     assert result.indexes_used == (*before.indexes_used, "dense_copy")
     assert result.hits[0].path == "src/storage/cleanup.py" and "dense_copy" in result.hits[0].sources
+
+
+def test_the_whole_file_signal_makes_only_its_best_files_candidates(minilm_index, monkeypatch):
+    """A short-context model scores every file by its centroid; only the best
+    `FILE_SIGNAL_CANDIDATES` of them become candidates, and a candidate's score does not
+    depend on how many did (the signal is normalised over every file it scored)."""
+    from codesearch.search import ranking
+
+    seen: list = []
+    real = ranking.Ranker.score
+    monkeypatch.setattr(ranking.Ranker, "score", lambda self, *a, **kw: seen.append(real(self, *a, **kw)) or seen[-1])
+    # Words no file holds, and one chunk vector asked for: the files' centroids make the rest.
+    one_vector = dataclasses.replace(minilm_index._ranker.params, dense_candidates=1)
+    monkeypatch.setattr(minilm_index._ranker, "params", one_vector)
+    query = "zqxv wkjh"
+
+    def search() -> tuple[dict, int]:
+        hits = {(h.path, h.start_line): h.score for h in minilm_index.search(query, k=1, mode="hybrid").hits}
+        return hits, len(seen[-1].files)
+
+    full, files_full = search()
+    monkeypatch.setattr(ranking, "FILE_SIGNAL_CANDIDATES", 1)
+    capped, files_capped = search()
+    assert files_capped < files_full
+    both = set(full) & set(capped)
+    assert both and all(abs(full[key] - capped[key]) < 1e-5 for key in both)
