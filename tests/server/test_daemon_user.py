@@ -216,6 +216,13 @@ def test_a_search_never_answers_from_the_generation_before_a_commit(tmp_path, mo
             return _finds(served.query("vanishing_helper_xyz", 3, mode="lexical"))
 
         assert _wait(edited_is_found)
+        # The watcher saw that edit too: let its run (a no-op now) end before the gate goes in,
+        # or the gate holds that run, and the revert's run waits behind it on a loaded machine.
+        from codesearch.store import IndexLock
+
+        time.sleep(0.3)
+        assert _wait(lambda: served.watcher.debouncer._first is None and not IndexLock.writer_active(
+            root / ".codesearch"))
         swap = served._live.swap
 
         def slow_swap(**kwargs):  # the run's open of its new generation takes a second
@@ -231,7 +238,7 @@ def test_a_search_never_answers_from_the_generation_before_a_commit(tmp_path, mo
 
         before = committed()
         target.write_text(original)  # what `git checkout` of the file does
-        assert _wait(lambda: committed() > before)  # the run committed; its swap waits on the gate
+        assert _wait(lambda: committed() > before, 60.0)  # the run committed; its swap waits on the gate
         threading.Timer(1.0, gate.set).start()
         notices = registry.refresh(served)
         result = served.query("vanishing_helper_xyz", 3, mode="lexical")
