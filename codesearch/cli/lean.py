@@ -147,7 +147,8 @@ def _query(argv: list[str]) -> int | None:
     root, index_dir = found
     # What this process answers without torch: a lexical query, or a hybrid one (the default)
     # of an index that records no model, which BM25 alone ranks (the searcher says so).
-    lexical = request["mode"] == "lexical" or (request["mode"] == "hybrid" and not _records_models(index_dir))
+    models = None if request["mode"] == "lexical" else _records_models(index_dir)  # (read once)
+    lexical = request["mode"] == "lexical" or (request["mode"] == "hybrid" and not models)
     if policy == daemon_client.OFF and not lexical:
         return None
     from codesearch.server.discovery import read_discovery
@@ -164,7 +165,7 @@ def _query(argv: list[str]) -> int | None:
     if info is None and lexical and not big:
         return _query_here(root, index_dir, request, opts)
     if info is None:
-        if policy != daemon_client.START or not (big or _records_models(index_dir)):
+        if policy != daemon_client.START or not (big or models):
             return None  # needs no model: this process answers without torch
         try:
             info = daemon_client.ensure(start=True, say=_notice)
@@ -288,34 +289,30 @@ USER_ERROR = 422
 def _is_big(index_dir: Path) -> bool:
     """Whether the index holds `LEXICAL_DAEMON_CHUNKS` chunks or more (False when the store
     cannot tell: this process then searches it, as it always did)."""
-    import sqlite3
-
     threshold = _int(os.environ.get(LEXICAL_DAEMON_ENV) or LEXICAL_DAEMON_CHUNKS, 0)
-    if not threshold:
-        return False
-    try:
-        conn = sqlite3.connect(f"file:{index_dir / 'store.sqlite'}?mode=ro", uri=True, timeout=1.0)
-        try:
-            return conn.execute("SELECT count(*) FROM chunks").fetchone()[0] >= threshold
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return False
+    count = _store_count(index_dir, "chunks") if threshold else None
+    return count is not None and count >= threshold
 
 
 def _records_models(index_dir: Path) -> bool:
     """Whether the index has vectors of a model (a semantic query must load it); True when
     the store cannot tell (the daemon then decides)."""
+    count = _store_count(index_dir, "models")
+    return count is None or count > 0
+
+
+def _store_count(index_dir: Path, table: str) -> int | None:
+    """The rows of ``table`` in the index's store, read-only; None when it cannot be read."""
     import sqlite3
 
     try:
         conn = sqlite3.connect(f"file:{index_dir / 'store.sqlite'}?mode=ro", uri=True, timeout=1.0)
         try:
-            return conn.execute("SELECT count(*) FROM models").fetchone()[0] > 0
+            return int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
         finally:
             conn.close()
     except sqlite3.Error:
-        return True
+        return None
 
 
 def _notice(line: str) -> None:
