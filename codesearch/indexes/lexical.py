@@ -429,7 +429,7 @@ class Inverted:
 
     def values(self, lo: int, hi: int, *, ascending: bool = True) -> np.ndarray:
         """Values ``lo:hi`` (int64), checked in range, and ascending (one entry's)."""
-        v = self._vals[lo:hi].astype(np.int64)
+        v = self.arrays.read(self.name + "_vals", lo, hi).astype(np.int64)  # (read, not mapped: `Arrays`)
         if len(v):
             if ascending:
                 bad = v[0] < 0 or v[-1] >= self.limit or (len(v) > 1 and not (v[1:] > v[:-1]).all())
@@ -620,7 +620,7 @@ class LexicalIndex:
             files = seg.files_of_rows(rows) + self.file_base[s]
             alive = self.live[files] != 0
             if alive.any():
-                tf = seg.arrays["terms_tf"][lo:hi][alive].astype(np.float32)
+                tf = seg.arrays.read("terms_tf", lo, hi)[alive].astype(np.float32)
                 parts.append((rows[alive] + self.row_base[s], tf, files[alive]))
         if not parts:
             return None
