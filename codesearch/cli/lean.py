@@ -194,6 +194,10 @@ def _query_here(root: Path, index_dir: Path, request: dict[str, object], opts: d
     searched in this process, as the Typer path searches it (refresh included; no model, no
     torch), without importing typer or rich.
     An error (a bad glob, ...): None, and the Typer path says it in its words."""
+    if not opts.get("no_refresh"):
+        from codesearch.indexing import gitlist
+
+        gitlist.prefetch(root)  # git lists the tree while the imports below run (the refresh's check)
     from codesearch.api import CodeSearch
     from codesearch.errors import CodeSearchError
     from codesearch.types import SearchRequest, result_document

@@ -122,7 +122,7 @@ def _unchanged(root: Path, store_path: Path, include: Sequence[str], exclude: Se
                max_file_bytes: int | None) -> bool:
     """Whether the last run's walk stamp, made with these walk options, still holds."""
     from codesearch.indexing.unchanged import same_walk
-    from codesearch.indexing.walk import WALK_STAMP_KEY, WalkStamp, unchanged_since
+    from codesearch.indexing.walk import WALK_STAMP_KEY, WalkStamp, start_listings, unchanged_since
 
     if not store_path.is_file():
         return False
@@ -131,6 +131,7 @@ def _unchanged(root: Path, store_path: Path, include: Sequence[str], exclude: Se
         stamp = WalkStamp.from_json(meta.get(WALK_STAMP_KEY))
         if stamp is None or not same_walk(meta, root, include, exclude, max_file_bytes):
             return False
+        start_listings(root, stamp)
         kept = store.file_stats()
     return unchanged_since(root, stamp, kept)
 

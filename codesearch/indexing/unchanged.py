@@ -63,7 +63,14 @@ def unchanged_run(
     """
     from codesearch.indexes.registry import index_path, wanted
     from codesearch.indexing.chunking.source import CHUNKER_VERSION
-    from codesearch.indexing.walk import WALK_SKIPPED_KEY, WALK_STAMP_KEY, WalkStamp, unchanged_since, walk
+    from codesearch.indexing.walk import (
+        WALK_SKIPPED_KEY,
+        WALK_STAMP_KEY,
+        WalkStamp,
+        start_listings,
+        unchanged_since,
+        walk,
+    )
     from codesearch.store import KIND_ROLE, VECTOR_KINDS, IndexLock, Store
 
     t0 = time.perf_counter()
@@ -95,6 +102,8 @@ def unchanged_run(
                 if meta.get(f"gen.{name}") != gen or not index_path(idir, name).exists():
                     return None
             stamp = WalkStamp.from_json(meta.get(WALK_STAMP_KEY))
+            if stamp is not None:
+                start_listings(root_path, stamp)
             # What the last run kept, with the stats it recorded: enough with its stamp.
             kept = store.file_stats() if stamp is not None else None
             old = store.files() if stamp is None else {}

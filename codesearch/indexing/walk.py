@@ -25,10 +25,7 @@ import json
 import logging
 import os
 import re
-import shutil
 import stat
-import subprocess
-import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +35,7 @@ import xxhash
 
 from codesearch.errors import PathError
 from codesearch.globs import GitIgnore
+from codesearch.indexing import gitlist
 from codesearch.languages import CPP_HINTS, detect_language
 from codesearch.pathnames import quote_name
 from codesearch.store.files import FolderReader, read_source
@@ -409,39 +407,6 @@ def _glob_spec(patterns: Iterable[str] | str) -> GitIgnore | None:
     return GitIgnore.of(patterns) if patterns else None
 
 
-def _git_env() -> dict[str, str]:
-    # A caller running inside a git hook has GIT_DIR set; it would point git at the wrong repo.
-    return {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-
-
-_GIT_LS = ("ls-files", "-co", "--exclude-standard", "-z")
-
-
-def _git_ls(root: str | os.PathLike) -> subprocess.Popen | None:
-    """``git ls-files -co --exclude-standard -z`` in ``root``, started (None without git)."""
-    git = shutil.which("git")
-    if git is None:
-        return None
-    try:
-        return subprocess.Popen([git, "-C", os.fspath(root), *_GIT_LS], stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=_git_env())
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def _git_output(proc: subprocess.Popen | None) -> bytes | None:
-    """What a `_git_ls` printed, or None when it failed (outside a work tree)."""
-    if proc is None:
-        return None
-    try:
-        out, _ = proc.communicate(timeout=300)
-    except (OSError, subprocess.SubprocessError):
-        proc.kill()
-        proc.wait()
-        return None
-    return out if proc.returncode == 0 else None
-
-
 def _digest(raw: bytes) -> str:
     """The hash of the paths a listing holds, whatever their order: git prints untracked
     files before tracked ones, and a ``git add`` changes no verdict. (A path in a merge
@@ -458,7 +423,7 @@ def _parse_listing(raw: bytes) -> list[str]:
 
 def _git_listing(root: Path) -> list[str] | None:
     """Paths git shows under `root` (tracked + untracked-not-ignored), or None outside git."""
-    raw = _git_output(_git_ls(root))
+    raw = gitlist.take(root).output()
     return None if raw is None else _parse_listing(raw)
 
 
@@ -688,7 +653,7 @@ class _Walker:
         # A nested folder is listed by git only when it is a repository of its own: asked
         # about an uninitialised submodule, git would answer for the enclosing repository.
         nested_repo = not rel_dir or (abs_dir / ".git").exists()
-        raw = _git_output(_git_ls(abs_dir)) if nested_repo else None
+        raw = gitlist.Listing(abs_dir).output() if nested_repo else None
         listing = _parse_listing(raw) if raw is not None else None
         if listing:
             if self.listings is not None:
@@ -772,6 +737,13 @@ def walk(
     return WalkResult(files=files, skipped=skipped, git=git, stamp=stamp)
 
 
+def start_listings(root: str | os.PathLike, stamp: WalkStamp) -> None:
+    """Start the git listings `unchanged_since` will compare (`gitlist.prefetch`): a caller
+    that reads the kept files' stats first lets git walk the tree meanwhile."""
+    for rel, _ in stamp.listings:
+        gitlist.prefetch(os.path.join(root, rel) if rel else root)
+
+
 def unchanged_since(root: str | os.PathLike, stamp: WalkStamp, kept: Iterable[tuple[str, int, int]]) -> bool:
     """Whether a walk of ``root`` now would keep exactly the files ``kept``, with the same
     verdicts, as the walk that made ``stamp`` (same options): git lists what it listed,
@@ -783,18 +755,7 @@ def unchanged_since(root: str | os.PathLike, stamp: WalkStamp, kept: Iterable[tu
     False at the first difference.
     """
     root = os.fspath(root)
-    procs = [_git_ls(os.path.join(root, rel) if rel else root) for rel, _ in stamp.listings]
-    # Each listing read on a thread of its own: git blocks once the pipe is full (64 KiB of
-    # an 11 MB listing), and would only run while this thread waits for it.
-    outputs: list[bytes | None] = [None] * len(procs)
-
-    def collect(i: int, proc: subprocess.Popen | None) -> None:
-        outputs[i] = _git_output(proc)
-
-    readers = [threading.Thread(target=collect, args=(i, p), name="codesearch-git-listing", daemon=True)
-               for i, p in enumerate(procs)]
-    for reader in readers:
-        reader.start()
+    listings = [gitlist.take(os.path.join(root, rel) if rel else root) for rel, _ in stamp.listings]
     try:
         fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
         try:
@@ -804,15 +765,11 @@ def unchanged_since(root: str | os.PathLike, stamp: WalkStamp, kept: Iterable[tu
                 return False
         finally:
             os.close(fd)
-        for reader in readers:
-            reader.join()
+        outputs = [listing.output() for listing in listings]
         return all(raw is not None and _digest(raw) == digest for raw, (_, digest) in zip(outputs, stamp.listings))
     finally:
-        for proc in procs:
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-        for reader in readers:
-            reader.join()
+        for listing in listings:
+            listing.stop()
 
 
 def _same_stats(fd: int, kept: Iterable[tuple[str, int, int]]) -> bool:

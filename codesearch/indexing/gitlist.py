@@ -1,0 +1,98 @@
+"""``git ls-files`` run beside the caller: the listing a walk starts from, and a no-op check
+compares (`codesearch.indexing.walk`).
+
+Light on purpose (no numpy, no store): the command line starts the listing of the root it
+searches before it imports what a search needs (`prefetch`), so git's pass over the tree
+(0.5 s on a 114k-file monorepo, most of a no-op check) runs while this process imports and
+reads its store, not after.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+import time
+
+__all__ = ["Listing", "prefetch", "take"]
+
+GIT_LS = ("ls-files", "-co", "--exclude-standard", "-z")
+
+
+def git_env() -> dict[str, str]:
+    # A caller running inside a git hook has GIT_DIR set; it would point git at the wrong repo.
+    return {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+
+
+class Listing:
+    """``git ls-files -co --exclude-standard -z`` in a folder, started now, its output read
+    on a thread of its own: git blocks once the pipe is full (64 KiB of an 11 MB listing),
+    and would only run while the caller waits for it."""
+
+    def __init__(self, folder: str | os.PathLike[str]) -> None:
+        self.started = time.monotonic()
+        self._out: bytes | None = None
+        self._proc: subprocess.Popen | None = None
+        git = shutil.which("git")
+        if git is not None:
+            try:
+                self._proc = subprocess.Popen([git, "-C", os.fspath(folder), *GIT_LS], stdout=subprocess.PIPE,
+                                              stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=git_env())
+            except (OSError, subprocess.SubprocessError):
+                self._proc = None
+        self._reader = threading.Thread(target=self._read, name="codesearch-git-listing", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        try:
+            out, _ = proc.communicate(timeout=300)
+        except (OSError, ValueError, subprocess.SubprocessError):
+            proc.kill()
+            proc.wait()
+            return
+        self._out = out if proc.returncode == 0 else None
+
+    def output(self) -> bytes | None:
+        """What git printed, or None when it failed (no git, outside a work tree)."""
+        self._reader.join()
+        return self._out
+
+    def stop(self) -> None:
+        """End git now if it still runs (a caller that no longer needs the listing)."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        self._reader.join()
+
+
+_prefetched: dict[str, Listing] = {}
+_lock = threading.Lock()
+#: A prefetched listing older than this is not used (a long-lived caller whose check stopped
+#: before it took its listing must not compare an old one later).
+FRESH_S = 5.0
+
+
+def prefetch(folder: str | os.PathLike[str]) -> None:
+    """Start the listing of ``folder`` (a git work tree) for a `take` soon after, in this
+    process: a command about to check that folder's index."""
+    key = os.path.realpath(folder)
+    if not os.path.exists(os.path.join(key, ".git")):
+        return
+    with _lock:
+        if key not in _prefetched:
+            _prefetched[key] = Listing(key)
+
+
+def take(folder: str | os.PathLike[str]) -> Listing:
+    """The listing `prefetch` started for ``folder`` (once), else one started now."""
+    with _lock:
+        found = _prefetched.pop(os.path.realpath(folder), None)
+    if found is not None and time.monotonic() - found.started <= FRESH_S:
+        return found
+    if found is not None:
+        found.stop()
+    return Listing(folder)
