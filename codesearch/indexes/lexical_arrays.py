@@ -152,14 +152,14 @@ class Arrays:
             raise corrupt(self.path, f"{name}: slice {lo}..{hi} outside {shape}")
         if hi == lo:
             return np.zeros(0, dtype)
-        buf = bytearray((hi - lo) * dtype.itemsize)
+        out = np.empty(hi - lo, dtype)
         try:
-            got = os.preadv(self._file.fileno(), [buf], at + lo * dtype.itemsize)
+            got = os.preadv(self._file.fileno(), [out], at + lo * dtype.itemsize)
         except (OSError, ValueError) as exc:  # (ValueError: read after `close`)
             raise corrupt(self.path, f"{name}: {exc}") from None
-        if got != len(buf):
+        if got != out.nbytes:
             raise corrupt(self.path, f"{name}: the file ends inside it")
-        return np.frombuffer(buf, dtype)
+        return out
 
     def release(self) -> None:
         """Drop the pages read so far from this process's memory (they stay in the page cache,
