@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from types import SimpleNamespace
@@ -161,7 +162,11 @@ def test_an_amx_cpu_under_an_instruction_set_cap_is_measured(monkeypatch, tmp_pa
 
 
 def test_bf16_matmul_speedup_is_a_positive_ratio():
-    assert 0.05 < cpu.bf16_matmul_speedup(size=(64, 64, 64), repeats=1) < 50
+    """A ratio of two measured times, finite and positive. (Its size is not asserted: a
+    64x64x64 product takes microseconds, and one preemption of either side on a loaded
+    machine moved the ratio to 88 in a full-suite run.)"""
+    ratio = cpu.bf16_matmul_speedup(size=(64, 64, 64), repeats=3)
+    assert math.isfinite(ratio) and ratio > 0
 
 
 # ---------------------------------------------------------------- threads under contention
