@@ -20,6 +20,7 @@ __all__ = [
     "file_users",
     "labels_owner",
     "norm_ident",
+    "part_tokens",
     "path_tokens",
     "stem_and_parent",
     "symbol_names",
@@ -54,10 +55,14 @@ def _path_word_tokens(word: str) -> frozenset[str]:
 def path_tokens(path: str) -> frozenset[str]:
     """Stemmed words of a file's name and its parent folder ("binding/json.go" -> json, binding)."""
     stem, parent = stem_and_parent(path)
+    return part_tokens(stem) | part_tokens(parent) if parent else part_tokens(stem)
+
+
+def part_tokens(part: str) -> frozenset[str]:
+    """`path_tokens` of one part of a path: a file's name stem or its parent folder's name."""
     toks: set[str] = set()
-    for part in (stem, parent) if parent else (stem,):
-        for w in _ALNUM_RUN.findall(part):
-            toks |= _path_word_tokens(w)
+    for w in _ALNUM_RUN.findall(part):
+        toks |= _path_word_tokens(w)
     return frozenset(t for t in toks if len(t) > 1)
 
 

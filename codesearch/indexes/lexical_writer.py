@@ -44,7 +44,7 @@ from codesearch.indexes.features import (
     file_users,
     labels_owner,
     norm_ident,
-    path_tokens,
+    part_tokens,
     stem_and_parent,
     symbol_names,
 )
@@ -61,7 +61,6 @@ from codesearch.indexes.lexical import (
     _expand,
     _word_tokens,
     commit,
-    tokenize,
 )
 from codesearch.indexes.lexical_arrays import corrupt, encode, pack_strings, write_arrays
 from codesearch.types import path_kind
@@ -84,18 +83,33 @@ CENTRALITY_ALWAYS = 20_000
 
 
 class Vocabulary:
-    """The words and terms of the segments one run writes: a word is split, stemmed and its
+    """The words and keys of the segments one run writes: a word is split, stemmed and its
     terms numbered once per run, not once per segment (re-learning each 32k-row segment's
-    words was a third of the writer's time on 114k files). Bounded: a run starts a new one
-    once it holds `MAX_WORDS` words."""
+    words was a third of the writer's time on 114k files); so are a symbol's names and every
+    other table's keys (re-keying a symbol's names per segment was a tenth of it). Bounded:
+    a run starts a new one once it holds `MAX_WORDS` words."""
 
     def __init__(self, stem: bool) -> None:
         self.stem = stem
-        self.terms: dict[bytes, int] = {}  # term -> id
+        # Per table: key -> id, in first-seen order (a segment writes the ones it uses).
+        self.keys: dict[str, dict[bytes, int]] = {t: {} for t in TABLES}
+        self.terms = self.keys["terms"]
         self.words: dict[str, int] = {}  # regex word -> id
         self.word_tids = array("i")  # the terms of word w: word_tids[word_off[w]:word_off[w + 1]]
         self.word_off = array("q", [0])
-        self.symbols: dict[str, tuple[tuple[bytes, ...], tuple[bytes, ...], frozenset[str]]] = {}
+        # symbol -> (symbols key ids, exact key ids, lower-cased names)
+        self.symbols: dict[str, tuple[tuple[int, ...], tuple[int, ...], frozenset[str]]] = {}
+        # A file's path work done once per folder: its parent folder's name -> the key ids of
+        # its path words (`part_tokens`); its folder -> `path_terms` of the folder.
+        self.parents: dict[str, frozenset[int]] = {}
+        self.folders: dict[str, frozenset[int]] = {}
+
+    def key(self, table: str, key: bytes) -> int:
+        keys = self.keys[table]
+        k = keys.get(key)
+        if k is None:
+            k = keys[key] = len(keys)
+        return k
 
     def term(self, term: bytes) -> int:
         t = self.terms.get(term)
@@ -103,14 +117,15 @@ class Vocabulary:
             t = self.terms[term] = len(self.terms)
         return t
 
-    def symbol(self, symbol: str) -> tuple[tuple[bytes, ...], tuple[bytes, ...], frozenset[str]]:
-        """A chunk symbol's names as the symbol tables key them (lower-cased, exact), and the
-        lower-cased names themselves."""
+    def symbol(self, symbol: str) -> tuple[tuple[int, ...], tuple[int, ...], frozenset[str]]:
+        """A chunk symbol's names as key ids of the symbols (lower-cased) and exact tables,
+        and the lower-cased names themselves."""
         got = self.symbols.get(symbol)
         if got is None:
             names = symbol_names(symbol)
             got = self.symbols[symbol] = (
-                tuple(encode(n) for n in names), tuple(encode(n) for n in exact_names(symbol)), names)
+                tuple(self.key("symbols", encode(n)) for n in names),
+                tuple(self.key("exact", encode(n)) for n in exact_names(symbol)), names)
         return got
 
     def new_word(self, word: str) -> int:
@@ -118,6 +133,40 @@ class Vocabulary:
         self.word_off.append(len(self.word_tids))
         w = self.words[word] = len(self.words)
         return w
+
+    def path_words(self, part: str) -> frozenset[int]:
+        """Key ids of the path words (`part_tokens`) of one part of a path."""
+        return frozenset(self.key("pathwords", encode(w)) for w in part_tokens(part))
+
+    def parent_words(self, parent: str) -> frozenset[int]:
+        """`path_words` of a parent folder's name, once per run."""
+        got = self.parents.get(parent)
+        if got is None:
+            got = self.parents[parent] = self.path_words(parent)
+        return got
+
+    def path_terms(self, text: str) -> tuple[frozenset[int], bool]:
+        """The ids of `tokenize` ``text``'s tokens that are terms, and whether that is final:
+        every word of ``text`` is known, so no later chunk can add a term of it."""
+        out: set[int] = set()
+        final = True
+        for w in _WORD_RE.findall(text):
+            i = self.words.get(w)
+            if i is not None:
+                out.update(self.word_tids[self.word_off[i] : self.word_off[i + 1]])
+            else:
+                final = False
+                out.update(t for tok in _word_tokens(w, self.stem) if (t := self.terms.get(tok.encode())) is not None)
+        return frozenset(out), final
+
+    def folder_terms(self, folder: str) -> frozenset[int]:
+        """`path_terms` of a file's folder, kept once final."""
+        got = self.folders.get(folder)
+        if got is None:
+            got, final = self.path_terms(folder)
+            if final:
+                self.folders[folder] = got
+        return got
 
 
 #: A run's `Vocabulary` is started afresh past this many words (~100 MB).
@@ -139,10 +188,7 @@ class SegmentBuilder:
         self.flags = array("B")
         self.length = array("i")
         self.languages: dict[str, int] = {}
-        # Per table: key -> id (first-seen order; the terms': the vocabulary's), and the
-        # postings as (key id, value) pairs.
-        self.keys: dict[str, dict[bytes, int]] = {t: {} for t in TABLES}
-        self.keys["terms"] = self.vocab.terms
+        # Per table: the postings as (key id, value) pairs (key ids: the vocabulary's).
         self.post_key: dict[str, array] = {t: array("i") for t in TABLES}
         self.post_val: dict[str, array] = {t: array("i") for t in TABLES}
         self.tf = array("I")
@@ -161,27 +207,10 @@ class SegmentBuilder:
         self.w_ids = array("i")
         self.w_cnt = array("I")
         self.row_words = array("I")
-        self._symbols: dict[str, tuple[tuple[int, ...], tuple[int, ...], frozenset[str]]] = {}
 
     @property
     def n_rows(self) -> int:
         return len(self.ids)
-
-    def _key(self, table: str, key: bytes) -> int:
-        keys = self.keys[table]
-        k = keys.get(key)
-        if k is None:
-            k = keys[key] = len(keys)
-        return k
-
-    def _names(self, symbol: str) -> tuple[tuple[int, ...], tuple[int, ...], frozenset[str]]:
-        """(symbols keys, exact keys, names) of a chunk's symbol, once per distinct symbol."""
-        got = self._symbols.get(symbol)
-        if got is None:
-            lower, exact, names = self.vocab.symbol(symbol)
-            got = self._symbols[symbol] = (
-                tuple(self._key("symbols", n) for n in lower), tuple(self._key("exact", n) for n in exact), names)
-        return got
 
     def add_file(self, file_id: int, path: str, chunks: list[tuple]) -> None:
         """Add one file: its chunks as `Store.iter_file_chunks` rows.
@@ -189,33 +218,42 @@ class SegmentBuilder:
         A chunk's words are counted (`Counter` over the regex matches, in C) and each
         distinct word's term ids looked up once per run (`Vocabulary`); the (word, count)
         pairs are kept flat and turned into term counts per row by numpy in `finish`: the
-        per-token Python work of counting into a dict was most of a large build.
+        per-token Python work of counting into a dict was most of a large build. The flat
+        arrays grow once per file, not per chunk.
         """
+        vocab = self.vocab
         f = len(self.file_ids)
         r0 = len(self.ids)
-        symbols: set[str] = set()
-        get = self.vocab.words.get
-        new_word = self.vocab.new_word
         findall = _WORD_RE.findall
-        w_ids, w_cnt, row_words = self.w_ids.extend, self.w_cnt.extend, self.row_words.append
-        sym_key, sym_val = self.post_key["symbols"].extend, self.post_val["symbols"].extend
-        exact_key, exact_val = self.post_key["exact"].extend, self.post_val["exact"].extend
+        counts = [Counter(findall(c[9] + "\n" + c[10])) for c in chunks]  # the encoder text: header, then code
+        words = [w for cnt in counts for w in cnt]
+        wids = list(map(vocab.words.get, words))
+        if None in wids:  # new words, numbered in the order they first occur
+            get, new_word = vocab.words.get, vocab.new_word
+            for i in [i for i, w in enumerate(wids) if w is None]:
+                w = get(words[i])
+                wids[i] = w if w is not None else new_word(words[i])
+        self.w_ids.extend(wids)
+        self.w_cnt.extend([n for cnt in counts for n in cnt.values()])
+        self.row_words.extend(map(len, counts))
+        symbols: set[str] = set()
+        sym_keys: list[int] = []
+        sym_rows: list[int] = []
+        exact_keys: list[int] = []
+        exact_rows: list[int] = []
         for r, c in enumerate(chunks, r0):
-            counts = Counter(findall(c[9] + "\n" + c[10]))  # the encoder text: header, then code
-            wids = list(map(get, counts))
-            if None in wids:
-                wids = [i if i is not None else new_word(w) for i, w in zip(wids, counts)]
-            w_ids(wids)
-            w_cnt(counts.values())
-            row_words(len(wids))
             symbol = c[6]
             if symbol and not labels_owner(symbol, c[8]):
-                sym_keys, exact_keys, names = self._names(symbol)
+                lower, exact, names = vocab.symbol(symbol)
                 symbols |= names
-                sym_key(sym_keys)
-                sym_val([r] * len(sym_keys))
-                exact_key(exact_keys)
-                exact_val([r] * len(exact_keys))
+                sym_keys += lower
+                sym_rows += [r] * len(lower)
+                exact_keys += exact
+                exact_rows += [r] * len(exact)
+        self.post_key["symbols"].extend(sym_keys)
+        self.post_val["symbols"].extend(sym_rows)
+        self.post_key["exact"].extend(exact_keys)
+        self.post_val["exact"].extend(exact_rows)
         n = len(chunks)
         self.ids.extend([c[0] for c in chunks])
         self.row_file.extend([f] * n)
@@ -226,14 +264,15 @@ class SegmentBuilder:
         self.length.extend([-1] * n)  # counted in `finish`
         defs = sorted(encode(d) for d in defined_terms(symbols, path))
         self._add_file_row(file_id, path, len(self.ids), _overlaps([(c[3], c[4]) for c in chunks]), defs)
-        for word in path_tokens(path):
-            self.post_key["pathwords"].append(self._key("pathwords", encode(word)))
-            self.post_val["pathwords"].append(f)
-        self.post_key["stems"].append(self._key("stems", encode(norm_ident(stem_and_parent(path)[0]))))
+        stem, parent = stem_and_parent(path)
+        pathwords = vocab.path_words(stem) | vocab.parent_words(parent) if parent else vocab.path_words(stem)
+        self.post_key["pathwords"].extend(pathwords)
+        self.post_val["pathwords"].extend([f] * len(pathwords))
+        self.post_key["stems"].append(vocab.key("stems", encode(norm_ident(stem))))
         self.post_val["stems"].append(f)
-        terms = self.keys["terms"]
-        own = {terms[k] for t in tokenize(path, stem=self.stem) if (k := t.encode()) in terms}
-        self.own_terms.extend(sorted(own))
+        # `tokenize(path)`'s terms: its folder's words, then its name's ("/" splits words).
+        folder, _, name = path.rpartition("/")
+        self.own_terms.extend(sorted(vocab.folder_terms(folder) | vocab.path_terms(name)[0]))
         self.own_off.append(len(self.own_terms))
 
     def _add_file_row(self, file_id: int, path: str | bytes, end_row: int, overlaps: bool, defs: list[bytes]) -> None:
@@ -287,7 +326,7 @@ class SegmentBuilder:
             own = own_terms[olo:ohi]
             if len(own) and (own.min() < 0 or own.max() >= len(terms)):
                 raise corrupt(a.path, "own terms out of range")
-            self.own_terms.extend(sorted({self._key("terms", terms[t]) for t in own.tolist()}))
+            self.own_terms.extend(sorted({self.vocab.key("terms", terms[t]) for t in own.tolist()}))
             self.own_off.append(len(self.own_terms))
         for table, kind in TABLES.items():
             inv = seg.tables[table]
@@ -303,7 +342,7 @@ class SegmentBuilder:
                 raise corrupt(a.path, f"{table} postings out of range")
             new = (remap if kind == "rows" else fremap)[v]
             keep = new >= 0
-            ids = np.array([self._key(table, k) for k in keys] or [0], dtype=np.int64)
+            ids = np.array([self.vocab.key(table, k) for k in keys] or [0], dtype=np.int64)
             _extend(self.post_key[table], ids[key_of[keep]], "i")
             _extend(self.post_val[table], new[keep], "i")
             if table == "terms":
@@ -380,7 +419,7 @@ class SegmentBuilder:
                      arrays: dict[str, np.ndarray], sizes: dict[str, int]) -> np.ndarray:
         """The sorted table ``table`` and its postings: (key, value) pairs ordered by key (in
         byte order), then value, the counts of equal pairs summed (terms)."""
-        every = list(self.keys[table])
+        every = list(self.vocab.keys[table])
         # The keys this segment uses (a run's terms are shared by its segments).
         present = np.flatnonzero(np.bincount(keys, minlength=len(every))) if len(keys) else keys[:0]
         strings = [every[i] for i in present.tolist()]
