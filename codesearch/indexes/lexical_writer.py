@@ -32,6 +32,7 @@ import weakref
 from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from itertools import chain, repeat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,13 +40,14 @@ import numpy as np
 
 from codesearch.indexes.features import (
     centrality_top,
-    defined_terms,
     exact_names,
     file_users,
     labels_owner,
+    name_terms,
     norm_ident,
     part_tokens,
     stem_and_parent,
+    stem_terms,
     symbol_names,
 )
 from codesearch.indexes.lexical import (
@@ -97,8 +99,8 @@ class Vocabulary:
         self.words: dict[str, int] = {}  # regex word -> id
         self.word_tids = array("i")  # the terms of word w: word_tids[word_off[w]:word_off[w + 1]]
         self.word_off = array("q", [0])
-        # symbol -> (symbols key ids, exact key ids, lower-cased names)
-        self.symbols: dict[str, tuple[tuple[int, ...], tuple[int, ...], frozenset[str]]] = {}
+        # symbol -> (symbols key ids, exact key ids, defined terms (`name_terms`, encoded))
+        self.symbols: dict[str, tuple[tuple[int, ...], tuple[int, ...], frozenset[bytes]]] = {}
         # A file's path work done once per folder: its parent folder's name -> the key ids of
         # its path words (`part_tokens`); its folder -> `path_terms` of the folder.
         self.parents: dict[str, frozenset[int]] = {}
@@ -117,15 +119,16 @@ class Vocabulary:
             t = self.terms[term] = len(self.terms)
         return t
 
-    def symbol(self, symbol: str) -> tuple[tuple[int, ...], tuple[int, ...], frozenset[str]]:
+    def symbol(self, symbol: str) -> tuple[tuple[int, ...], tuple[int, ...], frozenset[bytes]]:
         """A chunk symbol's names as key ids of the symbols (lower-cased) and exact tables,
-        and the lower-cased names themselves."""
+        and the terms it defines (`name_terms`)."""
         got = self.symbols.get(symbol)
         if got is None:
             names = symbol_names(symbol)
             got = self.symbols[symbol] = (
                 tuple(self.key("symbols", encode(n)) for n in names),
-                tuple(self.key("exact", encode(n)) for n in exact_names(symbol)), names)
+                tuple(self.key("exact", encode(n)) for n in exact_names(symbol)),
+                frozenset(encode(t) for t in name_terms(names)))
         return got
 
     def new_word(self, word: str) -> int:
@@ -226,17 +229,17 @@ class SegmentBuilder:
         r0 = len(self.ids)
         findall = _WORD_RE.findall
         counts = [Counter(findall(c[9] + "\n" + c[10])) for c in chunks]  # the encoder text: header, then code
-        words = [w for cnt in counts for w in cnt]
-        wids = list(map(vocab.words.get, words))
+        wids = list(map(vocab.words.get, chain.from_iterable(counts)))
         if None in wids:  # new words, numbered in the order they first occur
+            words = list(chain.from_iterable(counts))
             get, new_word = vocab.words.get, vocab.new_word
             for i in [i for i, w in enumerate(wids) if w is None]:
                 w = get(words[i])
                 wids[i] = w if w is not None else new_word(words[i])
         self.w_ids.extend(wids)
-        self.w_cnt.extend([n for cnt in counts for n in cnt.values()])
+        self.w_cnt.extend(chain.from_iterable(map(Counter.values, counts)))
         self.row_words.extend(map(len, counts))
-        symbols: set[str] = set()
+        defined: set[bytes] = set()
         sym_keys: list[int] = []
         sym_rows: list[int] = []
         exact_keys: list[int] = []
@@ -244,8 +247,8 @@ class SegmentBuilder:
         for r, c in enumerate(chunks, r0):
             symbol = c[6]
             if symbol and not labels_owner(symbol, c[8]):
-                lower, exact, names = vocab.symbol(symbol)
-                symbols |= names
+                lower, exact, terms = vocab.symbol(symbol)
+                defined |= terms
                 sym_keys += lower
                 sym_rows += [r] * len(lower)
                 exact_keys += exact
@@ -262,9 +265,9 @@ class SegmentBuilder:
         self.lang.extend([langs.setdefault(c[5], len(langs)) for c in chunks])
         self.flags.extend([TEST_CODE if c[7] == "test" else IMPORTS if c[7] == "imports" else 0 for c in chunks])
         self.length.extend([-1] * n)  # counted in `finish`
-        defs = sorted(encode(d) for d in defined_terms(symbols, path))
-        self._add_file_row(file_id, path, len(self.ids), _overlaps([(c[3], c[4]) for c in chunks]), defs)
         stem, parent = stem_and_parent(path)
+        defs = sorted(defined.union(map(encode, stem_terms(stem))))  # `defined_terms`
+        self._add_file_row(file_id, path, len(self.ids), _overlaps([(c[3], c[4]) for c in chunks]), defs)
         pathwords = vocab.path_words(stem) | vocab.parent_words(parent) if parent else vocab.path_words(stem)
         self.post_key["pathwords"].extend(pathwords)
         self.post_val["pathwords"].extend([f] * len(pathwords))
@@ -637,13 +640,15 @@ def compute_users(
         seg = view.segments[s]
         defs = seg.defs.all()
         fd = np.asarray(seg.arrays["file_defs"])
-        for f in (np.sort(targets)[lo:hi] - view.file_base[s]).tolist():
-            a, b = int(fd[f]), int(fd[f + 1])
-            if not 0 <= a <= b <= len(defs):
-                raise corrupt(seg.arrays.path, "defined names out of range")
-            for d in defs[a:b]:
-                def_files.append(f + int(view.file_base[s]))
-                def_terms.append(dmap.setdefault(d, len(dmap)))
+        local = np.sort(targets)[lo:hi] - view.file_base[s]
+        a, b = fd[local], fd[local + 1]
+        if ((a < 0) | (a > b) | (b > len(defs))).any():
+            raise corrupt(seg.arrays.path, "defined names out of range")
+        _extend(def_files, np.repeat(local + view.file_base[s], b - a), "q")
+        names = list(map(defs.__getitem__, _expand(a, b - a).tolist()))
+        fresh = [d for d in dict.fromkeys(names) if d not in dmap]  # numbered in first-seen order
+        dmap.update(zip(fresh, range(len(dmap), len(dmap) + len(fresh))))
+        def_terms.extend(map(dmap.__getitem__, names))
     nd = len(dmap)
     df = np.zeros(nd, dtype=np.int64)
     dfile = np.frombuffer(def_files, dtype=np.int64)
@@ -711,7 +716,7 @@ def _defined_in(seg, dmap: dict[bytes, int], *, every: bool) -> tuple[np.ndarray
     defined terms it holds). Every term read once when most are asked for, else bisected."""
     table = seg.tables["terms"].table
     if every:
-        d_of_tid = np.array([dmap.get(t, -1) for t in table.all()] or [0], dtype=np.int64)[: len(table)]
+        d_of_tid = np.fromiter(map(dmap.get, table.all(), repeat(-1)), dtype=np.int64, count=len(table))
     else:
         d_of_tid = np.full(len(table), -1, dtype=np.int64)
         for key, d in dmap.items():
