@@ -105,6 +105,8 @@ class Vocabulary:
         # its path words (`part_tokens`); its folder -> `path_terms` of the folder.
         self.parents: dict[str, frozenset[int]] = {}
         self.folders: dict[str, frozenset[int]] = {}
+        # Per table: the key ids in byte order of their keys, as of the last `in_order`.
+        self.ordered: dict[str, list[int]] = {t: [] for t in TABLES}
 
     def key(self, table: str, key: bytes) -> int:
         keys = self.keys[table]
@@ -112,6 +114,17 @@ class Vocabulary:
         if k is None:
             k = keys[key] = len(keys)
         return k
+
+    def in_order(self, table: str) -> np.ndarray:
+        """Every key id of ``table`` in byte order of the keys (the order a segment's table is
+        written in): only the keys new since the last call sorted, then merged in (Timsort
+        merges two sorted runs in linear time), not the run's keys sorted again per segment."""
+        keys = list(self.keys[table])
+        done = self.ordered[table]
+        if len(done) < len(keys):
+            new = sorted(range(len(done), len(keys)), key=keys.__getitem__)
+            done = self.ordered[table] = sorted(done + new, key=keys.__getitem__) if done else new
+        return np.array(done, dtype=np.int64)
 
     def term(self, term: bytes) -> int:
         t = self.terms.get(term)
@@ -368,7 +381,7 @@ class SegmentBuilder:
         w_len = np.diff(word_off).astype(np.int32)[w_ids]
         t_rows = np.repeat(np.repeat(tokenized, np.frombuffer(self.row_words, dtype=np.uint32)), w_len)
         t_count = np.repeat(np.frombuffer(self.w_cnt, dtype=np.uint32), w_len)
-        t_tids = np.frombuffer(self.vocab.word_tids, dtype=np.int32)[_expand(word_off[:-1][w_ids], w_len)]
+        t_tids = np.frombuffer(self.vocab.word_tids, dtype=np.int32)[_spans(word_off[:-1][w_ids], w_len)]
         del w_len
         length[tokenized] = np.bincount(t_rows, weights=t_count, minlength=n)[tokenized]
         file_rows = np.frombuffer(self.file_rows, dtype=np.int64)
@@ -423,19 +436,22 @@ class SegmentBuilder:
         """The sorted table ``table`` and its postings: (key, value) pairs ordered by key (in
         byte order), then value, the counts of equal pairs summed (terms)."""
         every = list(self.vocab.keys[table])
-        # The keys this segment uses (a run's terms are shared by its segments).
-        present = np.flatnonzero(np.bincount(keys, minlength=len(every))) if len(keys) else keys[:0]
-        strings = [every[i] for i in present.tolist()]
-        order = sorted(range(len(strings)), key=strings.__getitem__)
+        # The keys this segment uses (a run's keys are shared by its segments), in byte order.
+        in_order = self.vocab.in_order(table)
+        if len(keys):
+            in_order = in_order[np.bincount(keys, minlength=len(every))[in_order] > 0]
+        else:
+            in_order = in_order[:0]
+        strings = list(map(every.__getitem__, in_order.tolist()))
         rank = np.full(len(every), -1, dtype=np.int32)
-        rank[present[order]] = np.arange(len(strings), dtype=np.int32)
+        rank[in_order] = np.arange(len(strings), dtype=np.int32)
         rk = rank[keys] if len(keys) else np.zeros(0, np.int32)
         # Values come in ascending order (rows, files, as added) unless files were copied
         # from other segments: then both keys order.
         perm = _stable_order(rk) if self.ordered else np.lexsort((vals, rk))
         rk, vals = rk[perm], vals[perm]
         first = np.flatnonzero(np.r_[True, (rk[1:] != rk[:-1]) | (vals[1:] != vals[:-1])]) if len(rk) else perm[:0]
-        arrays[table], arrays[f"{table}_off"] = pack_strings([strings[i] for i in order])
+        arrays[table], arrays[f"{table}_off"] = pack_strings(strings)
         post = np.zeros(len(strings) + 1, dtype=np.int64)
         np.cumsum(np.bincount(rk[first], minlength=len(strings)), out=post[1:])
         arrays[f"{table}_post"] = post
@@ -457,6 +473,17 @@ def _stable_order(keys: np.ndarray) -> np.ndarray:
     if len(keys) and int(keys.max()) >= 1 << 16:
         order = order[np.argsort((keys >> 16).astype(np.uint16)[order], kind="stable")]
     return order
+
+
+def _spans(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """`lexical._expand` (``concatenate([arange(s, s + c) ...])``) in 32-bit integers when
+    they hold it: half the memory traffic over a segment's millions of postings."""
+    ends = np.cumsum(counts, dtype=np.int64)
+    total = int(ends[-1]) if len(ends) else 0
+    if total >= 1 << 31 or (len(starts) and int(starts.max()) >= 1 << 31):
+        return _expand(starts, counts)
+    ends = ends.astype(np.int32)
+    return np.repeat(starts.astype(np.int32) - (ends - counts), counts) + np.arange(total, dtype=np.int32)
 
 
 def _extend(arr: array, values: np.ndarray, code: str) -> None:
