@@ -378,12 +378,19 @@ class SegmentBuilder:
         tokenized = np.flatnonzero(length < 0).astype(np.int32)
         word_off = np.frombuffer(self.vocab.word_off, dtype=np.int64)
         w_ids = np.frombuffer(self.w_ids, dtype=np.int32)
+        w_cnt = np.frombuffer(self.w_cnt, dtype=np.uint32)
+        row_words = np.frombuffer(self.row_words, dtype=np.uint32)
         w_len = np.diff(word_off).astype(np.int32)[w_ids]
-        t_rows = np.repeat(np.repeat(tokenized, np.frombuffer(self.row_words, dtype=np.uint32)), w_len)
-        t_count = np.repeat(np.frombuffer(self.w_cnt, dtype=np.uint32), w_len)
+        t_rows = np.repeat(np.repeat(tokenized, row_words), w_len)
+        t_count = np.repeat(w_cnt, w_len)
         t_tids = np.frombuffer(self.vocab.word_tids, dtype=np.int32)[_spans(word_off[:-1][w_ids], w_len)]
-        del w_len
-        length[tokenized] = np.bincount(t_rows, weights=t_count, minlength=n)[tokenized]
+        # A row's length: its words' counts times their numbers of terms, summed (a row's
+        # words are adjacent).
+        total = np.zeros(len(w_ids) + 1, dtype=np.int64)
+        np.cumsum(w_cnt * w_len.astype(np.int64), out=total[1:])
+        ends = np.cumsum(row_words, dtype=np.int64)
+        length[tokenized] = total[ends] - total[ends - row_words]
+        del w_len, total, ends
         file_rows = np.frombuffer(self.file_rows, dtype=np.int64)
         sizes = {"rows": n, "files": m}
         arrays: dict[str, np.ndarray] = {
@@ -724,8 +731,8 @@ def compute_users(
         use_keys.append(kd * n + kf)
         seg.arrays.release()
         # Keep only the pairs of names still within the exact limit (bounded memory).
-        alive = df[np.concatenate(use_keys) // n] <= exact_max
-        use_keys = [np.concatenate(use_keys)[alive]]
+        uk = np.concatenate(use_keys)
+        use_keys = [uk[df[uk // n] <= exact_max]]
     uk = np.concatenate(use_keys) if use_keys else np.zeros(0, np.int64)
     return file_users(dfile, dterm, df, uk // n, uk % n, self_use, n, n_live=n_live, exact_max_users=exact_max)
 
