@@ -185,6 +185,9 @@ class Vocabulary:
         return got
 
 
+#: A chunk's row flags by its kind.
+_KIND_FLAGS = {"test": TEST_CODE, "imports": IMPORTS}
+
 #: A run's `Vocabulary` is started afresh past this many words (~100 MB).
 MAX_WORDS = 500_000
 
@@ -240,8 +243,12 @@ class SegmentBuilder:
         vocab = self.vocab
         f = len(self.file_ids)
         r0 = len(self.ids)
+        # The chunks' columns: (id, file_id, path, start_line, end_line, language, symbol,
+        # kind, scope, header, text).
+        ids, _, _, starts, ends, languages, symbols, kinds, scopes, headers, texts = zip(*chunks)
         findall = _WORD_RE.findall
-        counts = [Counter(findall(c[9] + "\n" + c[10])) for c in chunks]  # the encoder text: header, then code
+        # The encoder text: header, then code.
+        counts = [Counter(findall(h + "\n" + t)) for h, t in zip(headers, texts)]
         wids = list(map(vocab.words.get, chain.from_iterable(counts)))
         if None in wids:  # new words, numbered in the order they first occur
             words = list(chain.from_iterable(counts))
@@ -257,9 +264,8 @@ class SegmentBuilder:
         sym_rows: list[int] = []
         exact_keys: list[int] = []
         exact_rows: list[int] = []
-        for r, c in enumerate(chunks, r0):
-            symbol = c[6]
-            if symbol and not labels_owner(symbol, c[8]):
+        for r, symbol, scope in zip(range(r0, r0 + len(chunks)), symbols, scopes):
+            if symbol and not labels_owner(symbol, scope):
                 lower, exact, terms = vocab.symbol(symbol)
                 defined |= terms
                 sym_keys += lower
@@ -271,16 +277,16 @@ class SegmentBuilder:
         self.post_key["exact"].extend(exact_keys)
         self.post_val["exact"].extend(exact_rows)
         n = len(chunks)
-        self.ids.extend([c[0] for c in chunks])
+        self.ids.extend(ids)
         self.row_file.extend([f] * n)
-        self.lines.extend([x for c in chunks for x in (c[3], c[4])])
+        self.lines.extend(chain.from_iterable(zip(starts, ends)))
         langs = self.languages
-        self.lang.extend([langs.setdefault(c[5], len(langs)) for c in chunks])
-        self.flags.extend([TEST_CODE if c[7] == "test" else IMPORTS if c[7] == "imports" else 0 for c in chunks])
+        self.lang.extend([langs.setdefault(x, len(langs)) for x in languages])
+        self.flags.extend(map(_KIND_FLAGS.get, kinds, repeat(0)))
         self.length.extend([-1] * n)  # counted in `finish`
         stem, parent = stem_and_parent(path)
         defs = sorted(defined.union(map(encode, stem_terms(stem))))  # `defined_terms`
-        self._add_file_row(file_id, path, len(self.ids), _overlaps([(c[3], c[4]) for c in chunks]), defs)
+        self._add_file_row(file_id, path, len(self.ids), _overlaps(list(zip(starts, ends))), defs)
         pathwords = vocab.path_words(stem) | vocab.parent_words(parent) if parent else vocab.path_words(stem)
         self.post_key["pathwords"].extend(pathwords)
         self.post_val["pathwords"].extend([f] * len(pathwords))
