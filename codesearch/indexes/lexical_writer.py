@@ -106,7 +106,7 @@ class Vocabulary:
         self.parents: dict[str, frozenset[int]] = {}
         self.folders: dict[str, frozenset[int]] = {}
         # Per table: the key ids in byte order of their keys, as of the last `in_order`.
-        self.ordered: dict[str, list[int]] = {t: [] for t in TABLES}
+        self.ordered: dict[str, np.ndarray] = {t: np.zeros(0, np.int64) for t in TABLES}
 
     def key(self, table: str, key: bytes) -> int:
         keys = self.keys[table]
@@ -119,12 +119,13 @@ class Vocabulary:
         """Every key id of ``table`` in byte order of the keys (the order a segment's table is
         written in): only the keys new since the last call sorted, then merged in (Timsort
         merges two sorted runs in linear time), not the run's keys sorted again per segment."""
-        keys = list(self.keys[table])
         done = self.ordered[table]
-        if len(done) < len(keys):
+        if len(done) < len(self.keys[table]):
+            keys = list(self.keys[table])
             new = sorted(range(len(done), len(keys)), key=keys.__getitem__)
-            done = self.ordered[table] = sorted(done + new, key=keys.__getitem__) if done else new
-        return np.array(done, dtype=np.int64)
+            merged = sorted(done.tolist() + new, key=keys.__getitem__) if len(done) else new
+            done = self.ordered[table] = np.array(merged, dtype=np.int64)
+        return done
 
     def term(self, term: bytes) -> int:
         t = self.terms.get(term)
