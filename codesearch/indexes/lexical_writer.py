@@ -258,8 +258,9 @@ class SegmentBuilder:
             for i in [i for i, w in enumerate(wids) if w is None]:
                 w = get(words[i])
                 wids[i] = w if w is not None else new_word(words[i])
-        self.w_ids.extend(wids)
-        self.w_cnt.extend(chain.from_iterable(map(dict.values, counts)))
+        # (`fromlist`: half the time of `extend`, which grows the array item by item.)
+        self.w_ids.fromlist(wids)
+        self.w_cnt.fromlist(list(chain.from_iterable(map(dict.values, counts))))
         self.row_words.extend(map(len, counts))
         defined: set[bytes] = set()
         sym_keys: list[int] = []
