@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -19,9 +20,12 @@ __all__ = [
     "exact_names",
     "file_users",
     "labels_owner",
+    "name_terms",
     "norm_ident",
+    "part_tokens",
     "path_tokens",
     "stem_and_parent",
+    "stem_terms",
     "symbol_names",
 ]
 
@@ -54,10 +58,14 @@ def _path_word_tokens(word: str) -> frozenset[str]:
 def path_tokens(path: str) -> frozenset[str]:
     """Stemmed words of a file's name and its parent folder ("binding/json.go" -> json, binding)."""
     stem, parent = stem_and_parent(path)
+    return part_tokens(stem) | part_tokens(parent) if parent else part_tokens(stem)
+
+
+def part_tokens(part: str) -> frozenset[str]:
+    """`path_tokens` of one part of a path: a file's name stem or its parent folder's name."""
     toks: set[str] = set()
-    for part in (stem, parent) if parent else (stem,):
-        for w in _ALNUM_RUN.findall(part):
-            toks |= _path_word_tokens(w)
+    for w in _ALNUM_RUN.findall(part):
+        toks |= _path_word_tokens(w)
     return frozenset(t for t in toks if len(t) > 1)
 
 
@@ -126,11 +134,21 @@ def defined_terms(symbols: set[str] | frozenset[str], path: str) -> set[str]:
     name that looks like an identifier, and the file's name stem (``http_client`` whole, as
     the tokenizer keeps it, and ``httpclient``), at least 3 letters long; stemmed as the
     index's terms are."""
-    out = {stem_word(name) for name in symbols if _DEF_NAME_RE.fullmatch(name)}
-    raw = stem_and_parent(path)[0].lower()
-    for stem in {raw, norm_ident(raw)}:
-        if len(stem) >= 3:
-            out.add(stem_word(stem))
+    return name_terms(symbols) | stem_terms(stem_and_parent(path)[0])
+
+
+def name_terms(names: Iterable[str]) -> set[str]:
+    """`defined_terms` of symbol names (lower-cased, as `symbol_names` gives them)."""
+    return {stem_word(name) for name in names if _DEF_NAME_RE.fullmatch(name)}
+
+
+def stem_terms(stem: str) -> set[str]:
+    """`defined_terms` of a file's name stem (`stem_and_parent`)."""
+    out = set()
+    raw = stem.lower()
+    for s in {raw, norm_ident(raw)}:
+        if len(s) >= 3:
+            out.add(stem_word(s))
     return out
 
 

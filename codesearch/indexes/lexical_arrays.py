@@ -249,7 +249,7 @@ def pack_strings(items: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
     """``items`` as (blob uint8, offsets int64) for a `StringTable`."""
     off = np.zeros(len(items) + 1, dtype=np.int64)
     if items:
-        np.cumsum([len(s) for s in items], out=off[1:])
+        np.cumsum(np.fromiter(map(len, items), np.int64, len(items)), out=off[1:])
     blob = np.frombuffer(b"".join(items), dtype=np.uint8) if items else np.zeros(0, np.uint8)
     return blob, off
 

@@ -225,3 +225,42 @@ def test_postings_hold_the_counts_of_per_token_counting(tmp_path):
         p = idx.postings(term)
         assert dict(zip(idx.paths(p.files), p.tf.astype(int).tolist())) == by_path, term
     assert idx.postings("nosuchterm") is None
+
+
+def test_a_runs_segments_equal_segments_written_alone(tmp_path, monkeypatch):
+    """One run writes many segments through one vocabulary (run-wide keys, kept in byte
+    order across segments; folder words worked out once): each segment's tables, postings
+    and per-file own terms are those of a segment written alone from the same files."""
+    monkeypatch.setattr(lexical_writer, "ROWS_PER_SEGMENT", 3)
+    files = {
+        f"pkg{i % 3}/sub_{i % 2}/mod_{i}.py": [
+            chunk(f"pkg{i % 3}/sub_{i % 2}/mod_{i}.py", 1, 2, f"def parse_{i}(x):\n    return Shared{i % 4}(x)",
+                  symbol=f"parse_{i}, Shared{i % 4}.parse_{i}"),
+            chunk(f"pkg{i % 3}/sub_{i % 2}/mod_{i}.py", 3, 4, _REAL_SOURCES[i % len(_REAL_SOURCES)],
+                  symbol="Decoder" if i % 2 else None),
+        ]
+        for i in range(13)
+    }
+    index = write_lexical(store_of(files), tmp_path / "run")
+    assert len(index.segments) > 4
+    for s, seg in enumerate(index.segments):
+        paths = [p.decode() for p in seg.paths.all()]
+        alone = write_lexical(store_of({p: files[p] for p in paths}), tmp_path / f"alone{s}").segments
+        assert len(alone) == 1
+        for table in ("terms", "symbols", "exact", "pathwords", "stems"):
+            keys = seg.tables[table].table.all()
+            assert keys == alone[0].tables[table].table.all(), table
+            assert keys == sorted(set(keys)), table
+            for part in ("post", "vals"):
+                np.testing.assert_array_equal(seg.arrays[f"{table}_{part}"], alone[0].arrays[f"{table}_{part}"])
+        np.testing.assert_array_equal(seg.arrays["terms_tf"], alone[0].arrays["terms_tf"])
+        np.testing.assert_array_equal(seg.arrays["length"], alone[0].arrays["length"])
+        assert seg.defs.all() == alone[0].defs.all()
+
+        def own(segment):
+            terms, off = segment.tables["terms"].table.all(), segment.arrays["own_off"]
+            return [{terms[t] for t in segment.arrays["own_terms"][off[f]:off[f + 1]]} for f in range(segment.m)]
+
+        assert own(seg) == own(alone[0])
+        terms = set(seg.tables["terms"].table.all())
+        assert own(seg) == [{t.encode() for t in tokenize(p)} & terms for p in paths]
