@@ -503,3 +503,32 @@ def test_tokens_added_after_a_save_of_documents_without_tokens_load(docs, tmp_pa
     loaded.save(tmp_path / "plaid")  # the base (of no tokens) kept, the tokens in the tail
     again = PlaidIndex.load(tmp_path / "plaid")
     assert len(again) == 6 and again.search([docs[2]], 1)[0][0][0] == IDS[2]
+
+
+def test_a_query_reads_at_most_the_probe_budget_and_an_ample_budget_changes_nothing(docs, queries, truth, monkeypatch):
+    from codesearch.indexes.plaid import search as plaid_search
+
+    index = make("plaid", docs)
+    before = index.search(queries, 10)
+    read: list[int] = []
+    probe = plaid_search.PlaidSearch._within_budget
+
+    def counted(self, probed, centroid_scores):
+        kept = probe(self, probed, centroid_scores)
+        read.append(sum(int((off[kept + 1] - off[kept]).sum()) for off, _ in self._inverted_lists()))
+        return kept
+
+    monkeypatch.setattr(plaid_search.PlaidSearch, "_within_budget", counted)
+    monkeypatch.setattr(plaid_search, "PROBE_BUDGET", 10**9)
+    for (a_ids, a_scores), (b_ids, b_scores) in zip(index.search(queries, 10), before):
+        np.testing.assert_array_equal(a_ids, b_ids)
+        np.testing.assert_array_equal(a_scores, b_scores)
+    ample = max(read)
+    read.clear()
+    # A budget of a quarter of what the queries read: each reads no more (past its first
+    # `MIN_PROBE` ranks), and recall holds most of what it was.
+    monkeypatch.setattr(plaid_search, "PROBE_BUDGET", ample // 4)
+    monkeypatch.setattr(plaid_search, "MIN_PROBE", 1)
+    tight = index.search(queries, 10)
+    assert max(read) <= ample // 4
+    assert recall(tight, truth) >= 0.7

@@ -14,8 +14,10 @@ the PLAID path is tested against. Past the threshold the index becomes PLAID
   residual ``v - centroid`` quantised to ``nbits`` (2 or 4) per dimension. Bucket cutoffs
   are quantiles of all residual values, each bucket decodes to the mean residual that fell
   in it; bits are packed ``8 // nbits`` values per byte;
-- **candidate generation**: each query token probes its ``nprobe`` nearest centroids; the
-  documents with a token in a probed centroid are candidates;
+- **candidate generation**: each query token probes its ``nprobe`` nearest centroids (fewer
+  past a few million tokens: a query reads at most ``PROBE_BUDGET`` list entries, nearest
+  centroids first, as PLAID probes 1-4 cells a token at scale); the documents with a token
+  in a probed centroid are candidates;
 - **centroid interaction**: candidates are ranked by MaxSim computed with centroid scores
   only (no decompression), and the best ``ndocs`` survive;
 - **exact re-ranking**: survivors are decompressed (centroid + decoded residual,

@@ -55,7 +55,9 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
     nprobe : int
         Centroids probed per query token for candidate generation. Probing is cheap here
         (it reads the probed inverted lists only), so the default is generous: recall on
-        clustered data kept rising to 32 (`benchmarks/plaid_bench.py`).
+        clustered data kept rising to 32 (`benchmarks/plaid_bench.py`). Past a few million
+        tokens a query probes fewer, nearest first, to read at most
+        `codesearch.indexes.plaid.search.PROBE_BUDGET` list entries.
     ndocs : int or None
         Candidates scored by full centroid interaction; a quarter of them (at least ``k``)
         are decompressed and re-ranked exactly. ``None`` uses ``max(512, 8 * k)``
