@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import json
 import os
+import weakref
 import zlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +58,26 @@ class Blob:
     write: Callable[[Path], None]
 
 
+class Source:
+    """The file an array was mapped from, kept open (closed when this is collected): `read`
+    copies rows from it with one ``pread``, for callers that must not grow the process's
+    resident size by what they read (a mapped read of a file in the page cache's large
+    folios makes whole folios resident)."""
+
+    def __init__(self, fh, offset: int, path: Path) -> None:
+        self.fh, self.offset, self.path = fh, offset, path
+        weakref.finalize(self, fh.close)
+
+    def read(self, out: np.ndarray, byte_offset: int) -> None:
+        """Fill the contiguous ``out`` from ``byte_offset`` bytes into the array's data."""
+        try:
+            got = os.preadv(self.fh.fileno(), [out], self.offset + byte_offset)
+        except (OSError, ValueError) as exc:
+            raise corrupt(self.path.parent, "Index", f"{self.path.name}: {exc}") from None
+        if got != out.nbytes:
+            raise corrupt(self.path.parent, "Index", f"{self.path.name} ends before its rows")
+
+
 @dataclass(frozen=True, slots=True)
 class Folder:
     """An opened index folder: its header, its arrays (mapped), and its other files' paths."""
@@ -66,6 +87,7 @@ class Folder:
     arrays: dict[str, np.ndarray]
     blobs: dict[str, Path]
     entries: dict[str, JSONDict]
+    sources: dict[str, Source] = field(default_factory=dict)  # the mapped arrays' files
 
     def kept(self, name: str) -> Kept:
         """The file ``name`` to be saved again as it is."""
@@ -161,6 +183,7 @@ def _read(folder: Path, what: str, verify: bool) -> Folder:
         raise corrupt(folder, what, "manifest lists no files")
     arrays: dict[str, np.ndarray] = {}
     blobs: dict[str, Path] = {}
+    sources: dict[str, Source] = {}
     for name, entry in files.items():
         try:
             file = folder / _file_name(entry)
@@ -172,7 +195,9 @@ def _read(folder: Path, what: str, verify: bool) -> Folder:
                     raise corrupt(folder, what, f"{file.name} fails its checksum")
                 blobs[name] = file
                 continue
-            arrays[name] = _open_array(file, entry, verify or size <= CHECKED_BYTES)
+            arrays[name], source = _open_array(file, entry, verify or size <= CHECKED_BYTES)
+            if source is not None:
+                sources[name] = source
         except (IndexCorruptError, FileNotFoundError):
             raise
         except (OSError, ValueError, KeyError, TypeError, SyntaxError, RecursionError, OverflowError, EOFError) as exc:
@@ -181,7 +206,7 @@ def _read(folder: Path, what: str, verify: bool) -> Folder:
             raise corrupt(folder, what, f"{name}: {type(exc).__name__}: {why}") from exc
         except IndexError as exc:  # (a mangled entry)
             raise corrupt(folder, what, f"{name}: bad manifest entry") from exc
-    return Folder(folder, manifest["header"], arrays, blobs, files)
+    return Folder(folder, manifest["header"], arrays, blobs, files, sources)
 
 
 def _file_name(entry: object) -> str:
@@ -193,33 +218,48 @@ def _file_name(entry: object) -> str:
     return name
 
 
-def _open_array(file: Path, entry: JSONDict, check_crc: bool) -> np.ndarray:
+def _open_array(file: Path, entry: JSONDict, check_crc: bool) -> tuple[np.ndarray, Source | None]:
+    """The array in ``file``, mapped from the file opened here (kept open as its `Source`),
+    once its header says what the manifest does."""
     shape = tuple(int(n) for n in entry["shape"])
     dtype = np.dtype(str(entry["dtype"]))
     if dtype.hasobject:
         raise ValueError("object arrays are not index arrays")
     # Mapped when it has bytes (numpy cannot map an empty array); checked against the
-    # manifest either way, and numpy checks the file holds what the .npy header says.
+    # manifest either way. The .npy header first: an array is loaded only once its header
+    # says what the manifest does (a header promising more than the file holds is never
+    # allocated for).
     empty = int(np.prod(shape)) == 0
-    # The .npy header first: an array is loaded only once its header says what the manifest
-    # does (a header promising more than the file holds is never allocated for).
-    with open(file, "rb") as fh:
+    fh = open(file, "rb", buffering=0)  # kept open by the Source below, or closed
+    try:
         try:
             version = np.lib.format.read_magic(fh)
             read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-            header_shape, _fortran, header_dtype = read(fh)
+            header_shape, fortran, header_dtype = read(fh)
         except OSError:
             raise
         except Exception as exc:  # (numpy parses the header as a Python literal: any parser's error)
             raise ValueError(f"its .npy header cannot be read ({type(exc).__name__})") from exc
-    if tuple(header_shape) != shape or np.dtype(header_dtype) != dtype:
-        raise ValueError(f"holds {np.dtype(header_dtype)}{list(header_shape)}, the manifest says {dtype}{list(shape)}")
-    array = np.load(file, allow_pickle=False, mmap_mode=None if empty else "r")
-    if array.shape != shape or array.dtype != dtype:
-        raise ValueError(f"holds {array.dtype}{list(array.shape)}, the manifest says {dtype}{list(shape)}")
+        if tuple(header_shape) != shape or np.dtype(header_dtype) != dtype:
+            raise ValueError(
+                f"holds {np.dtype(header_dtype)}{list(header_shape)}, the manifest says {dtype}{list(shape)}")
+        offset = fh.tell()
+        if offset + dtype.itemsize * int(np.prod(shape)) > os.fstat(fh.fileno()).st_size:
+            raise ValueError("the file is shorter than its .npy header says")
+        if empty:
+            array = np.zeros(shape, dtype)
+        else:
+            array = np.memmap(fh, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C")
+    except BaseException:
+        fh.close()
+        raise
     if check_crc and not empty and zlib.crc32(memoryview(np.ascontiguousarray(array)).cast("B")) != int(entry["crc32"]):
+        fh.close()
         raise ValueError("fails its checksum")
-    return array
+    if empty or fortran:
+        fh.close()
+        return array, None
+    return array, Source(fh, offset, file)
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -532,3 +532,20 @@ def test_a_query_reads_at_most_the_probe_budget_and_an_ample_budget_changes_noth
     tight = index.search(queries, 10)
     assert max(read) <= ample // 4
     assert recall(tight, truth) >= 0.7
+
+
+def test_big_token_arrays_are_read_from_their_files_with_the_same_answers(docs, queries, tmp_path, monkeypatch):
+    from codesearch.indexes.plaid import tokens as plaid_tokens
+
+    make("plaid", docs).save(tmp_path / "p")
+    mapped = PlaidIndex.load(tmp_path / "p")
+    monkeypatch.setattr(plaid_tokens, "PREAD_MIN_BYTES", 0)
+    read = PlaidIndex.load(tmp_path / "p")
+    assert read._codes._source is not None and read._residuals._source is not None
+    assert mapped._codes._source is None
+    rows = np.r_[5:40, 100:101, 7:9, 300:350, 0:3]  # runs, out of order, one row alone
+    for name in ("_codes", "_residuals"):
+        np.testing.assert_array_equal(getattr(read, name).take(rows), getattr(mapped, name).take(rows))
+    for (a_ids, a_scores), (b_ids, b_scores) in zip(read.search(queries, 10), mapped.search(queries, 10)):
+        np.testing.assert_array_equal(a_ids, b_ids)
+        np.testing.assert_array_equal(a_scores, b_scores)

@@ -17,13 +17,14 @@ from __future__ import annotations
 import json
 import os
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
 
 from codesearch.errors import IndexCorruptError
-from codesearch.indexes.folder import MANIFEST, Kept, corrupt, read_folder, write_folder
+from codesearch.indexes.folder import MANIFEST, Kept, Source, corrupt, read_folder, write_folder
 from codesearch.indexes.plaid.codec import ResidualCodec
 from codesearch.indexes.plaid.maxsim import _segment_starts
 from codesearch.indexes.plaid.tokens import Tokens
@@ -114,7 +115,7 @@ class PlaidFiles:
             raise corrupt(folder, _WHAT, "not found" if not folder.exists() else "no manifest")
         opened = read_folder(folder, _WHAT, verify=verify)
         try:
-            self = cls._from_arrays(folder, opened.header, opened.arrays)
+            self = cls._from_arrays(folder, opened.header, opened.arrays, opened.sources)
         except IndexCorruptError:
             raise
         except (KeyError, TypeError, ValueError) as exc:
@@ -123,8 +124,11 @@ class PlaidFiles:
         return self
 
     @classmethod
-    def _from_arrays(cls: type[_P], folder: Path, h: JSONDict, a: dict[str, np.ndarray]) -> _P:
-        """The index of an opened folder, every shape and offset it relies on checked."""
+    def _from_arrays(cls: type[_P], folder: Path, h: JSONDict, a: dict[str, np.ndarray],
+                     sources: Mapping[str, Source] | None = None) -> _P:
+        """The index of an opened folder, every shape and offset it relies on checked
+        (``sources``: the mapped arrays' files, for reads that bypass the mapping)."""
+        sources = sources or {}
         if h.get("format") != _FORMAT_VERSION:
             raise corrupt(folder, _WHAT, f"format {h.get('format')}, expected {_FORMAT_VERSION}")
         self = cls(h["dim"], **h["params"])
@@ -150,10 +154,12 @@ class PlaidFiles:
                 raise corrupt(folder, _WHAT, "codec arrays of the wrong shape")
             self._codec = codec
             self._codes = Tokens(_tokens(a, "codes", base_tokens, (), folder), _tokens(a, "tail_codes", tail_tokens, (),
-                                                                                       folder))
+                                                                                       folder),
+                                 sources.get("codes"))
             width = (codec.packed_dim,)
             self._residuals = Tokens(_tokens(a, "residuals", base_tokens, width, folder, np.uint8),
-                                     _tokens(a, "tail_residuals", tail_tokens, width, folder, np.uint8))
+                                     _tokens(a, "tail_residuals", tail_tokens, width, folder, np.uint8),
+                                     sources.get("residuals"))
             for part in (self._codes.base, self._codes.tail):
                 if part.dtype not in (np.uint16, np.int32):
                     raise corrupt(folder, _WHAT, f"centroid ids of type {part.dtype}")
