@@ -58,6 +58,12 @@ class Blob:
     write: Callable[[Path], None]
 
 
+#: An array of at least this many bytes keeps its file open as its `Source` (the mapping
+#: holds a descriptor of its own: a smaller array's is closed, not to double a process's
+#: open files for arrays nobody reads by descriptor).
+SOURCE_MIN_BYTES = 64 << 20
+
+
 class Source:
     """The file an array was mapped from, kept open (closed when this is collected): `read`
     copies rows from it with one ``pread``, for callers that must not grow the process's
@@ -256,7 +262,7 @@ def _open_array(file: Path, entry: JSONDict, check_crc: bool) -> tuple[np.ndarra
     if check_crc and not empty and zlib.crc32(memoryview(np.ascontiguousarray(array)).cast("B")) != int(entry["crc32"]):
         fh.close()
         raise ValueError("fails its checksum")
-    if empty or fortran:
+    if empty or fortran or array.nbytes < SOURCE_MIN_BYTES:
         fh.close()
         return array, None
     return array, Source(fh, offset, file)

@@ -535,11 +535,11 @@ def test_a_query_reads_at_most_the_probe_budget_and_an_ample_budget_changes_noth
 
 
 def test_big_token_arrays_are_read_from_their_files_with_the_same_answers(docs, queries, tmp_path, monkeypatch):
-    from codesearch.indexes.plaid import tokens as plaid_tokens
+    from codesearch.indexes import folder as index_folder
 
     make("plaid", docs).save(tmp_path / "p")
     mapped = PlaidIndex.load(tmp_path / "p")
-    monkeypatch.setattr(plaid_tokens, "PREAD_MIN_BYTES", 0)
+    monkeypatch.setattr(index_folder, "SOURCE_MIN_BYTES", 0)
     read = PlaidIndex.load(tmp_path / "p")
     assert read._codes._source is not None and read._residuals._source is not None
     assert mapped._codes._source is None

@@ -7,13 +7,13 @@ import numpy as np
 
 from codesearch.indexes.folder import Source
 
-__all__ = ["PREAD_MIN_BYTES", "Tokens"]
+__all__ = ["Tokens"]
 
-#: A mapped base of at least this many bytes is read with one ``pread`` per run of rows
-#: (its `Source`), not through the mapping: the kernel maps the page cache's large folios
-#: whole, so a 600k-chunk index's queries made 1.9 GB of its 6 GB resident in 50 queries.
-#: Smaller bases stay mapped reads (a few MB; no syscall per candidate).
-PREAD_MIN_BYTES = 64 << 20
+# A base mapped from an index folder's array of at least `folder.SOURCE_MIN_BYTES` comes
+# with its file (`Source`) and is read with one ``pread`` per run of rows, not through the
+# mapping: the kernel maps the page cache's large folios whole, so a 600k-chunk index's
+# queries made 1.3 GB of its 6 GB resident in 50 queries (0.56 GB read so). Smaller bases
+# stay mapped reads (a few MB; no syscall per candidate).
 
 
 class Tokens:
@@ -23,8 +23,7 @@ class Tokens:
     def __init__(self, base: np.ndarray, tail: np.ndarray | None = None, source: Source | None = None) -> None:
         self.base = base
         self.tail = base[:0].copy() if tail is None else tail
-        big = source is not None and base.nbytes >= PREAD_MIN_BYTES and base.flags.c_contiguous
-        self._source = source if big else None
+        self._source = source if source is not None and base.flags.c_contiguous else None
 
     def __len__(self) -> int:
         return len(self.base) + len(self.tail)
