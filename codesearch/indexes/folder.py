@@ -68,20 +68,22 @@ class Source:
     """The file an array was mapped from, kept open (closed when this is collected): `read`
     copies rows from it with one ``pread``, for callers that must not grow the process's
     resident size by what they read (a mapped read of a file in the page cache's large
-    folios makes whole folios resident)."""
+    folios makes whole folios resident). ``fail(why)`` makes the error of a read that cannot
+    be done (the index's own `IndexCorruptError`)."""
 
-    def __init__(self, fh, offset: int, path: Path) -> None:
-        self.fh, self.offset, self.path = fh, offset, path
+    def __init__(self, fh, offset: int, fail: Callable[[str], IndexCorruptError]) -> None:
+        self.fh, self.offset, self.fail = fh, offset, fail
         weakref.finalize(self, fh.close)
 
-    def read(self, out: np.ndarray, byte_offset: int) -> None:
+    def read(self, out: np.ndarray, byte_offset: int) -> np.ndarray:
         """Fill the contiguous ``out`` from ``byte_offset`` bytes into the array's data."""
         try:
             got = os.preadv(self.fh.fileno(), [out], self.offset + byte_offset)
-        except (OSError, ValueError) as exc:
-            raise corrupt(self.path.parent, "Index", f"{self.path.name}: {exc}") from None
+        except (OSError, ValueError) as exc:  # (ValueError: the file closed)
+            raise self.fail(str(exc)) from None
         if got != out.nbytes:
-            raise corrupt(self.path.parent, "Index", f"{self.path.name} ends before its rows")
+            raise self.fail("the file ends before what was asked for")
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +203,7 @@ def _read(folder: Path, what: str, verify: bool) -> Folder:
                     raise corrupt(folder, what, f"{file.name} fails its checksum")
                 blobs[name] = file
                 continue
-            arrays[name], source = _open_array(file, entry, verify or size <= CHECKED_BYTES)
+            arrays[name], source = _open_array(file, entry, verify or size <= CHECKED_BYTES, what)
             if source is not None:
                 sources[name] = source
         except (IndexCorruptError, FileNotFoundError):
@@ -224,7 +226,7 @@ def _file_name(entry: object) -> str:
     return name
 
 
-def _open_array(file: Path, entry: JSONDict, check_crc: bool) -> tuple[np.ndarray, Source | None]:
+def _open_array(file: Path, entry: JSONDict, check_crc: bool, what: str) -> tuple[np.ndarray, Source | None]:
     """The array in ``file``, mapped from the file opened here (kept open as its `Source`),
     once its header says what the manifest does."""
     shape = tuple(int(n) for n in entry["shape"])
@@ -265,7 +267,7 @@ def _open_array(file: Path, entry: JSONDict, check_crc: bool) -> tuple[np.ndarra
     if empty or fortran or array.nbytes < SOURCE_MIN_BYTES:
         fh.close()
         return array, None
-    return array, Source(fh, offset, file)
+    return array, Source(fh, offset, lambda why: corrupt(file.parent, what, f"{file.name}: {why}"))
 
 
 def _fsync_dir(folder: Path) -> None:

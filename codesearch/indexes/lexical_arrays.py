@@ -21,12 +21,12 @@ import json
 import mmap
 import os
 import struct
-import weakref
 from pathlib import Path
 
 import numpy as np
 
 from codesearch.errors import IndexCorruptError
+from codesearch.indexes.folder import Source
 
 __all__ = ["Arrays", "StringTable", "corrupt", "write_arrays"]
 
@@ -116,8 +116,7 @@ class Arrays:
             if fh is not None:
                 fh.close()
             raise corrupt(path, f"{type(exc).__name__}: {exc}") from None
-        self._file = fh
-        weakref.finalize(self, fh.close)
+        self._source = Source(fh, 0, lambda why: corrupt(path, why))  # (closes the file when collected)
         start = -(-(16 + n) // ALIGN) * ALIGN
         if not isinstance(toc, dict):
             raise corrupt(path, "bad table of contents")
@@ -152,14 +151,7 @@ class Arrays:
             raise corrupt(self.path, f"{name}: slice {lo}..{hi} outside {shape}")
         if hi == lo:
             return np.zeros(0, dtype)
-        out = np.empty(hi - lo, dtype)
-        try:
-            got = os.preadv(self._file.fileno(), [out], at + lo * dtype.itemsize)
-        except (OSError, ValueError) as exc:  # (ValueError: read after `close`)
-            raise corrupt(self.path, f"{name}: {exc}") from None
-        if got != out.nbytes:
-            raise corrupt(self.path, f"{name}: the file ends inside it")
-        return out
+        return self._source.read(np.empty(hi - lo, dtype), at + lo * dtype.itemsize)
 
     def release(self) -> None:
         """Drop the pages read so far from this process's memory (they stay in the page cache,

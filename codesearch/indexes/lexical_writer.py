@@ -128,12 +128,6 @@ class Vocabulary:
             done = self.ordered[table] = np.array(merged, dtype=np.int64)
         return done
 
-    def term(self, term: bytes) -> int:
-        t = self.terms.get(term)
-        if t is None:
-            t = self.terms[term] = len(self.terms)
-        return t
-
     def symbol(self, symbol: str) -> tuple[tuple[int, ...], tuple[int, ...], frozenset[bytes]]:
         """A chunk symbol's names as key ids of the symbols (lower-cased) and exact tables,
         and the terms it defines (`name_terms`)."""
@@ -147,7 +141,7 @@ class Vocabulary:
         return got
 
     def new_word(self, word: str) -> int:
-        self.word_tids.extend([self.term(t.encode()) for t in _word_tokens(word, self.stem)])
+        self.word_tids.extend([self.key("terms", t.encode()) for t in _word_tokens(word, self.stem)])
         self.word_off.append(len(self.word_tids))
         w = self.words[word] = len(self.words)
         return w

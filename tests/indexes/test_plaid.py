@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import numpy as np
@@ -549,3 +550,17 @@ def test_big_token_arrays_are_read_from_their_files_with_the_same_answers(docs, 
     for (a_ids, a_scores), (b_ids, b_scores) in zip(read.search(queries, 10), mapped.search(queries, 10)):
         np.testing.assert_array_equal(a_ids, b_ids)
         np.testing.assert_array_equal(a_scores, b_scores)
+
+
+def test_a_token_file_cut_short_after_opening_is_a_corrupt_index_in_one_line(docs, queries, tmp_path, monkeypatch):
+    from codesearch.indexes import folder as index_folder
+
+    make("plaid", docs).save(tmp_path / "p")
+    monkeypatch.setattr(index_folder, "SOURCE_MIN_BYTES", 0)
+    index = PlaidIndex.load(tmp_path / "p")
+    residuals = next(f for f in (tmp_path / "p").iterdir() if f.name.startswith("residuals"))
+    os.truncate(residuals, 256)  # (read by descriptor, not through the mapping: no SIGBUS)
+    with pytest.raises(IndexCorruptError) as got:
+        index.search(queries, 10)
+    message = str(got.value)
+    assert "\n" not in message and residuals.name in message and "codesearch index --rebuild" in message
