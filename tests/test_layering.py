@@ -22,7 +22,7 @@ from pathlib import Path
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "_compat"),
     ("codesearch",),  # the package's own __init__: the version, the compat finder, lazy names
-    ("pathnames", "languages", "globs"),
+    ("pathnames", "languages", "globs", "workers"),
     ("textregex",),  # the --regex filter: stops at the search deadline `globs` holds
     ("types",),
     ("_stagehook",),  # a test hook on an index run's progress events (`types.ProgressEvent`)

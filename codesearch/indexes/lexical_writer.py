@@ -67,6 +67,7 @@ from codesearch.indexes.lexical import (
 )
 from codesearch.indexes.lexical_arrays import corrupt, encode, pack_strings, write_arrays
 from codesearch.types import path_kind
+from codesearch.workers import leave_signals_to_the_parent, start_method, stop_workers
 
 if TYPE_CHECKING:  # pragma: no cover
     from codesearch.store import Store
@@ -431,9 +432,12 @@ class SegmentBuilder:
             rank = self._write_table(table, keys, vals, counts, arrays, sizes)
             del keys, vals, counts
             if table == "terms":
-                # A file's own path terms: in its rows (every chunk's header holds the path).
-                own = np.frombuffer(self.own_terms, dtype=np.int32).astype(np.int64)
-                arrays["own_terms"] = rank[own].astype(np.int32) if len(own) else np.zeros(0, np.int32)
+                # A file's own path terms: in its rows (every chunk's header holds the path),
+                # each file's in byte order of the terms (as the table), so a segment does not
+                # depend on the run's numbering of its words (worker processes number their own).
+                own = rank[np.frombuffer(self.own_terms, dtype=np.int32).astype(np.int64)]
+                own_files = np.repeat(np.arange(m, dtype=np.int64), np.diff(arrays["own_off"]))
+                arrays["own_terms"] = own[np.lexsort((own, own_files))].astype(np.int32)
                 assert not (arrays["own_terms"] < 0).any()
                 sizes["own"] = len(own)
         assert set(sizes) == set(SIZE_KEYS), set(sizes) ^ set(SIZE_KEYS)
@@ -525,14 +529,17 @@ def _by_file(rows: Iterable[tuple]) -> Iterator[tuple[int, str, list[tuple]]]:
         yield file_id, chunks[0][2], chunks
 
 
-def _write_segments(folder: Path, rows: Iterable[tuple], stem: bool) -> list[SegmentEntry]:
-    """Segments of the files in ``rows``, each written once it reaches ROWS_PER_SEGMENT rows."""
+def _write_segments(folder: Path, rows: Iterable[tuple], stem: bool, per_segment: int | None = None
+                    ) -> list[SegmentEntry]:
+    """Segments of the files in ``rows``, each written once it reaches ``per_segment``
+    (`ROWS_PER_SEGMENT`) rows."""
+    per_segment = ROWS_PER_SEGMENT if per_segment is None else per_segment
     entries: list[SegmentEntry] = []
     vocab = Vocabulary(stem)
     builder = SegmentBuilder(folder, stem=stem, vocab=vocab)
     for file_id, path, chunks in _by_file(rows):
         builder.add_file(file_id, path, chunks)
-        if builder.n_rows >= ROWS_PER_SEGMENT:
+        if builder.n_rows >= per_segment:
             entries.append(builder.finish())  # type: ignore[arg-type]
             if len(vocab.words) > MAX_WORDS:
                 vocab = Vocabulary(stem)
@@ -551,11 +558,109 @@ def build(store: Store, folder: Path, *, k1: float = 1.2, b: float = 0.75, stem:
     if folder.exists() and not folder.is_dir():
         folder.unlink()
     folder.mkdir(parents=True, exist_ok=True)
-    entries = _write_segments(folder, store.iter_file_chunks(), stem)
+    entries = _write_all(folder, store, stem)
     n_files = sum(e.sizes["files"] for e in entries)
     params = Manifest(k1, b, stem, stopwords, (), "state-0000000000000000", 0, 0, 0, 0.0, 0)
     return _finish(folder, params, entries, np.ones(n_files, np.uint8), np.zeros(n_files, np.float32),
                    new_files=None, stale=0)
+
+
+#: A build of at least this many rows writes its segments in as many processes as there are
+#: cores, each a run of consecutive segments (the segments a single process writes, byte for
+#: byte: a segment's files, tables and postings do not depend on the vocabulary's numbering).
+#: Forked workers start at once; forkserver workers (a caller with threads: the daemon)
+#: import numpy and this module first.
+PARALLEL_MIN_ROWS = 20_000
+PARALLEL_MIN_ROWS_FORKSERVER = 200_000
+
+
+def _write_all(folder: Path, store: Store, stem: bool) -> list[SegmentEntry]:
+    """`_write_segments` of every file in ``store``: in worker processes when the build is
+    big enough and they can read the store as this process does (a committed store on disk,
+    no transaction of this process's open), else here."""
+    method = start_method()
+    groups = _groups(store, method)
+    if groups is None:
+        return _write_segments(folder, store.iter_file_chunks(), stem)
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = multiprocessing.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload([__name__])
+    per_segment = ROWS_PER_SEGMENT
+    done: dict[int, list[SegmentEntry]] = {}
+    try:
+        pool = ProcessPoolExecutor(len(groups) - 1, mp_context=ctx, initializer=leave_signals_to_the_parent)
+    except OSError:  # no process to be had: this one writes them all
+        pool = None
+    try:
+        futures = [] if pool is None else [
+            pool.submit(_write_group, store.path, folder, stem, per_segment, g) for g in groups[1:]]
+        done[0] = _write_segments(folder, store.iter_file_chunks(between=groups[0][:2]), stem, per_segment)
+        for i, future in enumerate(futures, start=1):
+            try:
+                done[i] = future.result()
+            except Exception:  # noqa: BLE001 - a worker that failed: its files are written here (a real error shows then)
+                pass
+    except BaseException:  # Ctrl-C: the workers ignore it, and their segments are not wanted
+        if pool is not None:
+            stop_workers(pool)
+        raise
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+    entries: list[SegmentEntry] = []
+    for i, group in enumerate(groups):
+        got = done.get(i)
+        if got is None or sum(e.sizes["rows"] for e in got) != group[2] or sum(e.sizes["files"] for e in got) != group[3]:
+            got = _write_segments(folder, store.iter_file_chunks(between=group[:2]), stem, per_segment)
+        entries += got
+    return entries
+
+
+def _write_group(store_path: str, folder: Path, stem: bool, per_segment: int,
+                 group: tuple[int, int, int, int]) -> list[SegmentEntry]:
+    """A worker's part of `_write_all`: the segments of the files with ids in ``group``."""
+    from codesearch.store import Store
+
+    with Store(store_path, readonly=True) as store:
+        return _write_segments(folder, store.iter_file_chunks(between=group[:2]), stem, per_segment)
+
+
+def _groups(store: Store, method: str) -> list[tuple[int, int, int, int]] | None:
+    """``(first file id, last file id, rows, files)`` of each worker's run of consecutive
+    segments, cut where one process would cut them; None when the build is written here."""
+    n_workers = os.cpu_count() or 1
+    if n_workers < 2 or store.path == ":memory:" or store.conn.in_transaction:
+        return None
+    counts = store.chunk_counts()
+    total = sum(n for _, n in counts)
+    if total < (PARALLEL_MIN_ROWS if method == "fork" else PARALLEL_MIN_ROWS_FORKSERVER):
+        return None
+    # Where one process cuts: after the file that brings a segment to ROWS_PER_SEGMENT rows.
+    ends: list[int] = []  # index in counts of each segment's last file
+    rows = 0
+    for i, (_, n) in enumerate(counts):
+        rows += n
+        if rows >= ROWS_PER_SEGMENT:
+            ends.append(i)
+            rows = 0
+    if not ends or ends[-1] != len(counts) - 1:
+        ends.append(len(counts) - 1)
+    n_groups = min(n_workers, len(ends))
+    if n_groups < 2:
+        return None
+    # Consecutive segments, as many a group (all but the last hold about ROWS_PER_SEGMENT rows).
+    cum = np.cumsum([n for _, n in counts])
+    groups: list[tuple[int, int, int, int]] = []
+    first = 0
+    for g in range(1, n_groups + 1):
+        last = ends[g * len(ends) // n_groups - 1]
+        rows_in = int(cum[last] - (cum[first - 1] if first else 0))
+        groups.append((counts[first][0], counts[last][0], rows_in, last - first + 1))
+        first = last + 1
+    return groups
 
 
 def update(

@@ -197,8 +197,10 @@ class Store(VectorCache):
             rows = paths_at(rows, 2)  # (only then: a pass over every row costs on a large index)
         return map(ChunkMeta._make, rows)
 
-    def iter_file_chunks(self, file_ids: Sequence[int] | None = None) -> Iterator[tuple]:
-        """The chunks of ``file_ids`` (of every file when None), grouped by file: files by id,
+    def iter_file_chunks(self, file_ids: Sequence[int] | None = None, *,
+                         between: tuple[int, int] | None = None) -> Iterator[tuple]:
+        """The chunks of ``file_ids`` (of every file when None; of the files whose ids lie in
+        ``between``, both ends included, when that is given), grouped by file: files by id,
         a file's chunks by id, each as ``(id, file_id, path, start_line, end_line, language,
         symbol, kind, scope, header, text)``.
 
@@ -212,7 +214,10 @@ class Store(VectorCache):
         )
         parts = [None] if file_ids is None else list(chunked(sorted({int(i) for i in file_ids})))
         for part in parts:
-            if part is None:
+            if part is None and between is not None:
+                cursor = self._exec(f"{sql} WHERE c.file_id BETWEEN ? AND ? ORDER BY c.file_id, c.id",
+                                    (int(between[0]), int(between[1])))
+            elif part is None:
                 cursor = self._exec(f"{sql} ORDER BY c.file_id, c.id")
             else:
                 cursor = self._exec(f"{sql} WHERE c.file_id IN ({','.join('?' * len(part))}) ORDER BY c.file_id, c.id",
@@ -223,6 +228,13 @@ class Store(VectorCache):
             except sqlite3.DatabaseError as exc:
                 self._raise_for(exc)
                 raise
+
+    def chunk_counts(self) -> list[tuple[int, int]]:
+        """``(file_id, chunks)`` of every file with chunks, by id: the files
+        `iter_file_chunks` yields, and how many rows each."""
+        rows = self._exec("SELECT c.file_id, COUNT(*) FROM chunks c JOIN files f ON f.id = c.file_id"
+                          " GROUP BY c.file_id ORDER BY c.file_id")
+        return rows.fetchall()
 
     def file_chunk_ids(self, file_id: int) -> list[int]:
         """Ids of a file's chunks, in file order."""

@@ -358,7 +358,10 @@ def test_adds_removes_saves_and_loads_agree_with_a_brute_force_oracle(tmp_path):
         want = brute_force(ids, pool[[held[i] for i in ids.tolist()]], queries, 20)
         for (got_ids, got_scores), (want_ids, want_scores) in zip(index.search(queries, 20), want):
             np.testing.assert_allclose(got_scores, want_scores, rtol=1e-5, atol=1e-5)
-            assert len(got_ids) == len(want_ids) and (got_ids == want_ids).sum() >= 0.9 * len(want_ids)  # ties aside
+            # Ties aside, the same ids: near-equal scores (float32 sums, in another order on
+            # each CPU's kernels) may swap places, so the ids are compared as sets.
+            overlap = len(set(got_ids.tolist()) & set(want_ids.tolist()))
+            assert len(got_ids) == len(want_ids) and overlap >= 0.9 * len(want_ids)
     assert kinds == {"exact", "ivf"}
 
 

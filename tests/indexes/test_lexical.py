@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -264,3 +265,90 @@ def test_a_runs_segments_equal_segments_written_alone(tmp_path, monkeypatch):
         assert own(seg) == own(alone[0])
         terms = set(seg.tables["terms"].table.all())
         assert own(seg) == [{t.encode() for t in tokenize(p)} & terms for p in paths]
+
+
+def _many_files() -> dict[str, list]:
+    return {
+        f"pkg{i % 3}/sub_{i % 2}/mod_{i}.py": [
+            chunk(f"pkg{i % 3}/sub_{i % 2}/mod_{i}.py", 1, 2, f"def parse_{i}(x):\n    return Shared{i % 4}(x)",
+                  symbol=f"parse_{i}, Shared{i % 4}.parse_{i}"),
+            chunk(f"pkg{i % 3}/sub_{i % 2}/mod_{i}.py", 3, 4, _REAL_SOURCES[i % len(_REAL_SOURCES)],
+                  symbol="Decoder" if i % 2 else None),
+        ]
+        for i in range(17)
+    }
+
+
+def _segment_bytes(index: LexicalIndex) -> list[tuple]:
+    return [(seg.entry.sizes, seg.entry.languages, {k: np.asarray(seg.arrays[k]).tobytes() for k in seg.arrays.spec})
+            for seg in index.segments]
+
+
+#: Where the workers of a parallel build note their pid (set by the test; forked workers see it).
+_PIDS: list = []
+
+
+def _write_group_noting_pid(*args):
+    (_PIDS[0] / str(os.getpid())).touch()
+    return _REAL_WRITE_GROUP(*args)
+
+
+def _write_group_failing(*args):
+    raise RuntimeError("a worker that dies")
+
+
+_REAL_WRITE_GROUP = lexical_writer._write_group
+
+
+@pytest.mark.parametrize("cores", [2, 3])
+def test_a_build_in_worker_processes_writes_what_one_process_writes(tmp_path, monkeypatch, cores):
+    """Past `PARALLEL_MIN_ROWS`, a build writes runs of consecutive segments in as many
+    processes as there are cores, each with its own numbering of the words: the segments
+    are those one process writes, array for array, and so is the index's centrality."""
+    monkeypatch.setattr(lexical_writer, "ROWS_PER_SEGMENT", 3)
+    monkeypatch.setattr(lexical_writer.os, "cpu_count", lambda: cores)
+    store = store_of(_many_files(), Store(tmp_path / "store.sqlite"))
+    monkeypatch.setattr(lexical_writer, "PARALLEL_MIN_ROWS", 10**9)
+    alone = write_lexical(store, tmp_path / "alone")
+    monkeypatch.setattr(lexical_writer, "PARALLEL_MIN_ROWS", 0)
+    groups = lexical_writer._groups(store, "fork")
+    assert groups is not None and len(groups) == cores
+    assert sum(g[2] for g in groups) == store.count("chunks") and sum(g[3] for g in groups) == store.count("files")
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    _PIDS[:] = [pids]
+    monkeypatch.setattr(lexical_writer, "_write_group", _write_group_noting_pid)
+    split = write_lexical(store, tmp_path / "split")
+    workers = {int(p.name) for p in pids.iterdir()}
+    assert len(workers) == cores - 1 and os.getpid() not in workers  # (this process writes the first run)
+    assert len(split.segments) == len(alone.segments) > cores
+    assert _segment_bytes(split) == _segment_bytes(alone)
+    files = np.arange(alone.n_files)
+    np.testing.assert_array_equal(split.users(files), alone.users(files))
+    for (ids_a, scores_a), (ids_b, scores_b) in zip(split.search(["parse shared decoder", "http adapter"], 10),
+                                                    alone.search(["parse shared decoder", "http adapter"], 10)):
+        assert len(ids_a) and ids_a.tolist() == ids_b.tolist() and scores_a.tolist() == scores_b.tolist()
+
+
+def test_a_build_whose_worker_fails_writes_its_segments_here(tmp_path, monkeypatch):
+    monkeypatch.setattr(lexical_writer, "ROWS_PER_SEGMENT", 3)
+    monkeypatch.setattr(lexical_writer.os, "cpu_count", lambda: 2)
+    store = store_of(_many_files(), Store(tmp_path / "store.sqlite"))
+    monkeypatch.setattr(lexical_writer, "PARALLEL_MIN_ROWS", 10**9)
+    alone = write_lexical(store, tmp_path / "alone")
+    monkeypatch.setattr(lexical_writer, "PARALLEL_MIN_ROWS", 0)
+    monkeypatch.setattr(lexical_writer, "_write_group", _write_group_failing)
+    assert _segment_bytes(write_lexical(store, tmp_path / "here")) == _segment_bytes(alone)
+
+
+def test_a_build_inside_a_transaction_or_in_memory_is_written_here(tmp_path, monkeypatch):
+    """Workers read the store from its file: what a transaction of this process has not
+    committed, or an in-memory store, they could not see."""
+    monkeypatch.setattr(lexical_writer, "ROWS_PER_SEGMENT", 3)
+    monkeypatch.setattr(lexical_writer, "PARALLEL_MIN_ROWS", 0)
+    monkeypatch.setattr(lexical_writer.os, "cpu_count", lambda: 2)
+    assert lexical_writer._groups(store_of(_many_files()), "fork") is None
+    store = store_of(_many_files(), Store(tmp_path / "store.sqlite"))
+    assert lexical_writer._groups(store, "fork") is not None
+    with store.transaction():
+        assert lexical_writer._groups(store, "fork") is None

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from codesearch.indexing.chunking.source import chunk_source
 from codesearch.types import Chunk
+from codesearch.workers import leave_signals_to_the_parent, start_method, stop_workers
 
 log = logging.getLogger("codesearch.indexing.chunking")
 
@@ -30,19 +31,7 @@ _worker_args: tuple[int, Callable[[str], int] | None] = (512, None)
 def _init_worker(max_tokens: int, count_tokens: Callable[[str], int] | None) -> None:
     global _worker_args
     _worker_args = (max_tokens, count_tokens)
-    _leave_signals_to_the_parent()
-
-
-def _leave_signals_to_the_parent() -> None:
-    """Ctrl-C reaches every process of the terminal's group: a worker that took it would
-    print its own KeyboardInterrupt traceback (and SIGTERM would break the pool, which the
-    parent would then work around). The parent stops its workers when it is interrupted."""
-    import signal
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, signal.SIG_IGN)
-    with contextlib.suppress(ValueError):
-        signal.set_wakeup_fd(-1)  # a forked worker inherited the parent's (codesearch.cli.interrupts)
+    leave_signals_to_the_parent()
 
 
 def _chunk_item(item: tuple[str, str, str]) -> list[tuple]:
@@ -145,7 +134,7 @@ class Chunker:
                 except GeneratorExit:  # the caller stopped taking this batch: the pool stays for the next
                     raise
                 except BaseException:  # Ctrl-C: the workers ignore it, and their files are not wanted
-                    _stop_workers(pool)
+                    stop_workers(pool)
                     self._method = None  # (the pool is gone; whatever comes next is chunked here)
                     raise
                 return
@@ -158,25 +147,8 @@ class Chunker:
             yield chunk_source(path, text, language, max_tokens=self.max_tokens, count_tokens=self.count_tokens)
 
 
-def _stop_workers(pool: object) -> None:
-    """Kill the pool's workers (`ProcessPoolExecutor` has no public way before 3.14)."""
-    for proc in list((getattr(pool, "_processes", None) or {}).values()):
-        with contextlib.suppress(Exception):
-            proc.kill()
-
-
 def _pool_method(n_files: int, min_files: int | None) -> str | None:
     """How to start pool workers for ``n_files`` files, or None when a pool does not pay."""
-    import threading
-
-    # A thread that holds no lock a child could inherit (the CLI's interrupt watchdog, blocked
-    # in a read) does not count.
-    if sum(1 for t in threading.enumerate() if not getattr(t, "fork_safe", False)) == 1:
-        # fork: workers start at once with this process's imports and parsers, and never
-        # re-import the caller's __main__ (a script without a main guard would run again)
-        method, threshold = "fork", PARALLEL_MIN_FILES
-    else:
-        # other threads (server, watcher) may hold locks that a forked child would inherit
-        # locked; workers start from a clean forkserver that imported only this module
-        method, threshold = "forkserver", PARALLEL_MIN_FILES_FORKSERVER
+    method = start_method()
+    threshold = PARALLEL_MIN_FILES if method == "fork" else PARALLEL_MIN_FILES_FORKSERVER
     return method if n_files >= (threshold if min_files is None else min_files) else None
