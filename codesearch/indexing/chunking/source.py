@@ -188,7 +188,7 @@ def imports_only(text: str) -> bool:
     imports = depth = 0
     for raw in text.split("\n"):
         line = raw.strip()
-        if _PY_REEXPORT.search(line):
+        if "import" in line and _PY_REEXPORT.search(line):  # (the search only where it can match)
             return False
         if depth > 0 or _IMPORT_LINE.match(line):
             # A multi-line import (`from x import (`, `import (`, `use a::{`) runs until its

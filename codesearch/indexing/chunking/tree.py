@@ -36,7 +36,9 @@ class Splitter:
     # -- what a node defines
 
     def describe(self, node, scope: tuple):
-        """(kind, name, signature, defining node) when `node` is a definition, else None."""
+        """(kind, name, defining node) when `node` is a definition, else None (its signature,
+        the header of the pieces cut from it, is worked out only for a definition that is split:
+        most fit their piece whole)."""
         inner = node
         if node.type in self.spec.wrappers:
             inner = next(
@@ -63,7 +65,7 @@ class Splitter:
             kind = "method"
         if "attribute_item" in self.spec.trivia and self._test_attribute(node):
             kind = "test"
-        return kind, name, self._signature(inner), inner
+        return kind, name, inner
 
     def _test_attribute(self, node) -> bool:
         """Whether a Rust attribute above `node` marks it as test code."""
@@ -239,12 +241,12 @@ class Splitter:
         return merge(pieces, self.budget)
 
     def split_big(self, node, lo: int, hi: int, scope: tuple, found, depth: int) -> list[Piece]:
-        inner_scope = (*scope, (found[0], found[2])) if found else scope
+        inner_scope = (*scope, (found[0], self._signature(found[2]))) if found else scope
         row = node.start_point[0]  # the definition's first line, decorators included
-        if found and found[3] is not node:
+        if found and found[2] is not node:
             # A wrapper (decorators, `export`): split the definition itself; the wrapper's
             # own lines above it join the first piece.
-            node = found[3]
+            node = found[2]
         if node.named_child_count:
             pieces = self.split(node, lo, hi, inner_scope, depth)
         else:  # a leaf over budget: a huge string or comment
