@@ -24,6 +24,7 @@ counted at the next full computation, never wrongly (the counts only lag).
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import shutil
@@ -73,6 +74,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from codesearch.store import Store
 
 __all__ = ["ROWS_PER_SEGMENT", "build", "commit", "update"]  # (`commit` is the format's, in `lexical`)
+
+log = logging.getLogger("codesearch.indexes.lexical")
 
 #: Rows a segment takes before it is written (a file's chunks always share one segment).
 #: ~3M postings at ~100 distinct terms a chunk: the writer's peak stays near 350 MB.
@@ -601,8 +604,8 @@ def _write_all(folder: Path, store: Store, stem: bool) -> list[SegmentEntry]:
         for i, future in enumerate(futures, start=1):
             try:
                 done[i] = future.result()
-            except Exception:  # noqa: BLE001 - a worker that failed: its files are written here (a real error shows then)
-                pass
+            except Exception as exc:  # noqa: BLE001 - its files are written here (a real error shows then)
+                log.warning("a lexical segment worker failed (%s); writing its %d files here", exc, groups[i][3])
     except BaseException:  # Ctrl-C: the workers ignore it, and their segments are not wanted
         if pool is not None:
             stop_workers(pool)
@@ -613,7 +616,11 @@ def _write_all(folder: Path, store: Store, stem: bool) -> list[SegmentEntry]:
     entries: list[SegmentEntry] = []
     for i, group in enumerate(groups):
         got = done.get(i)
-        if got is None or sum(e.sizes["rows"] for e in got) != group[2] or sum(e.sizes["files"] for e in got) != group[3]:
+        if got is not None and (sum(e.sizes["rows"] for e in got), sum(e.sizes["files"] for e in got)) != group[2:]:
+            log.warning("a lexical segment worker read other rows than planned (the store changed?); writing "
+                        "its %d files here", group[3])
+            got = None
+        if got is None:
             got = _write_segments(folder, store.iter_file_chunks(between=group[:2]), stem, per_segment)
         entries += got
     return entries

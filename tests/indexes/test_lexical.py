@@ -330,7 +330,33 @@ def test_a_build_in_worker_processes_writes_what_one_process_writes(tmp_path, mo
         assert len(ids_a) and ids_a.tolist() == ids_b.tolist() and scores_a.tolist() == scores_b.tolist()
 
 
-def test_a_build_whose_worker_fails_writes_its_segments_here(tmp_path, monkeypatch):
+def test_a_build_beside_other_threads_starts_its_workers_from_a_forkserver(tmp_path, monkeypatch, caplog):
+    """A caller with threads (the daemon indexes on one) gets workers from a forkserver: they
+    import the writer afresh (none of this process's state, patches included), and write the
+    same segments, cut where this process would cut them."""
+    import threading
+
+    monkeypatch.setattr(lexical_writer, "ROWS_PER_SEGMENT", 3)
+    monkeypatch.setattr(lexical_writer.os, "cpu_count", lambda: 2)
+    store = store_of(_many_files(), Store(tmp_path / "store.sqlite"))
+    monkeypatch.setattr(lexical_writer, "PARALLEL_MIN_ROWS", 10**9)
+    alone = write_lexical(store, tmp_path / "alone")
+    monkeypatch.setattr(lexical_writer, "PARALLEL_MIN_ROWS_FORKSERVER", 0)
+    methods, built = [], []
+
+    def build() -> None:
+        methods.append(lexical_writer.start_method())
+        built.append(write_lexical(Store(tmp_path / "store.sqlite", readonly=True), tmp_path / "served"))
+
+    worker = threading.Thread(target=build)
+    worker.start()
+    worker.join(timeout=120)
+    assert methods == ["forkserver"] and built
+    assert not [r for r in caplog.records if "worker" in r.getMessage()]  # (the worker wrote its part)
+    assert _segment_bytes(built[0]) == _segment_bytes(alone)
+
+
+def test_a_build_whose_worker_fails_writes_its_segments_here(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(lexical_writer, "ROWS_PER_SEGMENT", 3)
     monkeypatch.setattr(lexical_writer.os, "cpu_count", lambda: 2)
     store = store_of(_many_files(), Store(tmp_path / "store.sqlite"))
@@ -339,6 +365,8 @@ def test_a_build_whose_worker_fails_writes_its_segments_here(tmp_path, monkeypat
     monkeypatch.setattr(lexical_writer, "PARALLEL_MIN_ROWS", 0)
     monkeypatch.setattr(lexical_writer, "_write_group", _write_group_failing)
     assert _segment_bytes(write_lexical(store, tmp_path / "here")) == _segment_bytes(alone)
+    assert ["a lexical segment worker failed (a worker that dies); writing its 9 files here"] == [
+        r.getMessage() for r in caplog.records if "worker" in r.getMessage()]
 
 
 def test_a_build_inside_a_transaction_or_in_memory_is_written_here(tmp_path, monkeypatch):
