@@ -307,6 +307,9 @@ def test_a_build_in_worker_processes_writes_what_one_process_writes(tmp_path, mo
     are those one process writes, array for array, and so is the index's centrality."""
     monkeypatch.setattr(lexical_writer, "ROWS_PER_SEGMENT", 3)
     monkeypatch.setattr(lexical_writer.os, "cpu_count", lambda: cores)
+    # Forked workers (those of a caller with no other thread), whatever threads earlier tests
+    # left: they see this module's patches, and so note their pids.
+    monkeypatch.setattr(lexical_writer, "start_method", lambda: "fork")
     store = store_of(_many_files(), Store(tmp_path / "store.sqlite"))
     monkeypatch.setattr(lexical_writer, "PARALLEL_MIN_ROWS", 10**9)
     alone = write_lexical(store, tmp_path / "alone")
@@ -358,6 +361,7 @@ def test_a_build_beside_other_threads_starts_its_workers_from_a_forkserver(tmp_p
 
 def test_a_build_whose_worker_fails_writes_its_segments_here(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(lexical_writer, "ROWS_PER_SEGMENT", 3)
+    monkeypatch.setattr(lexical_writer, "start_method", lambda: "fork")  # (the workers see the failing stand-in)
     monkeypatch.setattr(lexical_writer.os, "cpu_count", lambda: 2)
     store = store_of(_many_files(), Store(tmp_path / "store.sqlite"))
     monkeypatch.setattr(lexical_writer, "PARALLEL_MIN_ROWS", 10**9)
