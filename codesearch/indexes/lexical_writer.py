@@ -555,13 +555,16 @@ def _write_segments(folder: Path, rows: Iterable[tuple], stem: bool, per_segment
 
 
 def build(store: Store, folder: Path, *, k1: float = 1.2, b: float = 0.75, stem: bool = True,
-          stopwords: bool = True) -> LexicalIndex:
+          stopwords: bool = True, parallel: bool = False) -> LexicalIndex:
     """The lexical index of every chunk in ``store``, written into ``folder`` (made if
-    missing) and not yet committed: `commit` (``save``) makes it the folder's index."""
+    missing) and not yet committed: `commit` (``save``) makes it the folder's index.
+
+    ``parallel``: a caller that holds the index lock (no run commits while the workers read
+    the store) lets a large build write its segments in worker processes (`_write_all`)."""
     if folder.exists() and not folder.is_dir():
         folder.unlink()
     folder.mkdir(parents=True, exist_ok=True)
-    entries = _write_all(folder, store, stem)
+    entries = _write_all(folder, store, stem) if parallel else _write_segments(folder, store.iter_file_chunks(), stem)
     n_files = sum(e.sizes["files"] for e in entries)
     params = Manifest(k1, b, stem, stopwords, (), "state-0000000000000000", 0, 0, 0, 0.0, 0)
     return _finish(folder, params, entries, np.ones(n_files, np.uint8), np.zeros(n_files, np.float32),
@@ -574,7 +577,7 @@ def build(store: Store, folder: Path, *, k1: float = 1.2, b: float = 0.75, stem:
 #: Forked workers start at once; forkserver workers (a caller with threads: the daemon)
 #: import numpy and this module first.
 PARALLEL_MIN_ROWS = 20_000
-PARALLEL_MIN_ROWS_FORKSERVER = 200_000
+PARALLEL_MIN_ROWS_FORKSERVER = 40_000
 
 
 def _write_all(folder: Path, store: Store, stem: bool) -> list[SegmentEntry]:

@@ -330,7 +330,7 @@ def _rebuild_index(
         from codesearch.indexes import lexical_writer
 
         if in_place and path is not None:
-            return lexical_writer.build(store, path)
+            return lexical_writer.build(store, path, parallel=True)
         return lexical_writer.build_elsewhere(store, path)
     index = _empty_index(name, store)
     _add_from_store(name, index, store, None, codes, use_codes=use_codes)

@@ -321,7 +321,7 @@ def test_a_build_in_worker_processes_writes_what_one_process_writes(tmp_path, mo
     pids.mkdir()
     _PIDS[:] = [pids]
     monkeypatch.setattr(lexical_writer, "_write_group", _write_group_noting_pid)
-    split = write_lexical(store, tmp_path / "split")
+    split = write_lexical(store, tmp_path / "split", parallel=True)
     workers = {int(p.name) for p in pids.iterdir()}
     assert len(workers) == cores - 1 and os.getpid() not in workers  # (this process writes the first run)
     assert len(split.segments) == len(alone.segments) > cores
@@ -349,7 +349,7 @@ def test_a_build_beside_other_threads_starts_its_workers_from_a_forkserver(tmp_p
 
     def build() -> None:
         methods.append(lexical_writer.start_method())
-        built.append(write_lexical(Store(tmp_path / "store.sqlite", readonly=True), tmp_path / "served"))
+        built.append(write_lexical(Store(tmp_path / "store.sqlite", readonly=True), tmp_path / "served", parallel=True))
 
     worker = threading.Thread(target=build)
     worker.start()
@@ -368,14 +368,15 @@ def test_a_build_whose_worker_fails_writes_its_segments_here(tmp_path, monkeypat
     alone = write_lexical(store, tmp_path / "alone")
     monkeypatch.setattr(lexical_writer, "PARALLEL_MIN_ROWS", 0)
     monkeypatch.setattr(lexical_writer, "_write_group", _write_group_failing)
-    assert _segment_bytes(write_lexical(store, tmp_path / "here")) == _segment_bytes(alone)
+    assert _segment_bytes(write_lexical(store, tmp_path / "here", parallel=True)) == _segment_bytes(alone)
     assert ["a lexical segment worker failed (a worker that dies); writing its 9 files here"] == [
         r.getMessage() for r in caplog.records if "worker" in r.getMessage()]
 
 
-def test_a_build_inside_a_transaction_or_in_memory_is_written_here(tmp_path, monkeypatch):
+def test_a_build_inside_a_transaction_in_memory_or_without_the_lock_is_written_here(tmp_path, monkeypatch):
     """Workers read the store from its file: what a transaction of this process has not
-    committed, or an in-memory store, they could not see."""
+    committed, or an in-memory store, they could not see; nor may a run commit between their
+    reads, which the index lock rules out (a reader's rebuild does not hold it)."""
     monkeypatch.setattr(lexical_writer, "ROWS_PER_SEGMENT", 3)
     monkeypatch.setattr(lexical_writer, "PARALLEL_MIN_ROWS", 0)
     monkeypatch.setattr(lexical_writer.os, "cpu_count", lambda: 2)
@@ -384,3 +385,6 @@ def test_a_build_inside_a_transaction_or_in_memory_is_written_here(tmp_path, mon
     assert lexical_writer._groups(store, "fork") is not None
     with store.transaction():
         assert lexical_writer._groups(store, "fork") is None
+    # A reader's build (it holds no lock: a run may commit while workers read) is written here.
+    monkeypatch.setattr(lexical_writer, "_write_all", None)
+    assert len(write_lexical(store, tmp_path / "reader").segments) > 2
