@@ -37,6 +37,21 @@ def run_cli(args: list[str], env: dict[str, str], *, check: bool = True, cwd: Pa
     return done
 
 
+def same_hits(a: list[dict], b: list[dict]) -> bool:
+    """Whether two answers' hits are the same: every field equal but the score, which is equal
+    at float32 precision. (A hybrid score sums a vector product computed by FAISS or numpy,
+    whose kernels add in another order on an AVX2 CPU than on an AVX-512 one: the last bit
+    of a float32 moves between two processes.)"""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if {k: v for k, v in x.items() if k != "score"} != {k: v for k, v in y.items() if k != "score"}:
+            return False
+        if abs(x["score"] - y["score"]) > 1e-6 * max(1.0, abs(x["score"])):
+            return False
+    return True
+
+
 def daemon_pids(runtime: Path) -> list[int]:
     """Live daemon processes of ``runtime`` (from /proc: whatever discovery says)."""
     out = []

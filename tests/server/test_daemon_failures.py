@@ -13,7 +13,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from daemonkit import daemon_env, daemon_pids, run_cli
+from daemonkit import daemon_env, daemon_pids, run_cli, same_hits
 
 from codesearch.server import daemon_client
 from codesearch.server.runtime_dir import daemon_dir, read_info
@@ -69,7 +69,7 @@ def test_the_daemon_runs_in_its_own_folder_with_only_the_environment_it_needs(re
     rel = os.path.relpath(repo, b)
     through = _query(Path(rel), env, cwd=b)
     alone = _query(Path(rel), env, "--no-daemon", cwd=b)
-    assert json.loads(through.stdout)["results"] == json.loads(alone.stdout)["results"]
+    assert same_hits(json.loads(through.stdout)["results"], json.loads(alone.stdout)["results"])
     assert read_info(daemon_dir(runtime)).pid == info.pid and "Notice" not in through.stderr
     # A client that sends a relative path anyway is told so, not answered about another folder.
     status, doc = daemon_client.call(info, "POST", "/daemon/search",
