@@ -444,6 +444,7 @@ def _index(argv: list[str]) -> int | None:
             path, index_dir=opts.get("index_dir"), model=_model(opts.get("model")),
             multi_model=_model(opts.get("multi_model")), device=device, include=tuple(opts.get("include") or ()),
             exclude=tuple(opts.get("exclude") or ()), max_file_bytes=size,
+            vouched_since=_watched_since(path, opts),
         )
         if summary is not None:
             if not opts.get("quiet"):
@@ -452,6 +453,36 @@ def _index(argv: list[str]) -> int | None:
                 render.index_summary(summary)
             return 0
     return _index_in_daemon(path, opts, size, device)
+
+
+#: How long a no-op check waits for the daemon's word before it stats every file itself.
+WATCHED_PROBE_S = 1.0
+
+
+def _watched_since(path: Path, opts: dict[str, object]) -> float | None:
+    """When (``time.time()``) a check found ``path``'s index current, where the running
+    daemon serves and watches it and its watcher vouches that no file changed since: a no-op
+    check then stats no file of the work tree (at 114k files that is most of a second or
+    more). None at any doubt: no daemon (or not by policy), another index folder, a run
+    going, no answer in time."""
+    from codesearch.server import daemon_client
+
+    if daemon_client.policy(bool(opts.get("no_daemon"))) == daemon_client.OFF or not path.is_dir():
+        return None
+    info = daemon_client.find()
+    if info is None:
+        return None
+    root = path.expanduser().resolve()
+    index_dir = opts.get("index_dir")
+    want = Path(str(index_dir)).expanduser().resolve() if index_dir is not None else root / ".codesearch"
+    try:
+        status, doc = daemon_client.call(info, "GET", f"/daemon/run?root={_quote(str(root))}",
+                                         timeout=WATCHED_PROBE_S)
+    except (OSError, ValueError):
+        return None
+    since = doc.get("current_since") if status == 200 else None
+    ok = doc.get("current") is True and doc.get("index_dir") == str(want) and isinstance(since, (int, float))
+    return float(since) if ok else None  # type: ignore[arg-type]
 
 
 INDEX_POLL_S = 0.1

@@ -51,10 +51,16 @@ def unchanged_run(
     include: tuple[str, ...] = (),
     exclude: tuple[str, ...] = (),
     max_file_bytes: int = 1_000_000,
+    vouched_since: float | None = None,
 ) -> IndexSummary | None:
     """The summary of an index run that would change nothing, or None when a run is needed.
 
     Same arguments as `CodeSearch` (``model``/``multi_model``: `DEFAULT`, a name, None).
+    ``vouched_since``: a file watcher (the daemon's) vouches that no file of the work tree
+    changed since then (``time.time()``), when a full check found the index current: only
+    what a watcher does not see is looked at (`walk.vouched_unchanged`: git's index and
+    excludes, the watched files), not every file; everything else (options, models, vectors,
+    derived indexes) is checked as ever.
 
     Example
     -------
@@ -69,6 +75,7 @@ def unchanged_run(
         WalkStamp,
         start_listings,
         unchanged_since,
+        vouched_unchanged,
         walk,
     )
     from codesearch.store import KIND_ROLE, VECTOR_KINDS, IndexLock, Store
@@ -102,15 +109,20 @@ def unchanged_run(
                 if meta.get(f"gen.{name}") != gen or not index_path(idir, name).exists():
                     return None
             stamp = WalkStamp.from_json(meta.get(WALK_STAMP_KEY))
-            if stamp is not None:
+            vouched = stamp is not None and vouched_since is not None and vouched_unchanged(
+                root_path, stamp, vouched_since)
+            if stamp is not None and not vouched:
                 start_listings(root_path, stamp)
             # What the last run kept, with the stats it recorded: enough with its stamp.
-            kept = store.file_stats() if stamp is not None else None
+            kept = store.file_stats() if stamp is not None and not vouched else None
             old = store.files() if stamp is None else {}
     except (CodeSearchError, OSError, sqlite3.Error, ValueError):
         return None
     t_walk = time.perf_counter()
-    if stamp is not None and kept is not None:
+    if stamp is not None and vouched:
+        skipped = {reason: int(n) for reason, n in json.loads(meta.get(WALK_SKIPPED_KEY) or "{}").items()}
+        n_old = n_files
+    elif stamp is not None and kept is not None:
         if not unchanged_since(root_path, stamp, kept):
             return None
         skipped = {reason: int(n) for reason, n in json.loads(meta.get(WALK_SKIPPED_KEY) or "{}").items()}

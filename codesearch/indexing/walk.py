@@ -772,6 +772,42 @@ def unchanged_since(root: str | os.PathLike, stamp: WalkStamp, kept: Iterable[tu
             listing.stop()
 
 
+#: A git file this close to the moment a watcher's word starts (or after it) may have changed
+#: after the check that found the index current: file times come from a coarse clock.
+VOUCH_MARGIN_S = 1.0
+
+
+def vouched_unchanged(root: str | os.PathLike, stamp: WalkStamp, since: float) -> bool:
+    """`unchanged_since` for a caller whose file watcher vouches that no file of the work
+    tree changed since ``since`` (``time.time()`` when a full check found the index current):
+    only what such a watcher does not see is looked at. That is git's state, which decides
+    what the listing holds (``.git/index``: ``git add -f``, ``git rm --cached``;
+    ``.git/info/exclude``), of every repository listed: each must be older than ``since``;
+    and the stat of every watched file. False at any doubt (a ``.git`` that is a file: a
+    worktree's or submodule's state is elsewhere)."""
+    root = os.fspath(root)
+    limit = since - VOUCH_MARGIN_S
+    for rel, _ in stamp.listings:
+        git_dir = os.path.join(root, rel, ".git") if rel else os.path.join(root, ".git")
+        for name, needed in (("index", True), (os.path.join("info", "exclude"), False)):
+            try:
+                st = os.lstat(os.path.join(git_dir, name))
+            except OSError:
+                if needed or not os.path.isdir(git_dir):
+                    return False
+                continue
+            if max(st.st_mtime, st.st_ctime) >= limit:
+                return False
+    try:
+        fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False
+    try:
+        return all(_stat_at(fd, path) == st for path, st in stamp.watched.items())
+    finally:
+        os.close(fd)
+
+
 def _same_stats(fd: int, kept: Iterable[tuple[str, int, int]]) -> bool:
     """Whether every ``(path, size, mtime_ns)`` below the folder ``fd`` has that stat (the
     loop of a no-op check: one ``lstat`` a file, and little else)."""

@@ -12,7 +12,9 @@ Routes under ``/daemon/`` (bearer token, loopback, as every route):
 
 - ``POST /daemon/search``: one root's search (the CLI's ``query``), after a refresh of
   what changed on disk, as ``codesearch query`` does in its own process;
-- ``POST /daemon/index``, ``GET /daemon/run``: queue a root's index run, follow it;
+- ``POST /daemon/index``, ``GET /daemon/run``: queue a root's index run, follow it (and
+  whether its watcher vouches that nothing changed: a no-op ``codesearch index`` then stats
+  no file);
 - ``POST /daemon/sessions``, ``DELETE /daemon/sessions/{id}``, ``/daemon/mcp/{id}``: an
   agent session's roots and its MCP endpoint (Streamable HTTP, stateless);
 - ``GET /daemon/info``, ``POST /daemon/stop``: ``codesearch daemon status | stop``.
@@ -340,6 +342,16 @@ class Registry:
 
     # -- refresh before a search ------------------------------------------------------------
 
+    def known_current(self, served: ServedRepo) -> bool:
+        """Whether the root's watcher vouches that no file of the work tree changed since a
+        check found its index current (`ServedRepo.current_since`; what `refresh` trusts before
+        a search), and no run of it is going: a ``codesearch index`` of it then needs no stat of
+        every file (`GET /daemon/run`; it still checks what the watcher does not see: git's
+        index and excludes, `codesearch.indexing.walk.vouched_unchanged`)."""
+        seen = served.events_seen()
+        return (seen is not None and seen == served.current_at_events and served.run_state.state == "idle"
+                and served.watch_caught_up() and served.events_seen() == seen)
+
     def refresh(self, served: ServedRepo) -> list[str]:
         """What ``codesearch query`` does in its own process before searching, done by the
         writer of the root: index what changed on disk, and say so; then search the index
@@ -361,6 +373,7 @@ class Registry:
                 served.follow_committed()
                 return []
             seen = served.events_seen()
+        checked_at = time.time()  # (before the check looks at git's files and the work tree's)
         try:
             recorded = Recorded.read(served.index_dir, 1_000_000)
             stale = stale_files(served.root, served.index_dir, recorded)
@@ -370,7 +383,7 @@ class Registry:
             # The store holds the files as they are: searches must read that generation. A
             # run may have committed it a moment ago and still be opening it for searches.
             served.follow_committed()
-            served.current_at_events = seen
+            served.current_at_events, served.current_since = seen, checked_at
             return []
         n = len(stale.added) + len(stale.changed) + len(stale.removed)
         busy = served.run_state.state != "idle"
@@ -633,7 +646,8 @@ def daemon_routes(registry: Registry, *, idle_timeout_s: float, on_stop: Callabl
         if dropped is not None:  # its first run failed: the root is not served on, the run's state stays
             return {"root": str(_absolute(root)), "indexing": dropped}
         served = served_at(root)
-        return {"root": str(served.root), "indexing": served.run_state.to_dict()}
+        return {"root": str(served.root), "index_dir": str(served.index_dir), "indexing": served.run_state.to_dict(),
+                "current": registry.known_current(served), "current_since": served.current_since}
 
     @app.post("/daemon/cancel")
     def cancel(body: DaemonRoot) -> dict[str, Any]:

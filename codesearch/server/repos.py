@@ -199,6 +199,8 @@ class ServedRepo:
         #: The watcher's event count read before the last check that found the index current
         #: (`Registry.refresh`): while it has seen no event since, nothing needs a stat walk.
         self.current_at_events: int | None = None
+        #: When (``time.time()``) that check began.
+        self.current_since: float | None = None
         self._meter = meter
         self.heap_bytes = 0  # what this root's opens added to the heap (see codesearch.server.memory)
         self._after_run = after_run

@@ -237,6 +237,48 @@ def test_other_walk_options_mean_a_run(git_repo, option):
     assert unchanged_run(git_repo, **kwargs) is None
 
 
+def _stamp(root: Path) -> str | None:
+    from codesearch.indexing.walk import WALK_STAMP_KEY
+    from codesearch.store import Store
+
+    with Store(root / ".codesearch" / "store.sqlite", readonly=True) as store:
+        return store.get_meta(WALK_STAMP_KEY)
+
+
+def test_a_watchers_word_skips_the_work_trees_stats_and_nothing_else(git_repo, monkeypatch):
+    """``vouched_since`` (the daemon's watcher saw no change since a check found the index
+    current): no file of the work tree is looked at, git is not run, and the summary is the
+    stat check's; any other reason for a run (another option, another model) still means a
+    run, and so does what a watcher does not see, git's own state, changed since then."""
+    import time
+
+    from codesearch.indexing import walk
+
+    checked = unchanged_run(git_repo, model=None, multi_model=None, max_file_bytes=_LIMIT)
+    time.sleep(walk.VOUCH_MARGIN_S + 0.05)
+    since = time.time()
+
+    def looked(*args, **kwargs):
+        raise AssertionError("a file was looked at")
+
+    monkeypatch.setattr(walk, "unchanged_since", looked)
+    monkeypatch.setattr(walk, "start_listings", looked)
+    lexical = {"model": None, "multi_model": None, "max_file_bytes": _LIMIT}
+    vouched = unchanged_run(git_repo, vouched_since=since, **lexical)
+    assert checked is not None and vouched is not None
+    assert (vouched.files_unchanged, vouched.chunks_total, vouched.skipped) == (
+        checked.files_unchanged, checked.chunks_total, checked.skipped)
+    for other in ({"exclude": ("docs/**",)}, {"model": "some-org/some-model"}):
+        assert unchanged_run(git_repo, vouched_since=since, **{**lexical, **other}) is None
+    # git's index or excludes written since: the work tree is checked (and here it is the same).
+    monkeypatch.undo()
+    for change in (lambda: git(git_repo, "rm", "-q", "--cached", "forced.log"),
+                   lambda: write(git_repo, ".git/info/exclude", "notes.py\n")):
+        change()
+        assert not walk.vouched_unchanged(git_repo, walk.WalkStamp.from_json(_stamp(git_repo)), since)
+        assert unchanged_run(git_repo, vouched_since=since, **lexical) is None
+
+
 def test_the_stamp_holds_names_that_are_not_utf8(git_repo):
     odd = os.fsdecode(b"data-\xff.dat")  # watched (binary by its bytes), and kept beside it
     write(git_repo, odd, b"\0\1\2" * 100)

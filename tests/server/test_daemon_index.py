@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 from daemonkit import cli_argv, daemon_env, run_cli
 from fixtures.sample_repo import write_sample_repo
+from fixtures.trees import git
 
 from codesearch.server import daemon_client
 from codesearch.server.repos import CANCELLED
@@ -252,3 +254,48 @@ def test_the_registry_says_which_call_added_a_root_and_finds_one_without_adding(
         assert registry.served(tmp_path) is None
     finally:
         registry.close(10.0)
+
+
+def test_a_no_op_index_of_a_watched_root_takes_the_daemons_word(tmp_path, single_vector_dir, runtime, monkeypatch):
+    """Once the daemon's refresh before a search found the index current, its watcher vouches
+    for the files: a no-op ``codesearch index`` stats none of them (at 114k files that is most
+    of its second). A change the watcher saw withdraws that word; another index folder, a
+    daemon switched off, never had it."""
+    from codesearch.cli import lean
+
+    root = write_sample_repo(tmp_path / "repo")
+    git(root, "init", "-q")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "sample")
+    time.sleep(1.1)  # (git's own files must be older than the watcher's word by a margin: file times are coarse)
+    args = ["index", str(root), "--model", str(single_vector_dir), "--multi-model", "none"]
+    env = daemon_env(runtime)
+    run_cli(args, env)  # the first index: the daemon's run; it serves and watches the root now
+    run_cli(["query", "greet the user", "-p", str(root), "--json"], env)  # its refresh: the index is current
+    monkeypatch.setenv("CODESEARCH_RUNTIME_DIR", str(runtime))
+    for name in ("CODESEARCH_NO_DAEMON", "CI"):
+        monkeypatch.delenv(name, raising=False)
+    since = lean._watched_since(root, {})
+    assert since is not None and since <= time.time()
+    assert lean._watched_since(root, {"index_dir": str(tmp_path / "elsewhere")}) is None
+    assert lean._watched_since(root, {"no_daemon": True}) is None
+    # git on the no-op's PATH notes each call: with the watcher's word, no listing is made.
+    shim, calls = tmp_path / "bin", tmp_path / "git-calls"
+    shim.mkdir()
+    (shim / "git").write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexec {shutil.which("git")} "$@"\n')
+    (shim / "git").chmod(0o755)
+    noop = run_cli(args, {**env, "PATH": f"{shim}{os.pathsep}{env['PATH']}"})
+    assert "files indexed: 0" in noop.stderr, noop.stderr
+    assert not calls.exists(), calls.read_text()
+    alone = run_cli([*args, "--no-daemon"], {**env, "PATH": f"{shim}{os.pathsep}{env['PATH']}"})
+    assert "files indexed: 0" in alone.stderr and "ls-files" in calls.read_text()  # (the check of every file)
+
+    (root / "brand_new.py").write_text("def brand_new_function():\n    return 1\n")
+    deadline = time.monotonic() + 20
+    while lean._watched_since(root, {}) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert lean._watched_since(root, {}) is None
+    run_cli(args, env)  # (indexes the new file, unless the watcher's own run did already)
+    hits = json.loads(run_cli(["query", "brand_new_function", "-p", str(root), "--mode", "lexical", "--json",
+                               "--no-refresh"], env).stdout)["results"]
+    assert hits and hits[0]["path"] == "brand_new.py"
