@@ -228,20 +228,25 @@ def test_postings_hold_the_counts_of_per_token_counting(tmp_path):
     assert idx.postings("nosuchterm") is None
 
 
-def test_a_runs_segments_equal_segments_written_alone(tmp_path, monkeypatch):
-    """One run writes many segments through one vocabulary (run-wide keys, kept in byte
-    order across segments; folder words worked out once): each segment's tables, postings
-    and per-file own terms are those of a segment written alone from the same files."""
-    monkeypatch.setattr(lexical_writer, "ROWS_PER_SEGMENT", 3)
-    files = {
+def _many_files(n: int = 17) -> dict[str, list]:
+    """``n`` small Python files in nested folders, sharing names, each with two chunks."""
+    return {
         f"pkg{i % 3}/sub_{i % 2}/mod_{i}.py": [
             chunk(f"pkg{i % 3}/sub_{i % 2}/mod_{i}.py", 1, 2, f"def parse_{i}(x):\n    return Shared{i % 4}(x)",
                   symbol=f"parse_{i}, Shared{i % 4}.parse_{i}"),
             chunk(f"pkg{i % 3}/sub_{i % 2}/mod_{i}.py", 3, 4, _REAL_SOURCES[i % len(_REAL_SOURCES)],
                   symbol="Decoder" if i % 2 else None),
         ]
-        for i in range(13)
+        for i in range(n)
     }
+
+
+def test_a_runs_segments_equal_segments_written_alone(tmp_path, monkeypatch):
+    """One run writes many segments through one vocabulary (run-wide keys, kept in byte
+    order across segments; folder words worked out once): each segment's tables, postings
+    and per-file own terms are those of a segment written alone from the same files."""
+    monkeypatch.setattr(lexical_writer, "ROWS_PER_SEGMENT", 3)
+    files = _many_files(13)
     index = write_lexical(store_of(files), tmp_path / "run")
     assert len(index.segments) > 4
     for s, seg in enumerate(index.segments):
@@ -265,18 +270,6 @@ def test_a_runs_segments_equal_segments_written_alone(tmp_path, monkeypatch):
         assert own(seg) == own(alone[0])
         terms = set(seg.tables["terms"].table.all())
         assert own(seg) == [{t.encode() for t in tokenize(p)} & terms for p in paths]
-
-
-def _many_files() -> dict[str, list]:
-    return {
-        f"pkg{i % 3}/sub_{i % 2}/mod_{i}.py": [
-            chunk(f"pkg{i % 3}/sub_{i % 2}/mod_{i}.py", 1, 2, f"def parse_{i}(x):\n    return Shared{i % 4}(x)",
-                  symbol=f"parse_{i}, Shared{i % 4}.parse_{i}"),
-            chunk(f"pkg{i % 3}/sub_{i % 2}/mod_{i}.py", 3, 4, _REAL_SOURCES[i % len(_REAL_SOURCES)],
-                  symbol="Decoder" if i % 2 else None),
-        ]
-        for i in range(17)
-    }
 
 
 def _segment_bytes(index: LexicalIndex) -> list[tuple]:
