@@ -197,7 +197,8 @@ class ServedRepo:
         self.watcher: RepoWatcher | None = None  # set by start()
         self.watch_error: str | None = None
         #: The watcher's event count read before the last check that found the index current
-        #: (`Registry.refresh`): while it has seen no event since, nothing needs a stat walk.
+        #: (`Registry.refresh`), or before the last run that saw no event while it ran: while
+        #: it has seen no event since, nothing needs a stat walk.
         self.current_at_events: int | None = None
         #: When (``time.time()``) that check began.
         self.current_since: float | None = None
@@ -516,6 +517,9 @@ class ServedRepo:
                 self.run_state.started_at = time.time()
                 self.run_state.progress = None
             retry = False
+            # The watcher's count and the time before the run's walk: a run that saw no event
+            # while it ran left the index current as of then, as a search's check would find it.
+            seen, since = self.events_seen(), time.time()
             try:
                 with self._run_lock:
                     if self._stopping:
@@ -524,6 +528,8 @@ class ServedRepo:
                     self._swap_reader()
                 self.run_state.last_summary = summary.to_dict()
                 self.run_state.last_error = None
+                if seen is not None and self.events_seen() == seen:
+                    self.current_at_events, self.current_since = seen, since
             except _Cancelled:
                 if self._stopping:
                     return

@@ -259,8 +259,8 @@ def test_the_registry_says_which_call_added_a_root_and_finds_one_without_adding(
 def test_a_no_op_index_of_a_watched_root_takes_the_daemons_word(tmp_path, single_vector_dir, runtime, monkeypatch):
     """Once the daemon's refresh before a search found the index current, its watcher vouches
     for the files: a no-op ``codesearch index`` stats none of them (at 114k files that is most
-    of its second). A change the watcher saw withdraws that word; another index folder, a
-    daemon switched off, never had it."""
+    of its second). A change the watcher saw withdraws that word until the watcher's run of it
+    ends; another index folder, a daemon switched off, never had it."""
     from codesearch.cli import lean
 
     root = write_sample_repo(tmp_path / "repo")
@@ -290,12 +290,16 @@ def test_a_no_op_index_of_a_watched_root_takes_the_daemons_word(tmp_path, single
     alone = run_cli([*args, "--no-daemon"], {**env, "PATH": f"{shim}{os.pathsep}{env['PATH']}"})
     assert "files indexed: 0" in alone.stderr and "ls-files" in calls.read_text()  # (the check of every file)
 
+    # An edit: the watcher sees it, which withdraws the word; its run of the edit, which saw no
+    # other event, gives a new word (from before that run), with no search in between.
     (root / "brand_new.py").write_text("def brand_new_function():\n    return 1\n")
-    deadline = time.monotonic() + 20
-    while lean._watched_since(root, {}) is not None and time.monotonic() < deadline:
+    deadline = time.monotonic() + 60
+    while ((again := lean._watched_since(root, {})) is None or again <= since) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert lean._watched_since(root, {}) is None
-    run_cli(args, env)  # (indexes the new file, unless the watcher's own run did already)
+    assert again is not None and again > since
+    noop = run_cli(args, {**env, "PATH": f"{shim}{os.pathsep}{env['PATH']}"})
+    assert "files indexed: 0" in noop.stderr, noop.stderr
+    assert calls.read_text().count("ls-files") == 1  # (the --no-daemon run's alone)
     hits = json.loads(run_cli(["query", "brand_new_function", "-p", str(root), "--mode", "lexical", "--json",
                                "--no-refresh"], env).stdout)["results"]
     assert hits and hits[0]["path"] == "brand_new.py"
