@@ -185,7 +185,7 @@ class Registry:
     # -- roots -------------------------------------------------------------------------------
 
     def repo(self, root: str | os.PathLike[str], options: RepoOptions | None = None, *,
-             index_dir: str | None = None, index_now: bool = False) -> ServedRepo:
+             index_dir: str | None = None, index_now: bool = False, defer_watch: bool = False) -> ServedRepo:
         """The served root at ``root``, added (and started: its reader opened, its watcher on)
         on first use. ``options`` None: the root's options as served, else as its index
         records them. Options that differ from the served ones replace the root (models
@@ -196,10 +196,11 @@ class Registry:
         PathError
             ``root`` does not exist or is not a folder.
         """
-        return self.repo_added(root, options, index_dir=index_dir, index_now=index_now)[0]
+        return self.repo_added(root, options, index_dir=index_dir, index_now=index_now, defer_watch=defer_watch)[0]
 
     def repo_added(self, root: str | os.PathLike[str], options: RepoOptions | None = None, *,
-                   index_dir: str | None = None, index_now: bool = False) -> tuple[ServedRepo, bool]:
+                   index_dir: str | None = None, index_now: bool = False, defer_watch: bool = False
+                   ) -> tuple[ServedRepo, bool]:
         """`repo`, and whether the root was added (or replaced for new options) during this
         call, by it or by a call it waited for: the start's run then began after this call
         did, so it covers the caller's request (`ServedRepo.schedule`'s ``just_started``)."""
@@ -231,7 +232,7 @@ class Registry:
                                query_batching=self.query_batching, name=path.name, meter=self.meter,
                                after_run=self._after_run)
             try:
-                added.start(index_now=index_now, watch=self.watch, quiet_s=self.debounce_s)
+                added.start(index_now=index_now, watch=self.watch, quiet_s=self.debounce_s, defer_watch=defer_watch)
             except BaseException:
                 added.close(5.0)
                 raise
@@ -614,7 +615,8 @@ def daemon_routes(registry: Registry, *, idle_timeout_s: float, on_stop: Callabl
 
     @app.post("/daemon/search")
     async def search(body: DaemonSearch) -> JSONResponse:
-        served = await anyio.to_thread.run_sync(lambda: registry.repo(body.root, index_dir=body.index_dir))
+        served = await anyio.to_thread.run_sync(
+            lambda: registry.repo(body.root, index_dir=body.index_dir, defer_watch=True))  # (it answers first)
         if not served.ready:
             return JSONResponse(not_ready_document(served, body.request))
         notices = await anyio.to_thread.run_sync(registry.refresh, served) if body.refresh else []

@@ -50,6 +50,8 @@ log = logging.getLogger("codesearch.server")
 #: How long a search waits for the watcher to show it has every event queued so far
 #: (milliseconds when the machine is not overloaded); past it, the files are looked at.
 WATCH_CATCH_UP_S = 0.5
+#: A root's watch starts once its first search is answered, or this long after it was added.
+WATCH_DEFER_S = 2.0
 LOCKED_RETRY_S = 1.0  # another process holds the index lock: try the run again after this
 #: A root searched this recently gets each generation a run commits as it comes (opened on the
 #: run's thread); for one not searched since, its next search opens it, if one comes mid-run.
@@ -193,6 +195,8 @@ class ServedRepo:
         self._cancel_run = False  # `cancel`: end the run going now, keep serving
         self._newer = False  # a run committed a generation mid-way that no search has opened yet
         self._searched_at = float("-inf")  # (monotonic) the last search of this root
+        self._searched = threading.Event()  # set once a search of this root is answered
+        self._watch_lock = threading.Lock()
         self.run_state = IndexRunState()
         self.watcher: RepoWatcher | None = None  # set by start()
         self.watch_error: str | None = None
@@ -209,7 +213,7 @@ class ServedRepo:
 
     # -- life cycle --------------------------------------------------------------------
 
-    def start(self, *, index_now: bool, watch: bool, quiet_s: float | None = None) -> None:
+    def start(self, *, index_now: bool, watch: bool, quiet_s: float | None = None, defer_watch: bool = False) -> None:
         """Open the reader on the current index (loading its models), start the indexer.
 
         Parameters
@@ -219,29 +223,68 @@ class ServedRepo:
             ran; builds the index of a root that has none).
         watch:
             Re-index on file changes (debounced).
+        defer_watch:
+            Start watching once the root's first search is answered (a root a search adds:
+            that search does not wait for the watch; see `_watch`).
         """
         if self.indexed:
             self._swap_reader()
         self._thread.start()
         if index_now or not self.indexed:
             self.request_index()
-        if watch:
-            from codesearch.server.watch import QUIET_S, RepoWatcher
+        if watch and defer_watch:
+            threading.Thread(target=self._watch, args=(quiet_s, True), name=f"codesearch-watch-{self.root.name}",
+                             daemon=True).start()
+        elif watch:
+            self._watch(quiet_s)
 
-            watcher = RepoWatcher(self.root, self.index_dir, self.request_index, quiet_s=quiet_s or QUIET_S)
-            try:
+    def _watch(self, quiet_s: float | None, deferred: bool = False) -> None:
+        """Start watching the root; ``deferred``, once its first search is answered (or
+        `WATCH_DEFER_S` has passed): a watch is one inotify watch per folder, added in Python
+        (1.6-1.9 s for the 28k folders of a 114k-file monorepo), which the first query of a
+        root it adds then does not wait for. Until the watcher runs, `events_seen` is None,
+        so every search and no-op index checks the files as a process without a daemon does;
+        once it runs, the check a search would make next is made here (`_catch_up`)."""
+        from codesearch.server.watch import QUIET_S, RepoWatcher
+
+        if deferred:
+            self._searched.wait(WATCH_DEFER_S)
+        watcher = RepoWatcher(self.root, self.index_dir, self.request_index, quiet_s=quiet_s or QUIET_S)
+        try:
+            with self._watch_lock:
+                if self._stopping:
+                    return
                 watcher.start()
-            except OSError as exc:
-                # Typically the inotify watch limit on a huge tree: serve without watching
-                # (POST /index still works) rather than not at all.
-                watcher.stop()
-                self.watch_error = (
-                    f"cannot watch {self.root} ({exc}); changes are picked up by POST /index "
-                    "(or raise fs.inotify.max_user_watches)"
-                )
-                log.warning("%s", self.watch_error)
-            else:
-                self.watcher = watcher
+        except OSError as exc:
+            # Typically the inotify watch limit on a huge tree: serve without watching
+            # (POST /index still works) rather than not at all.
+            watcher.stop()
+            self.watch_error = (
+                f"cannot watch {self.root} ({exc}); changes are picked up by POST /index "
+                "(or raise fs.inotify.max_user_watches)"
+            )
+            log.warning("%s", self.watch_error)
+            return
+        self.watcher = watcher
+        if deferred:
+            self._catch_up()
+
+    def _catch_up(self) -> None:
+        """The check of every file the next search would make (`Registry.refresh`), made
+        beside the searches once a deferred watch runs: what changed before the watch began
+        is indexed now, or, when nothing did, the watcher's word starts (the next search and
+        no-op index look at no file)."""
+        from codesearch.api.refresh import Recorded, stale_files
+
+        seen, since = self.events_seen(), time.time()
+        try:
+            stale = stale_files(self.root, self.index_dir, Recorded.read(self.index_dir, 1_000_000))
+        except (CodeSearchError, OSError):
+            return
+        if stale.stale:
+            self.request_index()
+        elif seen is not None and self.events_seen() == seen and self.run_state.state == "idle":
+            self.current_at_events, self.current_since = seen, since
 
     def close(self, timeout: float = 30.0) -> bool:
         """Stop watching, stop the indexer (a running run is cancelled), close everything.
@@ -256,12 +299,13 @@ class ServedRepo:
         bool
             False when the index run was still going after ``timeout``.
         """
+        with self._watch_lock:  # (a watch being started ends first, and none starts after)
+            with self._cond:
+                self._stopping = True
+                self._cond.notify_all()
         if self.watcher is not None:
             self.watcher.stop()
             self.watcher = None
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout)
             if self._thread.is_alive():
@@ -312,8 +356,11 @@ class ServedRepo:
         self._searched_at = time.monotonic()
         self._follow_replaced()
         self._follow_newer()
-        with self._live.lease(lexical=request.mode is Mode.lexical) as (searcher, notices):
-            result = searcher.search(request, path_rules=path_rules)
+        try:
+            with self._live.lease(lexical=request.mode is Mode.lexical) as (searcher, notices):
+                result = searcher.search(request, path_rules=path_rules)
+        finally:
+            self._searched.set()
         return with_notices(result, notices)
 
     def _not_ready(self) -> NotIndexedError:
