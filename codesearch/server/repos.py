@@ -250,22 +250,22 @@ class ServedRepo:
         if deferred:
             self._searched.wait(WATCH_DEFER_S)
         watcher = RepoWatcher(self.root, self.index_dir, self.request_index, quiet_s=quiet_s or QUIET_S)
-        try:
-            with self._watch_lock:
-                if self._stopping:
-                    return
+        with self._watch_lock:  # (`close` takes it: a watch it does not see is never started)
+            if self._stopping:
+                return
+            try:
                 watcher.start()
-        except OSError as exc:
-            # Typically the inotify watch limit on a huge tree: serve without watching
-            # (POST /index still works) rather than not at all.
-            watcher.stop()
-            self.watch_error = (
-                f"cannot watch {self.root} ({exc}); changes are picked up by POST /index "
-                "(or raise fs.inotify.max_user_watches)"
-            )
-            log.warning("%s", self.watch_error)
-            return
-        self.watcher = watcher
+            except OSError as exc:
+                # Typically the inotify watch limit on a huge tree: serve without watching
+                # (POST /index still works) rather than not at all.
+                watcher.stop()
+                self.watch_error = (
+                    f"cannot watch {self.root} ({exc}); changes are picked up by POST /index "
+                    "(or raise fs.inotify.max_user_watches)"
+                )
+                log.warning("%s", self.watch_error)
+                return
+            self.watcher = watcher
         if deferred:
             self._catch_up()
 
