@@ -45,7 +45,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from codesearch import __version__
 from codesearch.api import DEFAULT, EncoderPool
-from codesearch.api.refresh import Recorded, stale_files
+from codesearch.api.refresh import Recorded
 from codesearch.encoder.base import Encoder
 from codesearch.errors import CodeSearchError, NotIndexedError, PathError
 from codesearch.server.app import BearerAuth, BodyLimit, HostGuard, create_app, status_for
@@ -56,7 +56,7 @@ from codesearch.server.repos import RepoOptions, RepoSet, ServedRepo, _labels
 from codesearch.server.runtime_dir import PROTOCOL
 from codesearch.server.service import DaemonPool, Limits, Service
 from codesearch.store import IndexLock
-from codesearch.types import JSONDict
+from codesearch.types import DEFAULT_MAX_FILE_BYTES, JSONDict
 
 log = logging.getLogger("codesearch.daemon")
 
@@ -266,7 +266,7 @@ class Registry:
         runs index the files the user's ``index`` run chose (not every file)."""
         folder = index_dir or root / ".codesearch"
         try:
-            recorded = Recorded.read(folder, 1_000_000)
+            recorded = Recorded.read(folder, DEFAULT_MAX_FILE_BYTES)
         except (CodeSearchError, OSError):
             return RepoOptions(index_dir=index_dir)
         return RepoOptions(include=recorded.include, exclude=recorded.exclude, index_dir=index_dir,
@@ -349,9 +349,7 @@ class Registry:
         a search), and no run of it is going: a ``codesearch index`` of it then needs no stat of
         every file (`GET /daemon/run`; it still checks what the watcher does not see: git's
         index and excludes, `codesearch.indexing.walk.vouched_unchanged`)."""
-        seen = served.events_seen()
-        return (seen is not None and seen == served.current_at_events and served.run_state.state == "idle"
-                and served.watch_caught_up() and served.events_seen() == seen)
+        return served.run_state.state == "idle" and served.watcher_vouches()
 
     def refresh(self, served: ServedRepo) -> list[str]:
         """What ``codesearch query`` does in its own process before searching, done by the
@@ -368,17 +366,13 @@ class Registry:
         """
         served.catch_up()
         served.follow_models()
+        if served.watcher_vouches():
+            served.follow_committed()
+            return []
         seen = served.events_seen()
-        if seen is not None and seen == served.current_at_events and served.watch_caught_up():
-            if served.events_seen() == seen:  # no event was still on its way
-                served.follow_committed()
-                return []
-            seen = served.events_seen()
         checked_at = time.time()  # (before the check looks at git's files and the work tree's)
-        try:
-            recorded = Recorded.read(served.index_dir, 1_000_000)
-            stale = stale_files(served.root, served.index_dir, recorded)
-        except (CodeSearchError, OSError):
+        stale = served.check_files()
+        if stale is None:
             return []
         if not stale.stale:
             # The store holds the files as they are: searches must read that generation. A

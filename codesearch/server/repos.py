@@ -39,9 +39,18 @@ from codesearch.api import DEFAULT, CodeSearch, EncoderPool
 from codesearch.api.snapshot import with_notices
 from codesearch.errors import CodeSearchError, IndexLockedError, NotIndexedError, PathError
 from codesearch.store import Store
-from codesearch.types import STORE_FILE, JSONDict, Mode, ProgressEvent, SearchRequest, SearchResult
+from codesearch.types import (
+    DEFAULT_MAX_FILE_BYTES,
+    STORE_FILE,
+    JSONDict,
+    Mode,
+    ProgressEvent,
+    SearchRequest,
+    SearchResult,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
+    from codesearch.indexing.status import Staleness
     from codesearch.server.memory import Meter
     from codesearch.server.watch import RepoWatcher
 
@@ -274,12 +283,9 @@ class ServedRepo:
         beside the searches once a deferred watch runs: what changed before the watch began
         is indexed now, or, when nothing did, the watcher's word starts (the next search and
         no-op index look at no file)."""
-        from codesearch.api.refresh import Recorded, stale_files
-
         seen, since = self.events_seen(), time.time()
-        try:
-            stale = stale_files(self.root, self.index_dir, Recorded.read(self.index_dir, 1_000_000))
-        except (CodeSearchError, OSError):
+        stale = self.check_files()
+        if stale is None:
             return
         if stale.stale:
             self.request_index()
@@ -512,6 +518,25 @@ class ServedRepo:
             log.warning("could not open %s with its models as they are now: %s", self.root, exc)
             return False
         return True
+
+    def check_files(self) -> Staleness | None:
+        """The files added, changed and removed since the last run, by a stat of every file
+        under the walk options that run recorded (`codesearch.api.refresh.stale_files`);
+        None when the index cannot be read (the search that follows says why)."""
+        from codesearch.api.refresh import Recorded, stale_files
+
+        try:
+            return stale_files(self.root, self.index_dir, Recorded.read(self.index_dir, DEFAULT_MAX_FILE_BYTES))
+        except (CodeSearchError, OSError):
+            return None
+
+    def watcher_vouches(self) -> bool:
+        """Whether the watcher vouches that no file of the work tree changed since a check
+        found the index current (`current_since`): it has seen no event since then and has
+        handled every event queued until now, and none arrived meanwhile."""
+        seen = self.events_seen()
+        return (seen is not None and seen == self.current_at_events and self.watch_caught_up()
+                and self.events_seen() == seen)
 
     def watch_caught_up(self) -> bool:
         """Whether the watcher has handled every file event queued until now (see
