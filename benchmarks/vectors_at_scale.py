@@ -24,6 +24,8 @@ vectors are the worst case for IVF recall, not the usual one).
 
     python benchmarks/vectors_at_scale.py dense --n 600000
     python benchmarks/vectors_at_scale.py dense --n 600000 --clustered --baseline /tmp/main
+    python benchmarks/vectors_at_scale.py dense --n 600000 --batch 16384 --baseline /tmp/main
+    python benchmarks/vectors_at_scale.py dense --n 600000 --batch 16384 --fill    # as a sync makes it
     python benchmarks/vectors_at_scale.py centroids --n 114000
     python benchmarks/vectors_at_scale.py plaid --docs 60000 --tokens 350
 
@@ -96,15 +98,32 @@ cls = {cls}
 t0, c0 = time.perf_counter(), cpu_s()
 index = cls({dim})
 ids, parts = [], []
-for start, x in vectors({n}, {dim}, {clustered}):
-    ids.append(np.arange(start, start + len(x), dtype=np.int64) * 7 + 3)  # store-like ids
-    parts.append(x)
-index.add(np.concatenate(ids), np.concatenate(parts))
+def reads():  # what a sync that makes the index afresh reads from the store, a batch at a time
+    for start, x in vectors({n}, {dim}, {clustered}):
+        for at in range(0, len(x), {batch} or len(x)):
+            yield np.arange(start + at, start + at + len(x[at : at + ({batch} or len(x))]), dtype=np.int64) * 7 + 3, \
+                x[at : at + ({batch} or len(x))].astype(np.float16)
+use_fill = {fill} and hasattr(index, "fill")  # (the code before it adds the batches)
+if use_fill and not index.fill(reads, {n}):
+    raise SystemExit("fill: the reads disagreed")
+for start, x in vectors({n}, {dim}, {clustered}) if not use_fill else ():
+    x_ids = np.arange(start, start + len(x), dtype=np.int64) * 7 + 3  # store-like ids
+    if {batch}:  # added a batch at a time, as an index run's sync adds them
+        for at in range(0, len(x), {batch}):
+            index.add(x_ids[at : at + {batch}], x[at : at + {batch}])
+    else:
+        ids.append(x_ids)
+        parts.append(x)
+if ids:
+    index.add(np.concatenate(ids), np.concatenate(parts))
 del ids, parts
 built = time.perf_counter() - t0
+import ctypes
+ctypes.CDLL(None).malloc_trim(0)  # what the index holds, not what the allocator kept
+held = rss_mb()["rss"]
 index.save({path!r})
 say(build_s=built, save_s=time.perf_counter() - t0 - built, cpu_s=cpu_s() - c0, peak_mb=peak_mb(),
-    kind=getattr(index, "kind", "?"))
+    built_rss_mb=held, kind=getattr(index, "kind", "?"))
 '''
 
 _DENSE_SEARCH = '''
@@ -367,6 +386,7 @@ def measure(args: argparse.Namespace, src: Path, label: str) -> dict:
         if path.is_file():
             path.unlink()
     fmt = dict(path=str(path), dim=args.dim, n=args.n, clustered=args.clustered, queries=args.queries,
+               batch=args.batch, fill=args.fill,
                docs=args.docs, tokens=args.tokens, nprobe=args.nprobe)
     if args.what == "plaid":
         build = {} if args.reuse else run(_PLAID_BUILD.format(**fmt), src)
@@ -407,6 +427,11 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=600_000, help="vectors (dense) or files (centroids)")
     ap.add_argument("--dim", type=int, default=None, help="384 (dense, centroids) or 48 (plaid)")
     ap.add_argument("--clustered", action="store_true", help="vectors around 2,000 centres (dense)")
+    ap.add_argument("--batch", type=int, default=0,
+                    help="dense, centroids: add this many vectors at a time, as an index run's sync does (16384)")
+    ap.add_argument("--fill", action="store_true",
+                    help="dense: build with DenseIndex.fill from reads of --batch vectors (a sync that makes the"
+                    " index afresh); the baseline, without fill, adds the batches")
     ap.add_argument("--docs", type=int, default=60_000, help="plaid: chunks")
     ap.add_argument("--tokens", type=int, default=350, help="plaid: mean tokens per chunk")
     ap.add_argument("--queries", type=int, default=200)

@@ -1,5 +1,6 @@
 """Worker processes for an index run's CPU-bound stages (chunking, writing lexical segments):
-how to start them where the caller may run threads, and how they leave signals to the parent.
+how to start them where the caller may run threads, and how they leave signals to the parent;
+and giving a process's freed heap back to the system (`trim_heap`).
 
 Low on purpose (no codesearch import): the chunking pool (`codesearch.indexing.chunking.parallel`)
 and the lexical writer (`codesearch.indexes.lexical_writer`) both start workers, and sit in
@@ -10,9 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 
-__all__ = ["leave_signals_to_the_parent", "start_method", "stop_workers"]
+__all__ = ["leave_signals_to_the_parent", "start_method", "stop_workers", "trim_heap"]
 
 
 def start_method() -> str:
@@ -42,3 +44,21 @@ def stop_workers(pool: object) -> None:
     for proc in list((getattr(pool, "_processes", None) or {}).values()):
         with contextlib.suppress(Exception):
             proc.kill()
+
+
+def trim_heap() -> None:
+    """Give freed heap pages back to the system (glibc's ``malloc_trim``; nothing elsewhere).
+
+    glibc keeps what a program frees for its next allocations, and past its first large
+    frees it serves blocks of up to 32 MB from the heap, not from mappings of their own: a
+    FAISS index whose lists were rebuilt, or a daemon that closed an index, otherwise keeps
+    the memory resident. The process's own symbols are looked up (``CDLL(None)``), not libc
+    by name: `ctypes.util.find_library` would run ``ldconfig`` in a subprocess each time."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+        pass

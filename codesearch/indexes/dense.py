@@ -37,6 +37,7 @@ import json
 import math
 import os
 import zlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +47,7 @@ from codesearch.errors import IndexCorruptError
 from codesearch.indexes.folder import MANIFEST, Blob, Kept, corrupt, read_folder, write_folder
 from codesearch.indexes.threads import one_thread
 from codesearch.types import JSONDict
+from codesearch.workers import trim_heap
 
 __all__ = ["EXACT_THRESHOLD", "CentroidIndex", "DenseIndex"]
 
@@ -471,13 +473,10 @@ class DenseIndex:
             return
         import faiss
 
-        # The mapped lists are read-only: merge into a full copy of them (read whole, once
-        # per merge: a merge comes after base / 8 additions).
-        lists = faiss.read_index(str(base.file)) if base.file is not None else base.lists
-        if len(self._removed):
-            lists.remove_ids(faiss.IDSelectorBatch(self._removed))
-        if len(self._tail_ids):
-            lists.add_with_ids(self._tail, self._tail_ids)
+        # Mapped lists are merged from a mapping of their own (the searches' stays as it is);
+        # lists in memory are merged into new ones, each old list freed once copied.
+        lists = faiss.read_index(str(base.file), faiss.IO_FLAG_MMAP) if base.file is not None else base.lists
+        _merge_lists(lists, self._removed, self._tail_ids, self._tail)
         alive = np.setdiff1d(base.ids, self._removed, assume_unique=True)
         self._set_base(_Base(np.union1d(alive, self._tail_ids), lists=lists))
 
@@ -511,31 +510,70 @@ class DenseIndex:
 
     def _train(self, ids: np.ndarray, vectors: np.ndarray):
         """A fresh IVF index of ``vectors`` (float16 lists, cells trained on a seeded sample of
-        them; added a block at a time, so float16 ``vectors`` are never all made float32)."""
+        them; encoded a block at a time, so float16 ``vectors`` are never all made float32)."""
+        index, rows = self._untrained(len(ids))
+        index.train(np.ascontiguousarray(vectors[rows] if len(rows) < len(ids) else vectors, dtype=np.float32))
+        blocks = range(0, len(ids), _ADD_BLOCK)
+        _fill_lists(index, lambda: ((ids[s : s + _ADD_BLOCK], vectors[s : s + _ADD_BLOCK]) for s in blocks))
+        return index
+
+    def _untrained(self, n: int):
+        """An empty IVF index for ``n`` vectors, and the rows of the seeded sample it is to
+        be trained on (sorted)."""
         import faiss
 
-        n = len(ids)
         nlist = self.nlist or max(16, int(4 * math.sqrt(n)))
         nlist = min(nlist, max(1, n // 39))  # FAISS wants >= 39 training points per cell
         quantizer = faiss.IndexFlatIP(self._dim)
         index = faiss.IndexIVFScalarQuantizer(
             quantizer, self._dim, nlist, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT, False
         )
+        quantizer.this.disown()  # the IVF index owns (and frees) its quantizer
+        index.own_fields = True
         index.cp.seed = self.seed
         # 64 points per cell is plenty for cell boundaries and keeps training at a few
         # seconds for 1M vectors; the sample is drawn here (seeded), so only it is float32.
         sample = min(n, _TRAIN_POINTS_PER_CELL * nlist)
-        rows = np.sort(np.random.default_rng(self.seed).choice(n, sample, replace=False)) if sample < n else slice(None)
+        rng = np.random.default_rng(self.seed)
+        rows = np.sort(rng.choice(n, sample, replace=False)) if sample < n else np.arange(n)
         index.cp.max_points_per_centroid = _TRAIN_POINTS_PER_CELL
         index.cp.niter = 10  # cell boundaries settle early; FAISS's 25 triples training time
-        index.train(np.ascontiguousarray(vectors[rows], dtype=np.float32))
-        for start in range(0, n, _ADD_BLOCK):
-            block = slice(start, start + _ADD_BLOCK)
-            index.add_with_ids(np.ascontiguousarray(vectors[block], dtype=np.float32), ids[block])
-        quantizer.this.disown()  # the IVF index now owns (and frees) its quantizer
-        index.own_fields = True
-        return index
+        return index, rows
 
+    def fill(self, read: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]], count: int) -> bool:
+        """Fill this empty index with the ``count`` vectors that ``read()`` yields as (ids,
+        vectors) blocks, the same on every call (an index run's sync, from the store).
+
+        Past ``exact_threshold`` the IVF base is built from three reads: the training sample,
+        then each vector's cell (the lists' sizes), then the lists' entries; it holds the
+        lists, their ids and one block, never every vector at once (600k x 384 added by
+        batches held 1.0 GB at its peak; the one add of them all, their float32 copy).
+        Returns False, and leaves the index empty, where the reads do not agree with each
+        other or with ``count`` (the caller then adds the blocks as they come)."""
+        if len(self):
+            raise ValueError("fill() needs an empty index")
+        if count <= self.exact_threshold:
+            for ids, vectors in read():
+                self.add(ids, vectors)
+            return True
+        index, rows = self._untrained(count)
+        sample = np.empty((len(rows), self._dim), dtype=np.float32)
+        at = 0
+        for ids, vectors in read():
+            lo, hi = np.searchsorted(rows, [at, at + len(ids)])
+            sample[lo:hi] = vectors[rows[lo:hi] - at]
+            at += len(ids)
+        if at != count:
+            return False
+        index.train(sample)
+        del sample
+        try:
+            ids = _fill_lists(index, read)
+        except ValueError:  # (the reads disagreed)
+            return False
+        self._set_base(_Base(np.sort(ids), lists=index))
+        self._trained_on = count
+        return True
 
 class CentroidIndex(DenseIndex):
     """One vector per file: the normalised mean of its chunks' vectors, for a model whose
@@ -688,3 +726,119 @@ def _ivf_contents_into(index, removed: np.ndarray, ids: np.ndarray, vectors: np.
         at += n
     if at != len(ids):
         raise ValueError("the IVF lists hold fewer vectors than the index counts")
+
+
+# -- inverted lists of exactly their size ------------------------------------------------------
+#
+# FAISS grows a list as a `std::vector` does: an add past its capacity doubles it, and an add
+# of a block touches nearly every list (65,536 vectors over ~3,000 cells), so lists built or
+# merged by `add_with_ids` held up to twice their entries. Here each list is sized once, to
+# what it will hold, then written in place (`update_entries`); the entries and their order
+# are those `add_with_ids` gives (a block's vectors assigned by the quantizer as its add
+# does, in the order they come). 600k x 384 added 16,384 at a time, as a sync adds them:
+# 556 MB resident once built, against 772 MB (both after `trim_heap`; the float16 codes are
+# 460 MB). A merge of lists in memory still holds the old and the new lists at its end: the
+# build's peak stays near 1.0 GB (`benchmarks/vectors_at_scale.py dense`).
+
+
+def _cells(index, vectors: np.ndarray) -> np.ndarray:
+    """The IVF cell of each row of ``vectors`` (float32), as ``add_with_ids`` assigns them."""
+    _, cells = index.quantizer.search(vectors, 1)
+    return cells[:, 0]
+
+
+def _codes(index, vectors: np.ndarray) -> np.ndarray:
+    """The lists' codes of the rows of ``vectors`` (float32): the scalar quantizer's."""
+    if not len(vectors):
+        return np.empty((0, index.code_size), dtype=np.uint8)
+    return np.ascontiguousarray(index.sq.compute_codes(vectors))
+
+
+def _by_cell(cells: np.ndarray, nlist: int) -> tuple[np.ndarray, np.ndarray]:
+    """The stable order of rows by cell, and where each cell's rows start in it (nlist + 1)."""
+    order = np.argsort(cells, kind="stable")
+    return order, np.searchsorted(cells[order], np.arange(nlist + 1))
+
+
+def _fill_lists(index, read: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]]) -> np.ndarray:
+    """Give the trained, empty IVF ``index`` lists of exactly the vectors ``read()`` yields as
+    (ids, vectors) blocks (any float dtype), read twice: to size the lists, then to write
+    them. Returns the ids; ValueError where the second read is not the first."""
+    import faiss
+
+    nlist = index.nlist
+    cells, seen = [], []
+    for ids, vectors in read():
+        cells.append(_cells(index, np.ascontiguousarray(vectors, dtype=np.float32)))
+        seen.append(np.asarray(ids, dtype=np.int64))
+    all_ids = np.concatenate(seen) if seen else np.zeros(0, np.int64)
+    lists = faiss.ArrayInvertedLists(nlist, index.code_size)
+    sizes = np.bincount(np.concatenate(cells), minlength=nlist) if cells else np.zeros(nlist, np.int64)
+    for cell in np.flatnonzero(sizes).tolist():
+        lists.resize(cell, int(sizes[cell]))  # (from empty: the capacity is the size)
+    at = np.zeros(nlist, dtype=np.int64)
+    try:
+        for (ids, vectors), block_cells, want in zip(read(), cells, seen, strict=True):
+            if not np.array_equal(ids, want):
+                raise ValueError("the vectors changed between two reads")
+            order, starts = _by_cell(block_cells, nlist)
+            block_ids = np.ascontiguousarray(want[order])
+            codes = _codes(index, np.ascontiguousarray(vectors[order], dtype=np.float32))
+            for cell in np.flatnonzero(np.diff(starts)).tolist():
+                lo, hi = int(starts[cell]), int(starts[cell + 1])
+                lists.update_entries(cell, int(at[cell]), hi - lo, faiss.swig_ptr(block_ids[lo:hi]),
+                                     faiss.swig_ptr(codes[lo:hi]))
+                at[cell] += hi - lo
+    except BaseException:
+        del lists  # (not yet the index's)
+        raise
+    _replace_lists(index, lists, len(all_ids))
+    trim_heap()
+    return all_ids
+
+
+def _merge_lists(index, removed: np.ndarray, tail_ids: np.ndarray, tail: np.ndarray) -> None:
+    """Replace the IVF ``index``'s lists by new ones of exactly their entries but the
+    ``removed`` ids, then ``tail`` (float32), a list at a time. The old lists are freed at
+    the end (FAISS frees a list's memory only with all of them), so a merge of lists in
+    memory holds both; mapped ones are read from their mapping."""
+    import faiss
+
+    nlist = index.nlist
+    old = faiss.downcast_InvertedLists(index.invlists)
+    blocks = [slice(start, start + _ADD_BLOCK) for start in range(0, len(tail_ids), _ADD_BLOCK)]
+    cells = np.concatenate([_cells(index, tail[b]) for b in blocks]) if blocks else np.zeros(0, np.int64)
+    order, starts = _by_cell(cells, nlist)
+    new_ids = np.ascontiguousarray(tail_ids[order], dtype=np.int64)
+    new_codes = np.ascontiguousarray(_codes(index, tail)[order])
+    lists = faiss.ArrayInvertedLists(nlist, index.code_size)
+    total = 0
+    for cell in range(nlist):
+        size = old.list_size(cell)
+        ids = codes = None
+        if size:
+            ids = faiss.rev_swig_ptr(old.get_ids(cell), size)
+            codes = faiss.rev_swig_ptr(old.get_codes(cell), size * index.code_size)
+            if len(removed):
+                keep = ~np.isin(ids, removed)
+                ids = np.ascontiguousarray(ids[keep])
+                codes = np.ascontiguousarray(codes.reshape(size, -1)[keep])
+        lo, hi = int(starts[cell]), int(starts[cell + 1])
+        live = 0 if ids is None else len(ids)
+        if live + hi - lo:
+            lists.resize(cell, live + hi - lo)
+        if live:
+            lists.update_entries(cell, 0, live, faiss.swig_ptr(ids), faiss.swig_ptr(codes))
+        if hi > lo:
+            lists.update_entries(cell, live, hi - lo, faiss.swig_ptr(new_ids[lo:hi]),
+                                 faiss.swig_ptr(new_codes[lo:hi]))
+        total += live + hi - lo
+    _replace_lists(index, lists, total)  # (the old lists freed)
+    trim_heap()
+
+
+def _replace_lists(index, lists, total: int) -> None:
+    """Make ``lists`` (holding ``total`` entries) the lists of ``index``, which owns them."""
+    index.replace_invlists(lists, True)
+    lists.this.disown()
+    index.ntotal = total

@@ -15,7 +15,7 @@ import os
 import shutil
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -241,6 +241,13 @@ def _add_from_store(
             if keep is not None:
                 keep(index, found, hashes, all_vecs)
         return
+    fill = getattr(index, "fill", None)  # (a dense index: built from reads of the store, see `DenseIndex.fill`)
+    if ids is None and fill is not None and not len(index):
+        def read() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+            return ((f, np.concatenate(a, axis=0)) for f, a in store.iter_vectors(spec.kind, _ADD_BATCH) if len(f))
+
+        if fill(read, len(store.vector_lengths(spec.kind)[0])):
+            return  # (else the store changed between its reads: the vectors are added as read)
     for found, arrays in batches:
         if len(found):
             index.add(found, np.concatenate(arrays, axis=0))

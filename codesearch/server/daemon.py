@@ -25,7 +25,6 @@ from pathlib import Path
 
 from codesearch import __version__
 from codesearch.server.daemon_client import DEFAULT_IDLE_S, parse_seconds
-from codesearch.server.memory import trim_heap
 from codesearch.server.runtime_dir import (
     DAEMON_LOCK,
     PROTOCOL,
@@ -36,6 +35,7 @@ from codesearch.server.runtime_dir import (
     remove_info,
     write_info,
 )
+from codesearch.workers import trim_heap
 
 log = logging.getLogger("codesearch.daemon")
 

@@ -17,11 +17,12 @@ Linux only (``/proc``); elsewhere both are None.
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from codesearch.workers import trim_heap
 
 
 def _status_kib(field: str) -> int | None:
@@ -43,21 +44,6 @@ def rss_bytes() -> int | None:
 def anon_bytes() -> int | None:
     """This process's anonymous resident memory (``RssAnon``: heap and private arrays)."""
     return _status_kib("RssAnon:")
-
-
-def trim_heap() -> None:
-    """Give freed heap pages back to the system (glibc's ``malloc_trim``; nothing elsewhere).
-
-    The process's own symbols are looked up (``CDLL(None)``), not libc by name:
-    `ctypes.util.find_library` would run ``ldconfig`` in a subprocess each time."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
-        pass
 
 
 class Meter:

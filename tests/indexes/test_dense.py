@@ -417,3 +417,92 @@ def test_small_searches_run_blas_on_one_thread_and_restore_its_count(monkeypatch
         ids, _ = index.scores(clustered(1, seed=3))
         assert blas_threads() == {2}
     assert inside == [{1}] and sorted(ids.tolist()) == list(range(5000))
+
+
+# -- lists sized once, and an index filled from reads (an index run's sync) -----------------
+
+
+def _reads(ids: np.ndarray, vectors: np.ndarray, size: int):
+    return lambda: ((ids[s : s + size], vectors[s : s + size]) for s in range(0, len(ids), size))
+
+
+def _entries(index) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each IVF list's ids and codes, by id."""
+    import faiss
+
+    lists = faiss.downcast_InvertedLists(index._base.lists.invlists)
+    out = []
+    for cell in range(lists.nlist):
+        n = lists.list_size(cell)
+        ids = faiss.rev_swig_ptr(lists.get_ids(cell), n).copy() if n else np.zeros(0, np.int64)
+        codes = faiss.rev_swig_ptr(lists.get_codes(cell), n * 2 * DIM).reshape(n, -1).copy() if n else None
+        order = np.argsort(ids)
+        out.append((ids[order], None if codes is None else codes[order]))
+    return out
+
+
+def _same_entries(a, b) -> bool:
+    return all(np.array_equal(x[0], y[0]) and (x[1] is None or np.array_equal(x[1], y[1])) for x, y in zip(a, b))
+
+
+def test_the_lists_hold_what_faiss_adds_would_put_there_through_builds_and_merges():
+    import faiss
+
+    vectors, ids = clustered(4000), np.arange(4000, dtype=np.int64) * 3 + 1
+    index = DenseIndex(DIM, exact_threshold=1000)
+    index.add(ids[:3000], vectors[:3000])  # trained: the lists built by `_fill_lists`
+    assert index.kind == "ivf"
+    ref = faiss.clone_index(index._base.lists)
+    ref.reset()
+    ref.add_with_ids(vectors[:3000], ids[:3000])
+    got = _entries(index)
+    index._base.lists, keep = ref, index._base.lists
+    assert _same_entries(got, _entries(index))
+    index._base.lists = keep
+    # A merge of removals and a tail (`_merge_lists`) against FAISS's remove and add.
+    index.remove(ids[:600:2])
+    index.add(ids[3000:3400], vectors[3000:3400])
+    index._merge()  # (as a tail past max(4096, base / 8) is)
+    assert len(index._tail_ids) == 0 and len(index) == 3100
+    ref.remove_ids(faiss.IDSelectorBatch(ids[:600:2]))
+    ref.add_with_ids(vectors[3000:3400], ids[3000:3400])
+    got = _entries(index)
+    index._base.lists = ref
+    assert _same_entries(got, _entries(index))
+
+
+@pytest.mark.parametrize("n", [400, 3000])
+def test_an_index_filled_from_reads_is_the_one_a_single_add_makes(n):
+    # float16-exact vectors, as the store keeps them (and hands them over as float16)
+    vectors, ids = clustered(n, seed=1).astype(np.float16).astype(np.float32), np.arange(n, dtype=np.int64) * 7 + 3
+    one = DenseIndex(DIM, exact_threshold=500)
+    one.add(ids, vectors)
+    filled = DenseIndex(DIM, exact_threshold=500)
+    assert filled.fill(_reads(ids, vectors.astype(np.float16), 256), n)
+    assert filled.kind == one.kind == ("ivf" if n > 500 else "exact")
+    np.testing.assert_array_equal(np.sort(filled.ids()), np.sort(one.ids()))
+    if one.kind == "ivf":
+        assert _same_entries(_entries(filled), _entries(one))
+    queries = clustered(20, seed=7)
+    for (a_ids, a_scores), (b_ids, b_scores) in zip(one.search(queries, 10), filled.search(queries, 10)):
+        np.testing.assert_array_equal(a_ids, b_ids)
+        np.testing.assert_array_equal(a_scores, b_scores)
+
+
+def test_a_fill_whose_reads_disagree_leaves_the_index_empty():
+    vectors, ids = clustered(2000), np.arange(2000, dtype=np.int64)
+    index = DenseIndex(DIM, exact_threshold=500)
+    assert not index.fill(_reads(ids, vectors, 256), 2001)  # fewer vectors than counted
+    calls = []
+
+    def changing():  # the second read of the lists is missing a vector
+        calls.append(1)
+        cut = 2000 if len(calls) < 3 else 1999
+        return _reads(ids[:cut], vectors[:cut], 256)()
+
+    assert not index.fill(changing, 2000)
+    assert len(index) == 0 and len(calls) == 3
+    index.add(ids, vectors)  # and it is still an index
+    assert len(index) == 2000 and index.kind == "ivf"
+    with pytest.raises(ValueError):
+        index.fill(_reads(ids, vectors, 256), 2000)

@@ -196,3 +196,33 @@ def test_near_the_end_of_a_stream_beside_workers_publications_run_back_to_back(b
     assert not pub.due(left=0)  # nothing left: the run's last publication takes the rest
     pub.last = now - 60
     assert pub.due(left=5_000) and pub.due()  # the regular rhythm, either way
+
+
+def test_a_dense_index_made_from_the_store_is_filled_from_its_reads(tmp_path, encoders, monkeypatch):
+    """A sync that makes a dense index afresh fills it from reads of the store (the training
+    sample, the lists' sizes, their entries: `DenseIndex.fill`), never every vector at once;
+    it is the index one add of them all makes."""
+    import numpy as np
+
+    from codesearch.indexes.dense import DenseIndex
+
+    root = tmp_path / "repo"
+    (root / "pkg").mkdir(parents=True)
+    for i in range(40):
+        (root / "pkg" / f"mod{i}.py").write_text(module_source(f"mod{i}", 4, 4))
+    build_index(root, encoders=Encoders(dense=encoders.dense))
+    monkeypatch.setitem(DenseIndex.__init__.__kwdefaults__, "exact_threshold", 20)
+    fills = []
+    real_fill = DenseIndex.fill
+    monkeypatch.setattr(DenseIndex, "fill",
+                        lambda self, read, count: fills.append(count) or real_fill(self, read, count))
+    with Store(default_index_dir(root) / STORE_FILE) as store:
+        index = registry.rebuild_index("dense_chunks", store)
+        found, arrays = zip(*store.iter_vectors("dense"))
+    ids, vectors = np.concatenate(found), np.concatenate([np.concatenate(a) for a in arrays]).astype(np.float32)
+    assert fills == [len(ids)] and len(ids) >= 78 and index.kind == "ivf" and len(index) == len(ids)
+    one = DenseIndex(index.dim)
+    one.add(ids, vectors)
+    for (a_ids, a_scores), (b_ids, b_scores) in zip(index.search(vectors[:8], 5), one.search(vectors[:8], 5)):
+        np.testing.assert_array_equal(a_ids, b_ids)
+        np.testing.assert_array_equal(a_scores, b_scores)
