@@ -777,21 +777,17 @@ def _fill_lists(index, read: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]
     for cell in np.flatnonzero(sizes).tolist():
         lists.resize(cell, int(sizes[cell]))  # (from empty: the capacity is the size)
     at = np.zeros(nlist, dtype=np.int64)
-    try:
-        for (ids, vectors), block_cells, want in zip(read(), cells, seen, strict=True):
-            if not np.array_equal(ids, want):
-                raise ValueError("the vectors changed between two reads")
-            order, starts = _by_cell(block_cells, nlist)
-            block_ids = np.ascontiguousarray(want[order])
-            codes = _codes(index, np.ascontiguousarray(vectors[order], dtype=np.float32))
-            for cell in np.flatnonzero(np.diff(starts)).tolist():
-                lo, hi = int(starts[cell]), int(starts[cell + 1])
-                lists.update_entries(cell, int(at[cell]), hi - lo, faiss.swig_ptr(block_ids[lo:hi]),
-                                     faiss.swig_ptr(codes[lo:hi]))
-                at[cell] += hi - lo
-    except BaseException:
-        del lists  # (not yet the index's)
-        raise
+    for (ids, vectors), block_cells, want in zip(read(), cells, seen, strict=True):
+        if not np.array_equal(ids, want):
+            raise ValueError("the vectors changed between two reads")
+        order, starts = _by_cell(block_cells, nlist)
+        block_ids = np.ascontiguousarray(want[order])
+        codes = _codes(index, np.ascontiguousarray(vectors[order], dtype=np.float32))
+        for cell in np.flatnonzero(np.diff(starts)).tolist():
+            lo, hi = int(starts[cell]), int(starts[cell + 1])
+            lists.update_entries(cell, int(at[cell]), hi - lo, faiss.swig_ptr(block_ids[lo:hi]),
+                                 faiss.swig_ptr(codes[lo:hi]))
+            at[cell] += hi - lo
     _replace_lists(index, lists, len(all_ids))
     trim_heap()
     return all_ids
