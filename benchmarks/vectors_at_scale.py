@@ -26,6 +26,7 @@ vectors are the worst case for IVF recall, not the usual one).
     python benchmarks/vectors_at_scale.py dense --n 600000 --clustered --baseline /tmp/main
     python benchmarks/vectors_at_scale.py dense --n 600000 --batch 16384 --baseline /tmp/main
     python benchmarks/vectors_at_scale.py dense --n 600000 --batch 16384 --fill    # as a sync makes it
+    python benchmarks/vectors_at_scale.py dense --n 600000 --batch 16384 --writer --baseline /tmp/main
     python benchmarks/vectors_at_scale.py centroids --n 114000
     python benchmarks/vectors_at_scale.py plaid --docs 60000 --tokens 350
 
@@ -97,6 +98,8 @@ from codesearch.indexes.dense import DenseIndex
 cls = {cls}
 t0, c0 = time.perf_counter(), cpu_s()
 index = cls({dim})
+if {writer} and hasattr(index, "lists_dir"):  # as an index run's sync has it (the code before: in memory)
+    index.lists_dir = __import__("pathlib").Path({path!r})
 ids, parts = [], []
 def reads():  # what a sync that makes the index afresh reads from the store, a batch at a time
     for start, x in vectors({n}, {dim}, {clustered}):
@@ -386,7 +389,7 @@ def measure(args: argparse.Namespace, src: Path, label: str) -> dict:
         if path.is_file():
             path.unlink()
     fmt = dict(path=str(path), dim=args.dim, n=args.n, clustered=args.clustered, queries=args.queries,
-               batch=args.batch, fill=args.fill,
+               batch=args.batch, fill=args.fill, writer=args.writer,
                docs=args.docs, tokens=args.tokens, nprobe=args.nprobe)
     if args.what == "plaid":
         build = {} if args.reuse else run(_PLAID_BUILD.format(**fmt), src)
@@ -432,6 +435,9 @@ def main() -> None:
     ap.add_argument("--fill", action="store_true",
                     help="dense: build with DenseIndex.fill from reads of --batch vectors (a sync that makes the"
                     " index afresh); the baseline, without fill, adds the batches")
+    ap.add_argument("--writer", action="store_true",
+                    help="dense: the index builds its IVF lists in the folder it is saved to, as an index run's"
+                    " sync has it (DenseIndex.lists_dir), not in memory")
     ap.add_argument("--docs", type=int, default=60_000, help="plaid: chunks")
     ap.add_argument("--tokens", type=int, default=350, help="plaid: mean tokens per chunk")
     ap.add_argument("--queries", type=int, default=200)

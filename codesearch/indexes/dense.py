@@ -16,6 +16,13 @@ IVF cells are re-clustered when the index has grown 4x since they were trained, 
 index goes back to exact below half the threshold (the gap avoids flapping). An index run
 that edits a few files so rewrites the tail and the removals, not the base.
 
+A new IVF base (a build, a merge, a retrain) is made from a block of vectors at a time,
+each list sized once to what it holds. The index registry's writer, which saves the index
+to its folder, sets ``lists_dir`` to that folder: the lists are then written into a FAISS
+file there as they are made (read back with ``pread``, never through a mapping), the base
+is mapped from it, and the save takes that file as it is. Such a build holds a block, not
+the lists (460 MB for 600k x 384); without ``lists_dir`` they are made in memory.
+
 Why float16 lists: the store keeps vectors as float16, so the lists hold them exactly, in
 half the bytes (460 MB for 600k x 384, against 920 MB in float32). Why IVF and not HNSW:
 FAISS's HNSW cannot remove ids, and its graph is not mapped from disk. Recall is set by
@@ -33,9 +40,11 @@ whatever the index's size. The format before it (one file: a JSON header and
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import os
+import shutil
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -83,6 +92,7 @@ class _Base:
     lists: object | None = None
     file: Path | None = None
     head: JSONDict | None = None  # the FAISS file's head: bytes and CRC (see _write_lists)
+    spilled: bool = False  # ``file`` was written by a build (`DenseIndex.lists_dir`), and no save has taken it
 
     @property
     def is_ivf(self) -> bool:
@@ -156,6 +166,11 @@ class DenseIndex:
         #: What the index registry knows the store's vectors by when it saved this index
         #: (kept in the manifest; `codesearch.indexes.registry`).
         self.store_mark: str | None = None
+        #: Where an IVF base that a build, a retrain or a merge makes has its lists written
+        #: as they are made, and is mapped from (the folder a writer saves the index to: the
+        #: save then takes that file); None: they are made in memory. 600k x 384 float16
+        #: lists are 460 MB (`_lists_in_file`).
+        self.lists_dir: Path | None = None
 
     # -- properties ----------------------------------------------------------------------
 
@@ -313,15 +328,34 @@ class DenseIndex:
             if base.is_ivf:
                 head: JSONDict = {}
                 header["lists"] = head
-                files["base_lists"] = Blob("faiss", lambda file: head.update(_write_lists(base.lists, file)))
+                files["base_lists"] = Blob("faiss", lambda file: head.update(self._write_base_lists(file)))
             else:
                 files["base_vectors"] = base.vectors
         files |= {"tail_ids": self._tail_ids, "tail_vectors": self._tail, "removed": self._removed}
         entries = write_folder(path, header, files)
         base.head = header.get("lists")
-        if base.is_ivf and base.file is None:
-            base.file = path / entries["base_lists"]["file"]
+        if base.is_ivf and (base.file is None or base.spilled):
+            base.file, base.spilled = path / entries["base_lists"]["file"], False
         self._written = (path.resolve(), {n: e for n, e in entries.items() if n.startswith("base_")})
+
+    def _write_base_lists(self, file: Path) -> JSONDict:
+        """Write the IVF base's FAISS file to ``file``: the file a build wrote its lists into
+        (`lists_dir`), moved there (in the same folder) or copied, else FAISS's own write."""
+        base = self._base
+        if not base.spilled or base.file is None or base.head is None:
+            return _write_lists(base.lists, file)
+        with open(base.file, "rb+") as fh:
+            os.fsync(fh.fileno())
+        if base.file.parent.resolve() == file.parent.resolve():
+            os.replace(base.file, file)
+            base.file = file  # (spilled still: no manifest names it until the save's is written)
+        else:
+            shutil.copyfile(base.file, file)
+            with open(file, "rb+") as fh:
+                os.fsync(fh.fileno())
+            base.file.unlink(missing_ok=True)  # (its mapping stays readable)
+            base.file = file
+        return dict(base.head)
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, verify: bool = False) -> DenseIndex:
@@ -453,35 +487,153 @@ class DenseIndex:
 
     def _rebuild(self, *, ivf: bool) -> None:
         if ivf:
-            # In float16, as the lists hold them: half the bytes of float32 and one copy, never
-            # a second (600k x 384 retrained in 2.8 GB as float32 copies; in half that now).
-            # (A first add of everything at once is trained from the tail as it is: no copy.)
-            ids, vectors = self._all_vectors(np.float16) if len(self._base.ids) else (self._tail_ids, self._tail)
-            self._set_base(_Base(np.sort(ids), lists=self._train(ids, vectors)))
-            self._trained_on = len(ids)
+            # From the lists and the tail a block at a time, in float16 as the lists hold
+            # them (600k x 384 retrained in 2.8 GB as float32 copies of every vector; in 0.9
+            # GB as one float16 copy and the new lists; in one block and the lists now, or
+            # one block alone where the lists go to a file). A first add of everything at
+            # once is trained from the tail as it is.
+            base = self._make_ivf(self._live_blocks(), len(self))
+            if base is None:  # (its lists' file read back short; the registry rebuilds from the store)
+                raise ValueError("the dense index's lists could not be read back whole")
+            self._set_base(base)
+            self._trained_on = len(base.ids)
         else:
-            ids, vectors = self._all_vectors()
-            order = np.argsort(ids)
-            self._set_base(_Base(ids[order], vectors[order]))
+            self._set_base(self._exact_base())
             self._trained_on = 0
 
     def _merge(self) -> None:
-        """A new base of the base's live vectors and the tail's (no retraining)."""
+        """A new base of the base's live vectors and the tail's (no retraining): each list's
+        live entries, then the tail's in its order (as FAISS's remove and add leave them)."""
         base = self._base
         if not base.is_ivf:
             self._rebuild(ivf=False)
             return
-        import faiss
+        index, removed, tail = base.lists, self._removed, self._tail
+        sizes = np.zeros(index.nlist, dtype=np.int64)
+        for cells, ids, _ in _base_entries(base, removed, codes=False):
+            if len(ids):
+                sizes[cells[0]] = len(ids)
+        blocks = [slice(start, start + _ADD_BLOCK) for start in range(0, len(tail), _ADD_BLOCK)]
+        cells = np.concatenate([_cells(index, tail[b]) for b in blocks]) if blocks else _EMPTY_IDS
+        sizes += np.bincount(cells, minlength=index.nlist)
+        entries = itertools.chain(_base_entries(base, removed), [(cells, self._tail_ids, _codes(index, tail))])
+        alive = np.setdiff1d(base.ids, removed, assume_unique=True)
+        self._set_base(self._lists_base(index, np.union1d(alive, self._tail_ids), sizes, entries))
 
-        # Mapped lists are merged from a mapping of their own (the searches' stays as it is);
-        # lists in memory are merged into new ones, each old list freed once copied.
-        lists = faiss.read_index(str(base.file), faiss.IO_FLAG_MMAP) if base.file is not None else base.lists
-        _merge_lists(lists, self._removed, self._tail_ids, self._tail)
-        alive = np.setdiff1d(base.ids, self._removed, assume_unique=True)
-        self._set_base(_Base(np.union1d(alive, self._tail_ids), lists=lists))
+    def _exact_base(self) -> _Base:
+        """An exact base of every live vector, by id, its matrix written once: an exact base
+        and the tail are copied into their places a block at a time (the per-file means of
+        114k files are 170 MB as float32, which a sorted copy of their copy held three times)."""
+        base = self._base
+        if base.is_ivf or not len(base.ids):  # (back to exact from IVF: below half the threshold)
+            ids, vectors = self._all_vectors()
+            order = np.argsort(ids)
+            return _Base(ids[order], vectors[order])
+        keep = np.ones(len(base.ids), dtype=bool)
+        keep[base.rows_of(self._removed)] = False
+        alive = base.ids[keep]
+        ids = np.concatenate([alive, self._tail_ids])
+        order = np.argsort(ids, kind="stable")
+        place = np.empty(len(ids), dtype=np.int64)
+        place[order] = np.arange(len(ids))  # where each live row, then each tail row, goes
+        out = np.empty((len(ids), self._dim), dtype=np.float32)
+        at = 0
+        for start in range(0, len(base.ids), _ADD_BLOCK):
+            rows = keep[start : start + _ADD_BLOCK]
+            n = int(rows.sum())
+            out[place[at : at + n]] = base.vectors[start : start + _ADD_BLOCK][rows]
+            at += n
+        out[place[at:]] = self._tail
+        return _Base(ids[order], out)
+
+    def _live_blocks(self) -> Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]]:
+        """A read of every live (ids, vectors) of the index, a block at a time, in the order
+        of the base's lists (or matrix), then the tail's; float16 where the base holds any."""
+        base, removed, dim = self._base, self._removed, self._dim
+
+        def read() -> Iterable[tuple[np.ndarray, np.ndarray]]:
+            if base.is_ivf:
+                parts: list[tuple[np.ndarray, np.ndarray]] = []
+                held = 0
+                for _, ids, codes in _base_entries(base, removed):
+                    parts.append((ids, codes))
+                    held += len(ids)
+                    if held >= _ADD_BLOCK:
+                        yield _joined(parts, dim)
+                        parts, held = [], 0
+                if parts:
+                    yield _joined(parts, dim)
+            elif len(base.ids):
+                keep = np.ones(len(base.ids), dtype=bool)
+                keep[base.rows_of(removed)] = False
+                for start in range(0, len(base.ids), _ADD_BLOCK):
+                    part = slice(start, start + _ADD_BLOCK)
+                    yield base.ids[part][keep[part]], base.vectors[part][keep[part]].astype(np.float16)
+            tail = self._tail if not len(base.ids) else None
+            for start in range(0, len(self._tail_ids), _ADD_BLOCK):
+                part = slice(start, start + _ADD_BLOCK)
+                vectors = self._tail[part] if tail is not None else self._tail[part].astype(np.float16)
+                yield self._tail_ids[part], vectors
+
+        return read
+
+    def _make_ivf(self, read: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]], count: int) -> _Base | None:
+        """An IVF base of the ``count`` vectors that ``read()`` yields as (ids, vectors) blocks
+        (any float dtype), the same on every call, from three reads: the training sample,
+        each vector's cell (the lists' sizes), then the lists' entries. It holds one block
+        and the lists (or only the block, with `lists_dir`), never every vector at once.
+        None where the reads do not agree with each other or with ``count``."""
+        index, rows = self._untrained(count)
+        sample = np.empty((len(rows), self._dim), dtype=np.float32)
+        at = 0
+        for ids, vectors in read():
+            lo, hi = np.searchsorted(rows, [at, at + len(ids)])
+            sample[lo:hi] = vectors[rows[lo:hi] - at]
+            at += len(ids)
+        if at != count:
+            return None
+        index.train(sample)
+        del sample
+        cells, seen = [], []
+        for ids, vectors in read():
+            cells.append(_cells(index, np.ascontiguousarray(vectors, dtype=np.float32)))
+            seen.append(np.asarray(ids, dtype=np.int64))
+        all_ids = np.concatenate(seen) if seen else _EMPTY_IDS
+        if len(all_ids) != count:
+            return None
+        sizes = np.bincount(np.concatenate(cells), minlength=index.nlist) if cells else np.zeros(index.nlist, np.int64)
+
+        def entries() -> Iterable[_Entries]:
+            for (ids, vectors), block_cells, want in zip(read(), cells, seen, strict=True):
+                if not np.array_equal(ids, want):
+                    raise ValueError("the vectors changed between two reads")
+                yield block_cells, want, _codes(index, np.ascontiguousarray(vectors, dtype=np.float32))
+
+        try:
+            return self._lists_base(index, np.sort(all_ids), sizes, entries())
+        except ValueError:  # (the reads disagreed)
+            return None
+
+    def _lists_base(self, index, ids: np.ndarray, sizes: np.ndarray, entries: Iterable[_Entries]) -> _Base:
+        """The IVF base of the sorted ``ids`` whose lists, of the cells of ``index``, hold
+        ``sizes`` entries from ``entries``: written into a file of `lists_dir` and mapped
+        from it, or in ``index``'s own lists when there is none (or FAISS writes in a form
+        this does not know)."""
+        folder = self.lists_dir
+        head = _head_bytes(index, sizes) if folder is not None and not folder.is_file() else None
+        if folder is None or head is None:
+            _lists_in_memory(index, sizes, entries)
+            return _Base(ids, lists=index)
+        folder.mkdir(parents=True, exist_ok=True)
+        file = folder / f"base_lists.{os.urandom(4).hex()}.faiss"  # (no manifest names it: a save's to keep)
+        written = _lists_in_file(head, int(index.code_size), sizes, entries, file)
+        return _Base(ids, lists=_read_lists(folder, file, written, self._dim, len(ids)), file=file, head=written,
+                     spilled=True)
 
     def _set_base(self, base: _Base) -> None:
-        self._base = base
+        old, self._base = self._base, base
+        if old.spilled and old.file is not None and old.file != base.file:
+            old.file.unlink(missing_ok=True)  # (a base no save took; its mapping stays readable)
         self._tail_ids, self._tail = _EMPTY_IDS.copy(), np.empty((0, self._dim), np.float32)
         self._removed, self._skip = _EMPTY_IDS.copy(), None
         self._written = None
@@ -507,15 +659,6 @@ class DenseIndex:
             ids[:n_base], out[:n_base] = base.ids[keep], base.vectors[keep]
         ids[n_base:], out[n_base:] = self._tail_ids, self._tail
         return ids, out
-
-    def _train(self, ids: np.ndarray, vectors: np.ndarray):
-        """A fresh IVF index of ``vectors`` (float16 lists, cells trained on a seeded sample of
-        them; encoded a block at a time, so float16 ``vectors`` are never all made float32)."""
-        index, rows = self._untrained(len(ids))
-        index.train(np.ascontiguousarray(vectors[rows] if len(rows) < len(ids) else vectors, dtype=np.float32))
-        blocks = range(0, len(ids), _ADD_BLOCK)
-        _fill_lists(index, lambda: ((ids[s : s + _ADD_BLOCK], vectors[s : s + _ADD_BLOCK]) for s in blocks))
-        return index
 
     def _untrained(self, n: int):
         """An empty IVF index for ``n`` vectors, and the rows of the seeded sample it is to
@@ -556,24 +699,13 @@ class DenseIndex:
             for ids, vectors in read():
                 self.add(ids, vectors)
             return True
-        index, rows = self._untrained(count)
-        sample = np.empty((len(rows), self._dim), dtype=np.float32)
-        at = 0
-        for ids, vectors in read():
-            lo, hi = np.searchsorted(rows, [at, at + len(ids)])
-            sample[lo:hi] = vectors[rows[lo:hi] - at]
-            at += len(ids)
-        if at != count:
+        base = self._make_ivf(read, count)
+        if base is None:
             return False
-        index.train(sample)
-        del sample
-        try:
-            ids = _fill_lists(index, read)
-        except ValueError:  # (the reads disagreed)
-            return False
-        self._set_base(_Base(np.sort(ids), lists=index))
+        self._set_base(base)
         self._trained_on = count
         return True
+
 
 class CentroidIndex(DenseIndex):
     """One vector per file: the normalised mean of its chunks' vectors, for a model whose
@@ -701,44 +833,33 @@ def _ivf_contents_into(index, removed: np.ndarray, ids: np.ndarray, vectors: np.
     """Write every (id, vector) of a FAISS IVF index but the ``removed`` ids into ``ids`` and
     ``vectors`` (sized for exactly those; any float dtype), a list at a time: no copy of all
     the codes is ever made."""
-    import faiss
-
-    invlists = index.invlists
-    dim = None if vectors is None else vectors.shape[1]
     at = 0
-    for cell in range(invlists.nlist):
-        size = invlists.list_size(cell)
-        if not size:
-            continue
-        ptr = invlists.get_ids(cell)
-        cell_ids = faiss.rev_swig_ptr(ptr, size).astype(np.int64)
-        invlists.release_ids(cell, ptr)
-        keep = ~np.isin(cell_ids, removed) if len(removed) else None
-        n = size if keep is None else int(keep.sum())
+    for _, cell_ids, codes in _list_entries(index, removed, codes=vectors is not None):
+        n = len(cell_ids)
         if at + n > len(ids):
             raise ValueError("the IVF lists hold more vectors than the index counts")
-        ids[at : at + n] = cell_ids if keep is None else cell_ids[keep]
-        if vectors is not None and n:
-            ptr = invlists.get_codes(cell)
-            codes = faiss.rev_swig_ptr(ptr, size * 2 * dim).view(np.float16).reshape(size, dim)
-            vectors[at : at + n] = codes if keep is None else codes[keep]
-            invlists.release_codes(cell, ptr)
+        ids[at : at + n] = cell_ids
+        if vectors is not None:
+            vectors[at : at + n] = codes.view(np.float16).reshape(n, vectors.shape[1])
         at += n
     if at != len(ids):
         raise ValueError("the IVF lists hold fewer vectors than the index counts")
 
 
-# -- inverted lists of exactly their size ------------------------------------------------------
+# -- inverted lists of exactly their size, in memory or written to a file as they are made ------
 #
 # FAISS grows a list as a `std::vector` does: an add past its capacity doubles it, and an add
 # of a block touches nearly every list (65,536 vectors over ~3,000 cells), so lists built or
-# merged by `add_with_ids` held up to twice their entries. Here each list is sized once, to
-# what it will hold, then written in place (`update_entries`); the entries and their order
-# are those `add_with_ids` gives (a block's vectors assigned by the quantizer as its add
-# does, in the order they come). 600k x 384 added 16,384 at a time, as a sync adds them:
-# 556 MB resident once built, against 772 MB (both after `trim_heap`; the float16 codes are
-# 460 MB). A merge of lists in memory still holds the old and the new lists at its end: the
-# build's peak stays near 1.0 GB (`benchmarks/vectors_at_scale.py dense`).
+# merged by `add_with_ids` held up to twice their entries. Here every list's size is known
+# first and its entries are placed at their positions (`_runs`): in lists sized once
+# (`_lists_in_memory`), or written straight into the FAISS file the base is then mapped from
+# (`_lists_in_file`), so a build or a merge holds one block of entries, not the lists. The
+# entries and their order are those `add_with_ids` gives (a block's vectors assigned by the
+# quantizer as its add does, in the order they come), and the file is the one
+# ``faiss.write_index`` writes for those lists, byte for byte (tests/indexes/test_dense.py).
+
+#: One block of list entries: each entry's cell, id and code (``(n, code_size)`` uint8).
+_Entries = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 def _cells(index, vectors: np.ndarray) -> np.ndarray:
@@ -760,77 +881,165 @@ def _by_cell(cells: np.ndarray, nlist: int) -> tuple[np.ndarray, np.ndarray]:
     return order, np.searchsorted(cells[order], np.arange(nlist + 1))
 
 
-def _fill_lists(index, read: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]]) -> np.ndarray:
-    """Give the trained, empty IVF ``index`` lists of exactly the vectors ``read()`` yields as
-    (ids, vectors) blocks (any float dtype), read twice: to size the lists, then to write
-    them. Returns the ids; ValueError where the second read is not the first."""
-    import faiss
-
-    nlist = index.nlist
-    cells, seen = [], []
-    for ids, vectors in read():
-        cells.append(_cells(index, np.ascontiguousarray(vectors, dtype=np.float32)))
-        seen.append(np.asarray(ids, dtype=np.int64))
-    all_ids = np.concatenate(seen) if seen else np.zeros(0, np.int64)
-    lists = faiss.ArrayInvertedLists(nlist, index.code_size)
-    sizes = np.bincount(np.concatenate(cells), minlength=nlist) if cells else np.zeros(nlist, np.int64)
-    for cell in np.flatnonzero(sizes).tolist():
-        lists.resize(cell, int(sizes[cell]))  # (from empty: the capacity is the size)
+def _runs(sizes: np.ndarray, blocks: Iterable[_Entries]) -> Iterable[tuple[int, int, np.ndarray, np.ndarray]]:
+    """``(cell, position in its list, ids, codes)`` for each cell's run of entries in each of
+    ``blocks``, in the order they come; ValueError where the blocks do not fill lists of
+    exactly ``sizes``."""
+    nlist = len(sizes)
     at = np.zeros(nlist, dtype=np.int64)
-    for (ids, vectors), block_cells, want in zip(read(), cells, seen, strict=True):
-        if not np.array_equal(ids, want):
-            raise ValueError("the vectors changed between two reads")
-        order, starts = _by_cell(block_cells, nlist)
-        block_ids = np.ascontiguousarray(want[order])
-        codes = _codes(index, np.ascontiguousarray(vectors[order], dtype=np.float32))
+    for cells, ids, codes in blocks:
+        if not len(ids):
+            continue
+        order, starts = _by_cell(cells, nlist)
+        ids, codes = np.ascontiguousarray(ids[order], dtype=np.int64), np.ascontiguousarray(codes[order])
         for cell in np.flatnonzero(np.diff(starts)).tolist():
             lo, hi = int(starts[cell]), int(starts[cell + 1])
-            lists.update_entries(cell, int(at[cell]), hi - lo, faiss.swig_ptr(block_ids[lo:hi]),
-                                 faiss.swig_ptr(codes[lo:hi]))
+            if at[cell] + hi - lo > sizes[cell]:
+                raise ValueError("more entries than their lists were sized for (the vectors changed between reads)")
+            yield cell, int(at[cell]), ids[lo:hi], codes[lo:hi]
             at[cell] += hi - lo
-    _replace_lists(index, lists, len(all_ids))
-    trim_heap()
-    return all_ids
+    if not np.array_equal(at, sizes):
+        raise ValueError("fewer entries than their lists were sized for (the vectors changed between reads)")
 
 
-def _merge_lists(index, removed: np.ndarray, tail_ids: np.ndarray, tail: np.ndarray) -> None:
-    """Replace the IVF ``index``'s lists by new ones of exactly their entries but the
-    ``removed`` ids, then ``tail`` (float32), a list at a time. The old lists are freed at
-    the end (FAISS frees a list's memory only with all of them), so a merge of lists in
-    memory holds both; mapped ones are read from their mapping."""
+def _lists_in_memory(index, sizes: np.ndarray, blocks: Iterable[_Entries]) -> None:
+    """Give the trained IVF ``index`` new lists of exactly ``sizes`` entries, from ``blocks``
+    (read to the end before the old lists are freed: they may come from them)."""
     import faiss
 
-    nlist = index.nlist
-    old = faiss.downcast_InvertedLists(index.invlists)
-    blocks = [slice(start, start + _ADD_BLOCK) for start in range(0, len(tail_ids), _ADD_BLOCK)]
-    cells = np.concatenate([_cells(index, tail[b]) for b in blocks]) if blocks else np.zeros(0, np.int64)
-    order, starts = _by_cell(cells, nlist)
-    new_ids = np.ascontiguousarray(tail_ids[order], dtype=np.int64)
-    new_codes = np.ascontiguousarray(_codes(index, tail)[order])
-    lists = faiss.ArrayInvertedLists(nlist, index.code_size)
-    total = 0
-    for cell in range(nlist):
-        size = old.list_size(cell)
-        ids = codes = None
-        if size:
-            ids = faiss.rev_swig_ptr(old.get_ids(cell), size)
-            codes = faiss.rev_swig_ptr(old.get_codes(cell), size * index.code_size)
-            if len(removed):
-                keep = ~np.isin(ids, removed)
-                ids = np.ascontiguousarray(ids[keep])
-                codes = np.ascontiguousarray(codes.reshape(size, -1)[keep])
-        lo, hi = int(starts[cell]), int(starts[cell + 1])
-        live = 0 if ids is None else len(ids)
-        if live + hi - lo:
-            lists.resize(cell, live + hi - lo)
-        if live:
-            lists.update_entries(cell, 0, live, faiss.swig_ptr(ids), faiss.swig_ptr(codes))
-        if hi > lo:
-            lists.update_entries(cell, live, hi - lo, faiss.swig_ptr(new_ids[lo:hi]),
-                                 faiss.swig_ptr(new_codes[lo:hi]))
-        total += live + hi - lo
-    _replace_lists(index, lists, total)  # (the old lists freed)
+    lists = faiss.ArrayInvertedLists(len(sizes), index.code_size)
+    for cell in np.flatnonzero(sizes).tolist():
+        lists.resize(cell, int(sizes[cell]))  # (from empty: the capacity is the size)
+    for cell, at, ids, codes in _runs(sizes, blocks):
+        lists.update_entries(cell, at, len(ids), faiss.swig_ptr(ids), faiss.swig_ptr(codes))
+    _replace_lists(index, lists, int(sizes.sum()))
     trim_heap()
+
+
+def _lists_in_file(head: bytes, code_size: int, sizes: np.ndarray, blocks: Iterable[_Entries], file: Path) -> JSONDict:
+    """Write to ``file`` a FAISS file of ``head`` (`_head_bytes`) and lists of exactly ``sizes``
+    entries (of ``code_size`` bytes) from ``blocks``, each run of entries written at its
+    place (the file is not mapped while it is written: nothing of it becomes resident in
+    this process). Returns its head's size and CRC, as `_write_lists` does; ValueError where
+    the blocks do not fill the lists (then no file is left)."""
+    starts = len(head) + np.concatenate(([0], np.cumsum(sizes * (code_size + 8))[:-1]))
+    try:
+        with open(file, "xb") as fh:
+            fh.write(head)
+            fh.truncate(len(head) + int(sizes.sum()) * (code_size + 8))
+            fd = fh.fileno()
+            for cell, at, ids, codes in _runs(sizes, blocks):
+                start = int(starts[cell])
+                _pwrite(fd, codes, start + at * code_size)
+                _pwrite(fd, ids, start + int(sizes[cell]) * code_size + at * 8)
+    except BaseException:
+        file.unlink(missing_ok=True)
+        raise
+    return {"head_bytes": len(head), "head_crc32": zlib.crc32(head), "nlist": len(sizes)}
+
+
+def _pwrite(fd: int, array: np.ndarray, offset: int) -> None:
+    data = memoryview(array).cast("B")
+    while len(data):
+        done = os.pwrite(fd, data, offset)
+        data, offset = data[done:], offset + done
+
+
+def _head_bytes(index, sizes: np.ndarray) -> bytes | None:
+    """What ``faiss.write_index`` writes before the entries of the lists of ``index`` when
+    they hold ``sizes`` entries: FAISS's own bytes for the index with empty lists, whose last
+    field (the list sizes: none) is replaced by ``sizes`` as FAISS writes them (``full``
+    where more than half the lists hold entries, else ``sprs``: (cell, size) pairs). None
+    where FAISS ends that index in another form than this knows (the lists are then made in
+    memory and FAISS writes them)."""
+    import faiss
+
+    empty = _empty_copy(index)
+    empty.ntotal = int(sizes.sum())
+    data = faiss.serialize_index(empty).tobytes()
+    u64 = np.dtype("<u8")
+    lists = b"ilar" + np.array([len(sizes), index.code_size], u64).tobytes()
+    none = b"sprs" + np.zeros(1, u64).tobytes()
+    if not data.endswith(lists + none):
+        return None
+    nonzero = np.flatnonzero(sizes)
+    if len(nonzero) > len(sizes) // 2:
+        section = b"full" + np.array([len(sizes)], u64).tobytes() + sizes.astype(u64).tobytes()
+    else:
+        pairs = np.stack([nonzero, sizes[nonzero]], axis=1).reshape(-1)
+        section = b"sprs" + np.array([len(pairs)], u64).tobytes() + pairs.astype(u64).tobytes()
+    return data[: len(data) - len(none)] + section
+
+
+def _empty_copy(index):
+    """A trained IVF index of ``index``'s cells (its quantizer copied) with empty lists."""
+    import faiss
+
+    quantizer = faiss.clone_index(index.quantizer)
+    empty = faiss.IndexIVFScalarQuantizer(
+        quantizer, index.d, index.nlist, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT, False
+    )
+    quantizer.this.disown()
+    empty.own_fields = True
+    empty.is_trained = True
+    return empty
+
+
+def _list_entries(index, removed: np.ndarray, *, file: Path | None = None, head: JSONDict | None = None,
+                  codes: bool = True) -> Iterable[_Entries]:
+    """The entries of the IVF ``index``'s lists but the ``removed`` ids, a list at a time, in
+    cell order; read with ``pread`` from the ``file`` it was mapped from (of ``head``) where
+    given, since a read through the mapping would make its pages resident here; copied
+    from its lists otherwise. Without ``codes``, their ids only (the codes None)."""
+    import faiss
+
+    invlists = index.invlists
+    code_size = int(index.code_size)
+    with open(file, "rb") if file is not None and head else contextlib.nullcontext() as fh:
+        at = int(head["head_bytes"]) if fh is not None and head else 0
+        for cell in range(invlists.nlist):
+            size = invlists.list_size(cell)
+            if not size:
+                continue
+            ids, entries = np.empty(size, dtype=np.int64), None
+            if fh is not None:
+                _pread(fh, ids, at + size * code_size)
+                if codes:
+                    entries = _pread(fh, np.empty((size, code_size), dtype=np.uint8), at)
+                at += size * (code_size + 8)
+            else:
+                ids[:] = faiss.rev_swig_ptr(invlists.get_ids(cell), size)
+                if codes:
+                    entries = faiss.rev_swig_ptr(invlists.get_codes(cell), size * code_size).reshape(size, -1).copy()
+            if len(removed):
+                keep = ~_among(ids, removed)
+                ids, entries = ids[keep], None if entries is None else entries[keep]
+            yield np.full(len(ids), cell, dtype=np.int64), ids, entries
+
+
+def _among(ids: np.ndarray, sorted_ids: np.ndarray) -> np.ndarray:
+    """Which of ``ids`` are in the sorted, non-empty ``sorted_ids`` (a list's ids against the
+    removed ones: a binary search each, where `np.isin` would sort the removed ids again for
+    every list)."""
+    at = np.searchsorted(sorted_ids, ids).clip(0, len(sorted_ids) - 1)
+    return sorted_ids[at] == ids
+
+
+def _base_entries(base: _Base, removed: np.ndarray, *, codes: bool = True) -> Iterable[_Entries]:
+    """`_list_entries` of an IVF base, from its file where it has one."""
+    return _list_entries(base.lists, removed, file=base.file, head=base.head, codes=codes)
+
+
+def _joined(parts: list[tuple[np.ndarray, np.ndarray]], dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, float16 vectors) of list entries read in ``parts`` (ids, codes)."""
+    ids = np.concatenate([i for i, _ in parts])
+    return ids, np.concatenate([c for _, c in parts]).view(np.float16).reshape(len(ids), dim)
+
+
+def _pread(fh, out: np.ndarray, offset: int) -> np.ndarray:
+    if os.preadv(fh.fileno(), [out], offset) != out.nbytes:
+        raise ValueError(f"{Path(fh.name).name} is shorter than its lists")
+    return out
 
 
 def _replace_lists(index, lists, total: int) -> None:

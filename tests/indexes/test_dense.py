@@ -325,15 +325,18 @@ def test_ivf_recall_at_100_against_exact_is_at_least_0_95():
     assert recall >= 0.95, recall
 
 
-def test_adds_removes_saves_and_loads_agree_with_a_brute_force_oracle(tmp_path):
+@pytest.mark.parametrize("writer", [False, True], ids=["in-memory", "lists-in-its-folder"])
+def test_adds_removes_saves_and_loads_agree_with_a_brute_force_oracle(tmp_path, writer):
     """A long random run through every path (tail, removals, merges into a mapped base, the
     switch to IVF, a retrain, the way back to exact), checked after each step against brute
-    force over what the index should hold. Probing every cell makes IVF search exact."""
+    force over what the index should hold. Probing every cell makes IVF search exact. As a
+    writer's index (``lists_dir``), every IVF base is built in a file of its folder."""
     rng = np.random.default_rng(0)
     pool = stored(30_000, seed=3)
     index = DenseIndex(DIM, exact_threshold=6000, nprobe=10**6)
     held: dict[int, int] = {}  # id -> row of pool
     path = tmp_path / "dense"
+    index.lists_dir = path if writer else None
     kinds = set()
     for step in range(40):
         if step < 25 or rng.random() < 0.3:
@@ -350,7 +353,9 @@ def test_adds_removes_saves_and_loads_agree_with_a_brute_force_oracle(tmp_path):
                 held.pop(i)
         if step % 3 == 0:
             index.save(path)
+            assert _only_its_files(path)
             index = DenseIndex.load(path)
+            index.lists_dir = path if writer else None
         kinds.add(index.kind)
         ids = np.array(sorted(held), dtype=np.int64)
         assert len(index) == len(ids) and sorted(index.ids().tolist()) == ids.tolist()
@@ -506,3 +511,106 @@ def test_a_fill_whose_reads_disagree_leaves_the_index_empty():
     assert len(index) == 2000 and index.kind == "ivf"
     with pytest.raises(ValueError):
         index.fill(_reads(ids, vectors, 256), 2000)
+
+
+def _lists_file(folder) -> bytes:
+    (file,) = folder.glob("base_lists.*.faiss")
+    return file.read_bytes()
+
+
+def _unnamed(folder) -> set[str]:
+    """The files of ``folder`` that its manifest (if any) does not name."""
+    import json
+
+    named = {"manifest.json"}
+    if (folder / "manifest.json").exists():
+        named |= {e["file"] for e in json.loads((folder / "manifest.json").read_text())["files"].values()}
+    return {p.name for p in folder.iterdir()} - named
+
+
+def _only_its_files(folder) -> bool:
+    return not _unnamed(folder)
+
+
+def test_lists_written_to_a_file_as_they_are_made_are_the_bytes_faiss_writes_from_memory(tmp_path):
+    # A writer's index (lists_dir set) writes the IVF lists of a build, a merge and a retrain
+    # straight into a file of its folder and maps it; the file is the one FAISS writes for the
+    # lists an index in memory makes by the same steps, and the save takes it as it is.
+    vectors, ids = clustered(5200, seed=2), np.arange(5200, dtype=np.int64) * 5 + 2
+    mem, disk = DenseIndex(DIM, exact_threshold=1000), DenseIndex(DIM, exact_threshold=1000)
+    disk.lists_dir = tmp_path / "disk"
+    queries = clustered(20, seed=9)
+
+    def merged(index):
+        index.remove(ids[:300:3])
+        index.add(ids[1200:1500], vectors[1200:1500])
+        index._merge()  # (as a tail past max(4096, base / 8) is)
+
+    steps = [
+        lambda index: index.add(ids[:1200], vectors[:1200]),  # past the threshold: trained
+        merged,
+        lambda index: index.add(ids[1500:5200], vectors[1500:5200]),  # past 4x: retrained
+    ]
+    for step in steps:
+        step(mem)
+        step(disk)
+        assert disk.kind == "ivf" and disk._base.spilled and disk._base.file.parent == tmp_path / "disk"
+        assert len(_unnamed(tmp_path / "disk")) == 1  # (a build's file that a later build replaced went)
+        for (a_ids, a_scores), (b_ids, b_scores) in zip(mem.search(queries, 10), disk.search(queries, 10)):
+            np.testing.assert_array_equal(a_ids, b_ids)
+            np.testing.assert_array_equal(a_scores, b_scores)
+        mem.save(tmp_path / "mem")
+        disk.save(tmp_path / "disk")
+        assert not disk._base.spilled and _only_its_files(tmp_path / "disk")
+        assert _lists_file(tmp_path / "disk") == _lists_file(tmp_path / "mem")
+    # A loaded index merges from its file (read with pread), into a new file of its folder.
+    (tmp_path / "disk" / "base_lists.0badf00d.faiss").write_bytes(b"left by a killed run")
+    mem, disk = DenseIndex.load(tmp_path / "mem"), DenseIndex.load(tmp_path / "disk")
+    disk.lists_dir = tmp_path / "disk"
+    for index in (mem, disk):
+        index.remove(ids[1500:1600])
+        index._merge()
+    mem.save(tmp_path / "mem")
+    disk.save(tmp_path / "disk")
+    assert _only_its_files(tmp_path / "disk")  # (the killed run's file too is gone)
+    assert _lists_file(tmp_path / "disk") == _lists_file(tmp_path / "mem")
+    again = DenseIndex.load(tmp_path / "disk", verify=True)
+    assert len(again) == 5200 - 100 - 100
+    for (a_ids, _), (b_ids, _) in zip(mem.search(queries, 10), again.search(queries, 10)):
+        np.testing.assert_array_equal(a_ids, b_ids)
+
+
+@pytest.mark.parametrize("n", [5, 4000])
+def test_the_head_of_lists_that_few_or_most_cells_hold_is_faiss_own(n):
+    # FAISS writes the list sizes in full where more than half the cells hold entries, and
+    # as (cell, size) pairs otherwise.
+    import faiss
+
+    from codesearch.indexes.dense import _head_bytes
+
+    index, _ = DenseIndex(DIM)._untrained(4000)
+    index.train(clustered(4000))
+    index.add_with_ids(clustered(n, seed=3), np.arange(n, dtype=np.int64))
+    data = faiss.serialize_index(index).tobytes()
+    sizes = np.array([index.invlists.list_size(c) for c in range(index.nlist)], dtype=np.int64)
+    assert (np.count_nonzero(sizes) > index.nlist // 2) == (n > 5)
+    head = _head_bytes(index, sizes)
+    assert head is not None and data[: len(head)] == head and len(data) - len(head) == n * (index.code_size + 8)
+
+
+def test_a_fill_into_a_folder_whose_reads_disagree_leaves_no_file_there(tmp_path):
+    vectors, ids = clustered(2000), np.arange(2000, dtype=np.int64)
+    index = DenseIndex(DIM, exact_threshold=500)
+    index.lists_dir = tmp_path
+    calls = []
+
+    def changing():  # the third read (the lists' entries) is missing a vector
+        calls.append(1)
+        cut = 2000 if len(calls) < 3 else 1999
+        return _reads(ids[:cut], vectors[:cut], 256)()
+
+    assert not index.fill(changing, 2000)
+    assert len(index) == 0 and not any(tmp_path.iterdir())
+    assert index.fill(_reads(ids, vectors, 256), 2000) and index._base.spilled
+    index.save(tmp_path)
+    assert _only_its_files(tmp_path) and len(DenseIndex.load(tmp_path)) == 2000

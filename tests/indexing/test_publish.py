@@ -226,3 +226,40 @@ def test_a_dense_index_made_from_the_store_is_filled_from_its_reads(tmp_path, en
     for (a_ids, a_scores), (b_ids, b_scores) in zip(index.search(vectors[:8], 5), one.search(vectors[:8], 5)):
         np.testing.assert_array_equal(a_ids, b_ids)
         np.testing.assert_array_equal(a_scores, b_scores)
+
+
+def test_a_run_builds_the_dense_lists_in_the_index_folder_and_saves_them_as_built(
+    tmp_path, encoders, publish_often, monkeypatch
+):
+    """The run's syncs and publications write a dense index's IVF lists (its builds, merges
+    and retrains) into files of the index's own folder as they make them, and each save takes
+    its file as it is: the folder ends holding its manifest's files, and the index searches as
+    the one made in memory from the same store does."""
+    import numpy as np
+
+    from codesearch.indexes import dense
+    from codesearch.indexes.dense import DenseIndex
+
+    root = tmp_path / "repo"
+    (root / "pkg").mkdir(parents=True)
+    for i in range(40):
+        (root / "pkg" / f"mod{i}.py").write_text(module_source(f"mod{i}", 4, 4))
+    monkeypatch.setitem(DenseIndex.__init__.__kwdefaults__, "exact_threshold", 20)
+    written = []
+    real = dense._lists_in_file
+    monkeypatch.setattr(dense, "_lists_in_file", lambda *a: written.append(a[-1].parent.name) or real(*a))
+    build_index(root, encoders=Encoders(dense=encoders.dense))
+    idir = default_index_dir(root)
+    assert "dense_chunks" in written
+    for name in ("dense_chunks", "dense_files"):
+        folder = idir / registry.DERIVED[name].filename
+        manifest = (folder / "manifest.json").read_text()
+        assert all(p.name == "manifest.json" or p.name in manifest for p in folder.iterdir()), name
+    with Store(idir / STORE_FILE) as store:
+        saved = registry._load_index("dense_chunks", idir / registry.DERIVED["dense_chunks"].filename)
+        made = registry.rebuild_index("dense_chunks", store)
+        found, arrays = zip(*store.iter_vectors("dense"))
+    queries = np.concatenate([np.concatenate(a) for a in arrays]).astype(np.float32)[:8]
+    assert saved.kind == made.kind == "ivf" and len(saved) == len(made) == len(np.concatenate(found))
+    for (a_ids, _), (b_ids, _) in zip(saved.search(queries, 5), made.search(queries, 5)):
+        assert a_ids[0] == b_ids[0]
