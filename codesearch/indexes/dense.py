@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from codesearch.errors import IndexCorruptError
-from codesearch.indexes.folder import MANIFEST, Blob, Kept, corrupt, read_folder, write_folder
+from codesearch.indexes.folder import MANIFEST, Blob, Kept, Source, corrupt, read_folder, write_folder
 from codesearch.indexes.threads import one_thread
 from codesearch.types import JSONDict
 from codesearch.workers import trim_heap
@@ -93,6 +93,7 @@ class _Base:
     file: Path | None = None
     head: JSONDict | None = None  # the FAISS file's head: bytes and CRC (see _write_lists)
     spilled: bool = False  # ``file`` was written by a build (`DenseIndex.lists_dir`), and no save has taken it
+    source: Source | None = None  # the mapped matrix's file, to read rows with pread (`folder.Source`)
 
     @property
     def is_ivf(self) -> bool:
@@ -393,7 +394,7 @@ class DenseIndex:
                 vectors = _array(arrays, "base_vectors", np.float32, 2)
                 if vectors.shape != (len(ids), dim):
                     raise corrupt(path, _WHAT, f"base vectors {vectors.shape} for {len(ids)} ids of dim {dim}")
-                self._base = _Base(ids, vectors)
+                self._base = _Base(ids, vectors, source=folder.sources.get("base_vectors"))
             else:
                 raise corrupt(path, _WHAT, f"unknown kind {h['kind']!r}")
             self._tail_ids = np.array(_array(arrays, "tail_ids", np.int64, 1))
@@ -541,7 +542,10 @@ class DenseIndex:
         for start in range(0, len(base.ids), _ADD_BLOCK):
             rows = keep[start : start + _ADD_BLOCK]
             n = int(rows.sum())
-            out[place[at : at + n]] = base.vectors[start : start + _ADD_BLOCK][rows]
+            block = base.vectors[start : start + _ADD_BLOCK]
+            if base.source is not None:  # (read with pread: through the mapping its pages would stay resident)
+                block = base.source.read(np.empty(block.shape, np.float32), start * self._dim * 4)
+            out[place[at : at + n]] = block[rows]
             at += n
         out[place[at:]] = self._tail
         return _Base(ids[order], out)

@@ -34,7 +34,7 @@ from codesearch.errors import IndexCorruptError
 from codesearch.store import atomic_write
 from codesearch.types import JSONDict
 
-__all__ = ["CHECKED_BYTES", "MANIFEST", "Blob", "Folder", "Kept", "file_crc32", "read_folder", "write_folder"]
+__all__ = ["CHECKED_BYTES", "MANIFEST", "Blob", "Folder", "Kept", "Source", "file_crc32", "read_folder", "write_folder"]
 
 MANIFEST = "manifest.json"
 #: Files up to this size are checked against their CRC whenever they are opened (a few ms);

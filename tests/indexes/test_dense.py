@@ -326,11 +326,16 @@ def test_ivf_recall_at_100_against_exact_is_at_least_0_95():
 
 
 @pytest.mark.parametrize("writer", [False, True], ids=["in-memory", "lists-in-its-folder"])
-def test_adds_removes_saves_and_loads_agree_with_a_brute_force_oracle(tmp_path, writer):
+def test_adds_removes_saves_and_loads_agree_with_a_brute_force_oracle(tmp_path, writer, monkeypatch):
     """A long random run through every path (tail, removals, merges into a mapped base, the
     switch to IVF, a retrain, the way back to exact), checked after each step against brute
     force over what the index should hold. Probing every cell makes IVF search exact. As a
-    writer's index (``lists_dir``), every IVF base is built in a file of its folder."""
+    writer's index (``lists_dir``), every IVF base is built in a file of its folder, and an
+    exact base's rows are read back with pread (as a matrix of 64 MB or more is)."""
+    from codesearch.indexes import folder
+
+    if writer:
+        monkeypatch.setattr(folder, "SOURCE_MIN_BYTES", 0)
     rng = np.random.default_rng(0)
     pool = stored(30_000, seed=3)
     index = DenseIndex(DIM, exact_threshold=6000, nprobe=10**6)
@@ -614,3 +619,28 @@ def test_a_fill_into_a_folder_whose_reads_disagree_leaves_no_file_there(tmp_path
     assert index.fill(_reads(ids, vectors, 256), 2000) and index._base.spilled
     index.save(tmp_path)
     assert _only_its_files(tmp_path) and len(DenseIndex.load(tmp_path)) == 2000
+
+
+def test_an_exact_base_merged_after_a_load_is_read_with_pread_and_written_in_id_order(tmp_path, monkeypatch):
+    from codesearch.indexes import folder
+    from codesearch.indexes.dense import CentroidIndex
+
+    monkeypatch.setattr(folder, "SOURCE_MIN_BYTES", 0)  # (the per-file means of a monorepo: 170 MB)
+    reads = []
+    real = folder.Source.read
+    monkeypatch.setattr(folder.Source, "read", lambda self, out, at: reads.append(at) or real(self, out, at))
+    vectors, ids = stored(9000, seed=4), np.arange(9000, dtype=np.int64) * 3
+    index = CentroidIndex(DIM)
+    index.add(ids[:4500], vectors[:4500])  # (a tail past 4,096: merged into an exact base)
+    assert len(index._tail_ids) == 0 and index.kind == "exact"
+    index.save(tmp_path)
+    index = CentroidIndex.load(tmp_path)
+    index.remove(ids[:1000:2])
+    index.add(np.concatenate([ids[4500:][::-1], ids[2000:2100]]),  # new ids in reverse, and replaced ones
+              np.concatenate([vectors[4500:][::-1], vectors[:100]]))
+    assert reads and len(index._tail_ids) == 0
+    want = {int(i): v for i, v in zip(ids[1:1000:2], vectors[1:1000:2])}
+    want |= {int(i): v for i, v in zip(ids[1000:], vectors[1000:])}
+    want |= {int(i): v for i, v in zip(ids[2000:2100], vectors[:100])}
+    np.testing.assert_array_equal(index._base.ids, sorted(want))
+    np.testing.assert_array_equal(index._base.vectors, np.stack([want[i] for i in sorted(want)]))
