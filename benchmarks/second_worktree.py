@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -109,10 +110,42 @@ def random_first(repo: Path, model: str, multi: str, cache: Path) -> dict:
         pass
     dense = RandomVectors(load(model, device="cpu")) if model != "none" else None
     colbert = RandomVectors(load(multi, device="cpu")) if multi != "none" else None
+    peaks = StagePeaks()
     t0 = time.perf_counter()
-    summary = build_index(repo, encoders=Encoders(dense=dense, multi=colbert))
+    summary = build_index(repo, encoders=Encoders(dense=dense, multi=colbert), progress=peaks.event)
     return {"wall_s": round(time.perf_counter() - t0, 2), "random vectors": True, "files": summary.files_indexed,
-            "chunks": summary.chunks_total, "encoded": summary.chunks_encoded, "tokens": summary.tokens_encoded}
+            "chunks": summary.chunks_total, "encoded": summary.chunks_encoded, "tokens": summary.tokens_encoded,
+            "peak_rss_mb_by_stage": peaks.stop()}
+
+
+class StagePeaks:
+    """This process's peak RSS (MB) during each stage of an index run, sampled every 50 ms:
+    ``event`` is the run's progress callback. The syncs of the encode stage's publications
+    count as ``publications``; the rest go by their event's stage."""
+
+    def __init__(self) -> None:
+        self.stage, self.peaks, self._done = "start", {}, threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def event(self, ev) -> None:
+        if ev.stage in ("encode", "published"):
+            self.stage = "encode"
+        elif ev.stage == "sync" and self.stage in ("encode", "publications"):
+            self.stage = "publications"
+        elif ev.stage != "searchable":
+            self.stage = ev.stage
+
+    def _sample(self) -> None:
+        while not self._done.wait(0.05):
+            with open("/proc/self/status") as f:
+                rss = next(int(line.split()[1]) // 1024 for line in f if line.startswith("VmRSS"))
+            self.peaks[self.stage] = max(self.peaks.get(self.stage, 0), rss)
+
+    def stop(self) -> dict[str, int]:
+        self._done.set()
+        self._thread.join()
+        return dict(self.peaks)
 
 
 def move_files(repo: Path, n: int) -> int:
