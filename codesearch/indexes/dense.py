@@ -19,8 +19,9 @@ that edits a few files so rewrites the tail and the removals, not the base.
 A new IVF base (a build, a merge, a retrain) is made from a block of vectors at a time,
 each list sized once to what it holds. The index registry's writer, which saves the index
 to its folder, sets ``lists_dir`` to that folder: the lists are then written into a FAISS
-file there as they are made (read back with ``pread``, never through a mapping), the base
-is mapped from it, and the save takes that file as it is. Such a build holds a block, not
+file there as they are made, the base is mapped from it, and the save takes that file as
+it is. An IVF base is read back (for a merge or a retrain) with ``pread``, not through its
+mapping, whose pages would stay resident. Such a build holds a block, not
 the lists (460 MB for 600k x 384); without ``lists_dir`` they are made in memory.
 
 Why float16 lists: the store keeps vectors as float16, so the lists hold them exactly, in
@@ -335,27 +336,34 @@ class DenseIndex:
         files |= {"tail_ids": self._tail_ids, "tail_vectors": self._tail, "removed": self._removed}
         entries = write_folder(path, header, files)
         base.head = header.get("lists")
-        if base.is_ivf and (base.file is None or base.spilled):
+        if base.is_ivf:  # (read back from the file this save names: an earlier one may be gone)
             base.file, base.spilled = path / entries["base_lists"]["file"], False
         self._written = (path.resolve(), {n: e for n, e in entries.items() if n.startswith("base_")})
 
     def _write_base_lists(self, file: Path) -> JSONDict:
-        """Write the IVF base's FAISS file to ``file``: the file a build wrote its lists into
-        (`lists_dir`), moved there (in the same folder) or copied, else FAISS's own write."""
+        """Write the IVF base's FAISS file to ``file``: the file its lists were written to or
+        mapped from (moved there from a build in the same folder, else copied), or FAISS's
+        own write of lists that only memory holds."""
         base = self._base
-        if not base.spilled or base.file is None or base.head is None:
+        if base.file is None or base.head is None:
             return _write_lists(base.lists, file)
-        with open(base.file, "rb+") as fh:
-            os.fsync(fh.fileno())
-        if base.file.parent.resolve() == file.parent.resolve():
+        if base.spilled and base.file.parent.resolve() == file.parent.resolve():
+            with open(base.file, "rb") as fh:
+                os.fsync(fh.fileno())
             os.replace(base.file, file)
             base.file = file  # (spilled still: no manifest names it until the save's is written)
-        else:
-            shutil.copyfile(base.file, file)
-            with open(file, "rb+") as fh:
+            return dict(base.head)
+        tmp = file.with_name(f".{file.name}.tmp-{os.getpid()}")
+        try:
+            shutil.copyfile(base.file, tmp)
+            with open(tmp, "rb") as fh:
                 os.fsync(fh.fileno())
+            os.replace(tmp, file)
+        finally:
+            tmp.unlink(missing_ok=True)
+        if base.spilled:
             base.file.unlink(missing_ok=True)  # (its mapping stays readable)
-            base.file = file
+        base.file = file
         return dict(base.head)
 
     @classmethod
@@ -629,7 +637,8 @@ class DenseIndex:
             _lists_in_memory(index, sizes, entries)
             return _Base(ids, lists=index)
         folder.mkdir(parents=True, exist_ok=True)
-        file = folder / f"base_lists.{os.urandom(4).hex()}.faiss"  # (no manifest names it: a save's to keep)
+        # (Named as no manifest names a file, so it never meets one; a save renames it.)
+        file = folder / f"lists-being-built.{os.urandom(4).hex()}.faiss"
         written = _lists_in_file(head, int(index.code_size), sizes, entries, file)
         return _Base(ids, lists=_read_lists(folder, file, written, self._dim, len(ids)), file=file, head=written,
                      spilled=True)
@@ -927,8 +936,9 @@ def _lists_in_file(head: bytes, code_size: int, sizes: np.ndarray, blocks: Itera
     this process). Returns its head's size and CRC, as `_write_lists` does; ValueError where
     the blocks do not fill the lists (then no file is left)."""
     starts = len(head) + np.concatenate(([0], np.cumsum(sizes * (code_size + 8))[:-1]))
+    fh = open(file, "xb")  # (before the try: a name that exists is not this build's to remove)
     try:
-        with open(file, "xb") as fh:
+        with fh:
             fh.write(head)
             fh.truncate(len(head) + int(sizes.sum()) * (code_size + 8))
             fd = fh.fileno()
@@ -946,6 +956,8 @@ def _pwrite(fd: int, array: np.ndarray, offset: int) -> None:
     data = memoryview(array).cast("B")
     while len(data):
         done = os.pwrite(fd, data, offset)
+        if not done:
+            raise OSError("no byte of the IVF lists could be written")
         data, offset = data[done:], offset + done
 
 

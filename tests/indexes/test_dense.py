@@ -644,3 +644,20 @@ def test_an_exact_base_merged_after_a_load_is_read_with_pread_and_written_in_id_
     want |= {int(i): v for i, v in zip(ids[2000:2100], vectors[:100])}
     np.testing.assert_array_equal(index._base.ids, sorted(want))
     np.testing.assert_array_equal(index._base.vectors, np.stack([want[i] for i in sorted(want)]))
+
+
+@pytest.mark.parametrize("writer", [False, True], ids=["in-memory", "lists-in-its-folder"])
+def test_an_index_saved_to_two_folders_in_turn_still_merges_and_retrains(tmp_path, writer):
+    # Its lists are read back from the file its last save wrote (the one before may be gone).
+    vectors, ids = clustered(6000, seed=5), np.arange(6000, dtype=np.int64)
+    index = DenseIndex(DIM, exact_threshold=1000)
+    index.lists_dir = tmp_path / "p" if writer else None
+    index.add(ids[:1200], vectors[:1200])
+    for folder in ("p", "q", "p"):
+        index.save(tmp_path / folder)
+    index.remove(ids[:100])
+    index._merge()
+    index.add(ids[1200:], vectors[1200:])  # past 4x: retrained
+    assert len(index) == 5900 and index.kind == "ivf"
+    index.save(tmp_path / "p")
+    assert len(DenseIndex.load(tmp_path / "p")) == 5900
