@@ -538,25 +538,32 @@ class DenseIndex:
             ids, vectors = self._all_vectors()
             order = np.argsort(ids)
             return _Base(ids[order], vectors[order])
-        keep = np.ones(len(base.ids), dtype=bool)
-        keep[base.rows_of(self._removed)] = False
-        alive = base.ids[keep]
+        alive = np.setdiff1d(base.ids, self._removed, assume_unique=True)
         ids = np.concatenate([alive, self._tail_ids])
         order = np.argsort(ids, kind="stable")
         place = np.empty(len(ids), dtype=np.int64)
         place[order] = np.arange(len(ids))  # where each live row, then each tail row, goes
         out = np.empty((len(ids), self._dim), dtype=np.float32)
         at = 0
-        for start in range(0, len(base.ids), _ADD_BLOCK):
-            rows = keep[start : start + _ADD_BLOCK]
-            n = int(rows.sum())
-            block = base.vectors[start : start + _ADD_BLOCK]
-            if base.source is not None:  # (read with pread: through the mapping its pages would stay resident)
-                block = base.source.read(np.empty(block.shape, np.float32), start * self._dim * 4)
-            out[place[at : at + n]] = block[rows]
-            at += n
+        for _, rows in self._exact_rows():
+            out[place[at : at + len(rows)]] = rows
+            at += len(rows)
         out[place[at:]] = self._tail
         return _Base(ids[order], out)
+
+    def _exact_rows(self) -> Iterable[tuple[np.ndarray, np.ndarray]]:
+        """The exact base's live (ids, float32 rows), a block at a time, in id order; read
+        with ``pread`` where the matrix has a source (through the mapping its pages would
+        stay resident)."""
+        base = self._base
+        keep = np.ones(len(base.ids), dtype=bool)
+        keep[base.rows_of(self._removed)] = False
+        for start in range(0, len(base.ids), _ADD_BLOCK):
+            part = slice(start, start + _ADD_BLOCK)
+            block = base.vectors[part]
+            if base.source is not None:
+                block = base.source.read(np.empty(block.shape, np.float32), start * self._dim * 4)
+            yield base.ids[part][keep[part]], block[keep[part]]
 
     def _live_blocks(self) -> Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]]:
         """A read of every live (ids, vectors) of the index, a block at a time, in the order
@@ -576,11 +583,8 @@ class DenseIndex:
                 if parts:
                     yield _joined(parts, dim)
             elif len(base.ids):
-                keep = np.ones(len(base.ids), dtype=bool)
-                keep[base.rows_of(removed)] = False
-                for start in range(0, len(base.ids), _ADD_BLOCK):
-                    part = slice(start, start + _ADD_BLOCK)
-                    yield base.ids[part][keep[part]], base.vectors[part][keep[part]].astype(np.float16)
+                for ids, rows in self._exact_rows():
+                    yield ids, rows.astype(np.float16)
             tail = self._tail if not len(base.ids) else None
             for start in range(0, len(self._tail_ids), _ADD_BLOCK):
                 part = slice(start, start + _ADD_BLOCK)
@@ -665,7 +669,7 @@ class DenseIndex:
         ids = np.empty(n_base + len(self._tail_ids), dtype=np.int64)
         out = np.empty((len(ids), self._dim), dtype=dtype)
         if base.is_ivf:
-            _ivf_contents_into(base.lists, self._removed, ids[:n_base], out[:n_base])
+            _ivf_contents_into(_base_entries(base, self._removed), ids[:n_base], out[:n_base])
         elif n_base:
             keep = np.ones(len(base.ids), dtype=bool)
             keep[base.rows_of(self._removed)] = False
@@ -835,19 +839,19 @@ def _ivf_contents(index, dim: int | None) -> tuple[np.ndarray, np.ndarray | None
     n = int(index.ntotal)
     ids = np.empty(n, dtype=np.int64)
     if dim is None:
-        _ivf_contents_into(index, _EMPTY_IDS, ids, None)
+        _ivf_contents_into(_list_entries(index, _EMPTY_IDS, codes=False), ids, None)
         return ids, None
     vectors = np.empty((n, dim), dtype=np.float16)
-    _ivf_contents_into(index, _EMPTY_IDS, ids, vectors)
+    _ivf_contents_into(_list_entries(index, _EMPTY_IDS), ids, vectors)
     return ids, vectors.astype(np.float32)
 
 
-def _ivf_contents_into(index, removed: np.ndarray, ids: np.ndarray, vectors: np.ndarray | None) -> None:
-    """Write every (id, vector) of a FAISS IVF index but the ``removed`` ids into ``ids`` and
-    ``vectors`` (sized for exactly those; any float dtype), a list at a time: no copy of all
-    the codes is ever made."""
+def _ivf_contents_into(entries: Iterable[_Entries], ids: np.ndarray, vectors: np.ndarray | None) -> None:
+    """Write the (id, vector) of each of an IVF index's list ``entries`` (`_list_entries`)
+    into ``ids`` and ``vectors`` (sized for exactly those; any float dtype), a list at a
+    time: no copy of all the codes is ever made."""
     at = 0
-    for _, cell_ids, codes in _list_entries(index, removed, codes=vectors is not None):
+    for _, cell_ids, codes in entries:
         n = len(cell_ids)
         if at + n > len(ids):
             raise ValueError("the IVF lists hold more vectors than the index counts")
