@@ -198,6 +198,7 @@ def _query_here(root: Path, index_dir: Path, request: dict[str, object], opts: d
         from codesearch.indexing import gitlist
 
         gitlist.prefetch(root)  # git lists the tree while the imports below run (the refresh's check)
+        gitlist.prefetch(root, gitlist.GIT_CHANGES)  # (and its stat cache: `gitstat`)
     from codesearch.api import CodeSearch
     from codesearch.errors import CodeSearchError
     from codesearch.types import SearchRequest, result_document
@@ -438,13 +439,18 @@ def _index(argv: list[str]) -> int | None:
         return None
     path = Path(positional[0] if positional else ".")
     if not opts.get("rebuild"):
+        watched_since = _watched_since(path, opts)
+        if watched_since is None:  # git lists the tree while the imports below run (the check's)
+            from codesearch.indexing import gitlist
+
+            gitlist.prefetch(path)
+            gitlist.prefetch(path, gitlist.GIT_CHANGES)
         from codesearch.indexing.unchanged import unchanged_run
 
         summary = unchanged_run(
             path, index_dir=opts.get("index_dir"), model=_model(opts.get("model")),
             multi_model=_model(opts.get("multi_model")), device=device, include=tuple(opts.get("include") or ()),
-            exclude=tuple(opts.get("exclude") or ()), max_file_bytes=size,
-            vouched_since=_watched_since(path, opts),
+            exclude=tuple(opts.get("exclude") or ()), max_file_bytes=size, vouched_since=watched_since,
         )
         if summary is not None:
             if not opts.get("quiet"):
@@ -452,6 +458,9 @@ def _index(argv: list[str]) -> int | None:
 
                 render.index_summary(summary)
             return 0
+        if watched_since is None:
+            gitlist.drop(path, gitlist.GIT_LS)  # (a check that stopped before it read them)
+            gitlist.drop(path, gitlist.GIT_CHANGES)
     return _index_in_daemon(path, opts, size, device)
 
 

@@ -25,7 +25,7 @@ from codesearch.indexes.registry import MAX_TOKENS_KEY, Delta
 from codesearch.indexing.chunking import CHUNKER_VERSION
 from codesearch.indexing.encoders import DISABLED_KEY, EMBEDDED_KEY, TOKENIZER_KEY, tokenizer_of
 from codesearch.indexing.options import Run, Work
-from codesearch.indexing.walk import WALK_SKIPPED_KEY, WALK_STAMP_KEY
+from codesearch.indexing.walk import WALK_SKIPPED_KEY, WALK_STAMP_KEY, with_git_vouch
 from codesearch.store import Store
 
 __all__ = ["COMMIT_GROUP_S", "WALK_EXCLUDE_KEY", "WALK_INCLUDE_KEY", "ChangeWriter", "Commits", "writing"]
@@ -126,7 +126,8 @@ class ChangeWriter:
         store.set_meta(WALK_INCLUDE_KEY, json.dumps(list(run.opts.include)))
         store.set_meta(WALK_EXCLUDE_KEY, json.dumps(list(run.opts.exclude)))
         if run.changes.stamp is not None:
-            store.set_meta(WALK_STAMP_KEY, run.changes.stamp.to_json())
+            stamp = with_git_vouch(run.opts.root, run.changes.stamp, store.file_stats, run.changes.walk_started)
+            store.set_meta(WALK_STAMP_KEY, stamp.to_json())
             store.set_meta(WALK_SKIPPED_KEY, json.dumps(run.changes.skipped, sort_keys=True))
         else:
             store.delete_meta(WALK_STAMP_KEY)

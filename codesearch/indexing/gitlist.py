@@ -15,9 +15,14 @@ import subprocess
 import threading
 import time
 
-__all__ = ["Listing", "prefetch", "take"]
+__all__ = ["GIT_CHANGES", "GIT_ENTRIES", "GIT_LS", "Listing", "drop", "index_stat", "prefetch", "take"]
 
 GIT_LS = ("ls-files", "-co", "--exclude-standard", "-z")
+#: The tracked files whose stat differs from git's index (git's own stat cache): one
+#: ``lstat`` a tracked file, in C (0.09 s for 114k files on a Xeon).
+GIT_CHANGES = ("diff-files", "--name-only", "-z")
+#: git's index entries with the stat each records (`codesearch.indexing.gitstat`).
+GIT_ENTRIES = ("ls-files", "-s", "-v", "--debug", "-z")
 
 
 def git_env() -> dict[str, str]:
@@ -25,19 +30,36 @@ def git_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
 
 
-class Listing:
-    """``git ls-files -co --exclude-standard -z`` in a folder, started now, its output read
-    on a thread of its own: git blocks once the pipe is full (64 KiB of an 11 MB listing),
-    and would only run while the caller waits for it."""
+def index_stat(folder: str | os.PathLike[str]) -> tuple[int, int, int] | None:
+    """(size, mtime_ns, inode) of ``folder/.git/index``, None where there is none: git
+    writes its index whole and renames it into place, so the same triple is the same
+    index."""
+    try:
+        st = os.lstat(os.path.join(folder, ".git", "index"))
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns, st.st_ino
 
-    def __init__(self, folder: str | os.PathLike[str]) -> None:
+
+class Listing:
+    """``git ls-files -co --exclude-standard -z`` (or the git command ``args``) in a
+    folder, started now, its output read on a thread of its own: git blocks once the pipe
+    is full (64 KiB of an 11 MB listing), and would only run while the caller waits for it.
+
+    ``git_index``: `index_stat` of the folder just before git started (what git read is
+    that index if the stat is the same after).
+    """
+
+    def __init__(self, folder: str | os.PathLike[str], args: tuple[str, ...] = GIT_LS) -> None:
         self.started = time.monotonic()
+        self.args = args
+        self.git_index = index_stat(folder)
         self._out: bytes | None = None
         self._proc: subprocess.Popen | None = None
         git = shutil.which("git")
         if git is not None:
             try:
-                self._proc = subprocess.Popen([git, "-C", os.fspath(folder), *GIT_LS], stdout=subprocess.PIPE,
+                self._proc = subprocess.Popen([git, "-C", os.fspath(folder), *args], stdout=subprocess.PIPE,
                                               stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=git_env())
             except (OSError, subprocess.SubprocessError):
                 self._proc = None
@@ -69,30 +91,39 @@ class Listing:
         self._reader.join()
 
 
-_prefetched: dict[str, Listing] = {}
+_prefetched: dict[tuple[str, tuple[str, ...]], Listing] = {}
 _lock = threading.Lock()
 #: A prefetched listing older than this is not used (a long-lived caller whose check stopped
 #: before it took its listing must not compare an old one later).
 FRESH_S = 5.0
 
 
-def prefetch(folder: str | os.PathLike[str]) -> None:
+def prefetch(folder: str | os.PathLike[str], args: tuple[str, ...] = GIT_LS) -> None:
     """Start the listing of ``folder`` (a git work tree) for a `take` soon after, in this
     process: a command about to check that folder's index."""
-    key = os.path.realpath(folder)
-    if not os.path.exists(os.path.join(key, ".git")):
+    real = os.path.realpath(folder)
+    if not os.path.exists(os.path.join(real, ".git")):
         return
     with _lock:
-        if key not in _prefetched:
-            _prefetched[key] = Listing(key)
+        if (real, args) not in _prefetched:
+            _prefetched[real, args] = Listing(real, args)
 
 
-def take(folder: str | os.PathLike[str]) -> Listing:
+def take(folder: str | os.PathLike[str], args: tuple[str, ...] = GIT_LS) -> Listing:
     """The listing `prefetch` started for ``folder`` (once), else one started now."""
     with _lock:
-        found = _prefetched.pop(os.path.realpath(folder), None)
+        found = _prefetched.pop((os.path.realpath(folder), args), None)
     if found is not None and time.monotonic() - found.started <= FRESH_S:
         return found
     if found is not None:
         found.stop()
-    return Listing(folder)
+    return Listing(folder, args)
+
+
+def drop(folder: str | os.PathLike[str], args: tuple[str, ...]) -> None:
+    """End the listing `prefetch` started for ``folder``, if any: a check that found it
+    need not read it."""
+    with _lock:
+        found = _prefetched.pop((os.path.realpath(folder), args), None)
+    if found is not None:
+        found.stop()

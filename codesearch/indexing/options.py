@@ -75,6 +75,7 @@ class Changes:
     # needs no walk (`walk.unchanged_since`); None: not recordable (listed without git, or a
     # file the walk kept could not be read).
     stamp: WalkStamp | None = None
+    walk_started: float = 0.0  # time.time() as the walk began (what git's stat cache vouches for: `gitstat`)
 
 
 @dataclass

@@ -391,6 +391,7 @@ def _walk_and_read(run: Run) -> None:
     run.changes.all_old = store.files()
     old_files = {} if run.opts.rebuild else run.changes.all_old
     _plan_chunks(run, bool(old_files))
+    run.changes.walk_started = time.time()
     result = walk(
         run.opts.root, include=run.opts.include, exclude=run.opts.exclude, max_file_bytes=run.opts.max_file_bytes,
         index_dir=run.opts.idir,

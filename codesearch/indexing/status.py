@@ -121,7 +121,7 @@ def staleness(
 def _unchanged(root: Path, store_path: Path, include: Sequence[str], exclude: Sequence[str],
                max_file_bytes: int | None) -> bool:
     """Whether the last run's walk stamp, made with these walk options, still holds."""
-    from codesearch.indexing.unchanged import same_walk
+    from codesearch.indexing.unchanged import file_stats_of, same_walk
     from codesearch.indexing.walk import WALK_STAMP_KEY, WalkStamp, start_listings, unchanged_since
 
     if not store_path.is_file():
@@ -132,8 +132,8 @@ def _unchanged(root: Path, store_path: Path, include: Sequence[str], exclude: Se
         if stamp is None or not same_walk(meta, root, include, exclude, max_file_bytes):
             return False
         start_listings(root, stamp)
-        kept = store.file_stats()
-    return unchanged_since(root, stamp, kept)
+        kept = store.file_stats() if stamp.git is None else None
+    return unchanged_since(root, stamp, kept if kept is not None else file_stats_of(store_path))
 
 
 def index_info(index_dir: str | os.PathLike[str]) -> IndexInfo:

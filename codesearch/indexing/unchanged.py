@@ -4,7 +4,8 @@ before any model is resolved (which imports torch) or the index is locked.
 ``codesearch index`` on a repository where nothing changed used to cost a model load (7 s
 on a CPU) for 0.03 s of work. `unchanged_run` answers the common case, nothing to do, with
 git's listing and a ``stat`` per file (`walk.unchanged_since`, against the stamp the last
-run recorded; a walk where there is none) and a few reads of the store, and returns the
+run recorded, git's stat cache standing for the files it vouches for, `gitstat`; a walk
+where there is none) and a few reads of the store, and returns the
 summary such a run would have printed. It says None (run the index) at any doubt: a file added, changed,
 removed or only touched (its stat is the run's to record), other walk options or models
 than the index records, vectors missing or pending, a derived index behind the store, a
@@ -20,7 +21,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from codesearch.errors import CodeSearchError
@@ -113,8 +114,10 @@ def unchanged_run(
                 root_path, stamp, vouched_since)
             if stamp is not None and not vouched:
                 start_listings(root_path, stamp)
-            # What the last run kept, with the stats it recorded: enough with its stamp.
-            kept = store.file_stats() if stamp is not None and not vouched else None
+            # What the last run kept, with the stats it recorded: enough with its stamp (read
+            # later, only if git's stat cache does not vouch for them: `gitstat`).
+            kept = (store.file_stats() if stamp.git is None else file_stats_of(idir / STORE_FILE)) \
+                if stamp is not None and not vouched else None
             old = store.files() if stamp is None else {}
     except (CodeSearchError, OSError, sqlite3.Error, ValueError):
         return None
@@ -126,7 +129,7 @@ def unchanged_run(
         if not unchanged_since(root_path, stamp, kept):
             return None
         skipped = {reason: int(n) for reason, n in json.loads(meta.get(WALK_SKIPPED_KEY) or "{}").items()}
-        n_old = len(kept)
+        n_old = n_files
     else:  # an index from before stamps, or listed without git: a walk that reads no kept file
         result = walk(root_path, include=include, exclude=exclude, max_file_bytes=max_file_bytes, index_dir=idir,
                       known=old)
@@ -146,6 +149,18 @@ def unchanged_run(
         models={role: rec.name for role, rec in recorded.items()}, notices=[], files_read=0,
         stage_seconds={"walk": round(now - t_walk, 3)},
     )
+
+
+def file_stats_of(store_path: Path) -> Callable[[], list[tuple[str, int, int]]]:
+    """A function reading the store's ``(path, size, mtime_ns)`` of every file, when called
+    (a no-op check that git's stat cache may spare the read)."""
+    from codesearch.store import Store
+
+    def read() -> list[tuple[str, int, int]]:
+        with Store(store_path, readonly=True) as store:
+            return store.file_stats()
+
+    return read
 
 
 def _same_options(meta: dict[str, str], root: Path, include: tuple[str, ...], exclude: tuple[str, ...],

@@ -26,8 +26,8 @@ import logging
 import os
 import re
 import stat
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -35,7 +35,8 @@ import xxhash
 
 from codesearch.errors import PathError
 from codesearch.globs import GitIgnore
-from codesearch.indexing import gitlist
+from codesearch.indexing import gitlist, gitstat
+from codesearch.indexing.gitstat import GitVouch
 from codesearch.languages import CPP_HINTS, detect_language
 from codesearch.pathnames import quote_name
 from codesearch.store.files import FolderReader, read_source
@@ -50,6 +51,7 @@ __all__ = [
     "read_source",
     "unchanged_since",
     "walk",
+    "with_git_vouch",
 ]
 
 log = logging.getLogger(__name__)
@@ -228,15 +230,22 @@ class WalkStamp:
         printed there), for the root and each nested repository, in walk order.
     watched : dict of str to (int, int)
         Path -> (size, mtime_ns) when walked; `ABSENT` for a file that was not there.
+    git : GitVouch or None
+        What git's stat cache vouches for (`codesearch.indexing.gitstat`), recorded at the
+        end of the run: the kept files a check need not stat itself.
     """
 
     listings: tuple[tuple[str, str], ...]
     watched: dict[str, tuple[int, int]]
+    git: GitVouch | None = None
 
     def to_json(self) -> str:
         # (ASCII: a name that is not UTF-8, held with surrogate escapes, goes as \udcXX)
-        return json.dumps({"listings": [list(x) for x in self.listings],
-                           "watched": [[p, *st] for p, st in sorted(self.watched.items())]}, separators=(",", ":"))
+        doc = {"listings": [list(x) for x in self.listings],
+               "watched": [[p, *st] for p, st in sorted(self.watched.items())]}
+        if self.git is not None:
+            doc["git"] = self.git.to_obj()
+        return json.dumps(doc, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str | None) -> WalkStamp | None:
@@ -250,7 +259,8 @@ class WalkStamp:
             watched = {str(p): (int(size), int(mtime)) for p, size, mtime in doc["watched"]}
         except (ValueError, TypeError, KeyError):
             return None
-        return cls(listings, watched) if listings else None
+        vouch = gitstat.GitVouch.from_obj(doc["git"]) if "git" in doc else None
+        return cls(listings, watched, vouch) if listings else None
 
 
 @dataclass
@@ -738,31 +748,42 @@ def walk(
 
 
 def start_listings(root: str | os.PathLike, stamp: WalkStamp) -> None:
-    """Start the git listings `unchanged_since` will compare (`gitlist.prefetch`): a caller
-    that reads the kept files' stats first lets git walk the tree meanwhile."""
+    """Start the git commands `unchanged_since` will compare (`gitlist.prefetch`): a caller
+    that reads the store first lets git walk the tree meanwhile."""
     for rel, _ in stamp.listings:
         gitlist.prefetch(os.path.join(root, rel) if rel else root)
+    if stamp.git is not None:
+        gitstat.prefetch(root, stamp.git)
 
 
-def unchanged_since(root: str | os.PathLike, stamp: WalkStamp, kept: Iterable[tuple[str, int, int]]) -> bool:
+def unchanged_since(root: str | os.PathLike, stamp: WalkStamp,
+                    kept: Iterable[tuple[str, int, int]] | Callable[[], Iterable[tuple[str, int, int]]]) -> bool:
     """Whether a walk of ``root`` now would keep exactly the files ``kept``, with the same
     verdicts, as the walk that made ``stamp`` (same options): git lists what it listed,
     every watched file has the stat it had, and every kept file has the stat given.
 
     ``kept``: ``(path, size, mtime_ns)`` of every file that walk kept, as the index run
-    recorded them (a symlink by its target's stat). Costs a ``git ls-files`` per listed
-    repository, run beside one ``stat`` per file; no file is read and no verdict made again.
-    False at the first difference.
+    recorded them (a symlink by its target's stat), or a function that reads them, called
+    only when git's stat cache does not vouch for them (`gitstat.Witness`: else only the
+    files ``stamp.git.own`` names are stat'ed here). Costs a ``git ls-files`` per listed
+    repository, run beside one ``stat`` per file (or a ``git diff-files``); no file is read
+    and no verdict made again. False at the first difference.
     """
     root = os.fspath(root)
     listings = [gitlist.take(os.path.join(root, rel) if rel else root) for rel, _ in stamp.listings]
+    witness = gitstat.Witness(root, stamp.git) if stamp.git is not None else None
+    if witness is None:
+        gitlist.drop(root, gitlist.GIT_CHANGES)  # (a caller that started it before it knew)
     try:
         fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
         try:
-            if not _same_stats(fd, kept):
-                return False
             if not all(_stat_at(fd, path) == st for path, st in stamp.watched.items()):
                 return False
+            if witness is not None and not _same_stats(fd, ((p, *st) for p, st in witness.vouch.own.items())):
+                return False
+            if witness is None or not witness.holds():
+                if not _same_stats(fd, kept() if callable(kept) else kept):
+                    return False
         finally:
             os.close(fd)
         outputs = [listing.output() for listing in listings]
@@ -770,6 +791,18 @@ def unchanged_since(root: str | os.PathLike, stamp: WalkStamp, kept: Iterable[tu
     finally:
         for listing in listings:
             listing.stop()
+        if witness is not None:
+            witness.stop()
+
+
+def with_git_vouch(root: str | os.PathLike, stamp: WalkStamp,
+                   kept: Callable[[], Iterable[tuple[str, int, int]]], walk_started: float) -> WalkStamp:
+    """``stamp`` with what git's stat cache vouches for now (`gitstat.record`), at the end
+    of the run that walked ``root`` from ``walk_started`` and keeps the files ``kept()``;
+    the stamp as it is where git vouches for nothing (the root is not a work tree's top)."""
+    if not stamp.listings or stamp.listings[0][0] != "":
+        return stamp
+    return replace(stamp, git=gitstat.record(root, kept, walk_started))
 
 
 #: A git file this close to the moment a watcher's word starts (or after it) may have changed

@@ -157,9 +157,23 @@ def _index(root: Path):
         return cs.index()
 
 
-@pytest.fixture
-def git_repo(tmp_path) -> Path:
+def _settle() -> None:
+    """Wait into the next second: files written before are ones git's stat cache vouches
+    for at the end of a run that walks after (`gitstat`: only a file last written in a
+    second before the walk)."""
+    import time
+
+    time.sleep(1.02 - time.time() % 1)
+
+
+@pytest.fixture(params=["fresh", "settled"])
+def git_repo(tmp_path, request) -> Path:
+    """The repository, indexed. "fresh": indexed in the second its files were written (git
+    vouches for none: every file is stat'ed); "settled": indexed a second later (git's
+    stat cache vouches for the committed files, `gitstat`)."""
     root = _git_repo(tmp_path / "repo")
+    if request.param == "settled":
+        _settle()
     _index(root)
     from codesearch.indexing.walk import WALK_STAMP_KEY
     from codesearch.store import Store
@@ -287,3 +301,99 @@ def test_the_stamp_holds_names_that_are_not_utf8(git_repo):
     assert unchanged_run(git_repo, model=None, multi_model=None, max_file_bytes=_LIMIT) is not None
     write(git_repo, odd, "text now\n")
     assert unchanged_run(git_repo, model=None, multi_model=None, max_file_bytes=_LIMIT) is None
+
+
+# -- git's stat cache as the witness (`gitstat`) ------------------------------------------------
+
+
+@pytest.fixture
+def settled_repo(tmp_path) -> Path:
+    root = _git_repo(tmp_path / "repo")
+    git(root, "update-index", "--assume-unchanged", "docs/guide.md")  # git would not see it change
+    _settle()
+    _index(root)
+    return root
+
+
+def _vouch(root: Path):
+    from codesearch.indexing.walk import WalkStamp
+
+    stamp = WalkStamp.from_json(_stamp(root))
+    assert stamp is not None
+    return stamp.git
+
+
+def test_git_vouches_for_the_committed_files_and_the_check_stats_only_the_rest(settled_repo, monkeypatch):
+    """Where git's index records the store's stats, the no-op check and a query's refresh
+    read no file stats from the store and stat only the files git does not vouch for:
+    untracked, a symlink, one git is told not to look at."""
+    from codesearch.indexing.status import staleness
+    from codesearch.store import Store
+
+    vouch = _vouch(settled_repo)
+    assert vouch is not None and sorted(vouch.own) == ["docs/guide.md", "link.py", "notes.py"]
+
+    def read_all(self):
+        raise AssertionError("every file's stat was read")
+
+    monkeypatch.setattr(Store, "file_stats", read_all)
+    assert unchanged_run(settled_repo, model=None, multi_model=None, max_file_bytes=_LIMIT) is not None
+    assert not staleness(settled_repo, max_file_bytes=_LIMIT).stale
+
+
+@pytest.mark.parametrize("change", ["same size, same second", "assume-unchanged edited", "symlink target edited",
+                                    "git add of an edit", "untracked edited"])
+def test_what_git_does_not_see_is_still_a_change(settled_repo, change):
+    """The files git vouches for are those whose every write it sees; the others are
+    stat'ed, and an edit git's index takes in (``git add``) is no vouch."""
+    from codesearch.indexing.status import staleness
+
+    if change == "same size, same second":  # the same size, the mtime put back into its old second
+        path = settled_repo / "src/util.py"
+        st = path.stat()
+        path.write_text(path.read_text().replace("2", "7"))
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    elif change == "assume-unchanged edited":
+        write(settled_repo, "docs/guide.md", "# Guide\n\nOther words.\n")
+    elif change == "symlink target edited":  # link.py -> src/app.py: the link is stat'ed by its target
+        (settled_repo / "link.py").unlink()
+        write(settled_repo, "target.txt", "x")
+        os.symlink("target.txt", settled_repo / "link.py")
+    elif change == "git add of an edit":
+        write(settled_repo, "src/util.py", "def util():\n    return 9\n")  # (app.py is link.py's target)
+        git(settled_repo, "add", "src/util.py")
+    else:
+        write(settled_repo, "notes.py", "def untracked():\n    return 8\n")
+    assert unchanged_run(settled_repo, model=None, multi_model=None, max_file_bytes=_LIMIT) is None
+    assert staleness(settled_repo, max_file_bytes=_LIMIT).stale
+
+
+def test_git_vouches_for_nothing_written_in_the_second_of_the_walk(tmp_path):
+    """A file written in the second the walk began may be written again in that second
+    unseen by git (which compares whole seconds): no vouch for it, and where that leaves
+    git vouching for less than half the files, no vouch at all."""
+    root = _git_repo(tmp_path / "repo")
+    _index(root)
+    assert _vouch(root) is None
+    _settle()
+    write(root, "src/app.py", "def app():\n    return 11\n")
+    git(root, "add", "src/app.py")
+    _index(root)
+    vouch = _vouch(root)
+    assert vouch is not None and "src/app.py" in vouch.own and "src/util.py" not in vouch.own
+
+
+def test_a_stamp_with_a_damaged_vouch_is_checked_file_by_file(settled_repo):
+    import json
+
+    from codesearch.indexing.walk import WALK_STAMP_KEY
+    from codesearch.store import Store
+
+    doc = json.loads(_stamp(settled_repo))
+    doc["git"]["own"] = "nonsense"
+    with Store(settled_repo / ".codesearch" / "store.sqlite") as store:
+        store.set_meta(WALK_STAMP_KEY, json.dumps(doc))
+    assert _vouch(settled_repo) is None
+    assert unchanged_run(settled_repo, model=None, multi_model=None, max_file_bytes=_LIMIT) is not None
+    write(settled_repo, "src/app.py", "def app():\n    return 12\n")
+    assert unchanged_run(settled_repo, model=None, multi_model=None, max_file_bytes=_LIMIT) is None
