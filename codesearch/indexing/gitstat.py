@@ -14,7 +14,8 @@ that wrote the stamp):
    records for P, P is a regular file at stage 0 with no assume-unchanged or
    skip-worktree bit, and ``git diff-files`` then did not list P: P's stat was E(P)'s
    after the run had read it;
-2. E(P)'s mtime and ctime are in a second before the run's walk began: a later write of P
+2. E(P)'s mtime and ctime are in a second before the run's walk began, less a margin for
+   the coarse clock file times come from (`VOUCH_MARGIN_S`): a later write of P
    (after the walk looked at P) gets a ctime, and normally an mtime, in a later second,
    which git's comparison sees even where it compares whole seconds (git built without
    ``USE_NSEC``); a write in the same second as E(P)'s is git's "racy" case, which git
@@ -41,7 +42,12 @@ import xxhash
 
 from codesearch.indexing import gitlist
 
-__all__ = ["GitVouch", "Witness", "prefetch", "record"]
+__all__ = ["VOUCH_MARGIN_S", "GitVouch", "Witness", "prefetch", "record"]
+
+#: A file written this close to the walk's start (or after it) is not vouched for: file
+#: times come from a coarse clock, a few ms behind ``time.time()`` (seconds behind on a
+#: network file system whose server's clock is off).
+VOUCH_MARGIN_S = 1.0
 
 #: One entry of ``git ls-files -s -v --debug -z``: tag, mode, stage, path, ctime, mtime,
 #: size (the format of git's ``ls-files.c``, unchanged since 2008).
@@ -58,7 +64,7 @@ class GitVouch:
 
     Attributes
     ----------
-    index : (int, int, int)
+    index : (int, int, int, int)
         `gitlist.index_stat` of git's index when recorded.
     entries : str
         xxh3_128 of ``git ls-files -s -v --debug -z`` then (git's entries with their stats).
@@ -68,7 +74,7 @@ class GitVouch:
         Kept files git does not vouch for: path -> (size, mtime_ns) as the store records it.
     """
 
-    index: tuple[int, int, int]
+    index: tuple[int, int, int, int]
     entries: str
     changes: str
     own: dict[str, tuple[int, int]]
@@ -82,10 +88,10 @@ class GitVouch:
         """The vouch `to_obj` made; None for anything else (the caller stats every file)."""
         try:
             assert isinstance(obj, dict)
-            size, mtime, ino = (int(x) for x in obj["index"])
+            size, mtime, ctime, ino = (int(x) for x in obj["index"])
             own = {str(p): (int(s), int(m)) for p, s, m in obj["own"]}
-            return cls((size, mtime, ino), str(obj["entries"]), str(obj["changes"]), own)
-        except (AssertionError, ValueError, TypeError, KeyError):
+            return cls((size, mtime, ctime, ino), str(obj["entries"]), str(obj["changes"]), own)
+        except (AssertionError, ValueError, TypeError, KeyError, ArithmeticError):
             return None
 
 
@@ -139,7 +145,9 @@ def record(root: str | os.PathLike[str], kept: Callable[[], Iterable[tuple[str, 
         return None
     for name in raw_changes.split(b"\0"):
         vouched.pop(name.decode("utf-8", "surrogateescape"), None)
-    before = math.floor(walk_started)
+    # (a file's times come from a coarse clock, behind time.time(): the margin a watcher's
+    # word allows too)
+    before = math.floor(walk_started - VOUCH_MARGIN_S)
     own: dict[str, tuple[int, int]] = {}
     for path, size, mtime_ns in files:
         entry = vouched.get(path)

@@ -151,14 +151,17 @@ def unchanged_run(
     )
 
 
-def file_stats_of(store_path: Path) -> Callable[[], list[tuple[str, int, int]]]:
+def file_stats_of(store_path: Path) -> Callable[[], list[tuple[str, int, int]] | None]:
     """A function reading the store's ``(path, size, mtime_ns)`` of every file, when called
     (a no-op check that git's stat cache may spare the read)."""
     from codesearch.store import Store
 
-    def read() -> list[tuple[str, int, int]]:
-        with Store(store_path, readonly=True) as store:
-            return store.file_stats()
+    def read() -> list[tuple[str, int, int]] | None:
+        try:
+            with Store(store_path, readonly=True) as store:
+                return store.file_stats()
+        except (CodeSearchError, OSError, sqlite3.Error):
+            return None  # (a store gone or damaged since the check began: a run)
 
     return read
 

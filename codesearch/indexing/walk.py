@@ -757,13 +757,14 @@ def start_listings(root: str | os.PathLike, stamp: WalkStamp) -> None:
 
 
 def unchanged_since(root: str | os.PathLike, stamp: WalkStamp,
-                    kept: Iterable[tuple[str, int, int]] | Callable[[], Iterable[tuple[str, int, int]]]) -> bool:
+                    kept: Iterable[tuple[str, int, int]] | Callable[[], Iterable[tuple[str, int, int]] | None]) -> bool:
     """Whether a walk of ``root`` now would keep exactly the files ``kept``, with the same
     verdicts, as the walk that made ``stamp`` (same options): git lists what it listed,
     every watched file has the stat it had, and every kept file has the stat given.
 
     ``kept``: ``(path, size, mtime_ns)`` of every file that walk kept, as the index run
-    recorded them (a symlink by its target's stat), or a function that reads them, called
+    recorded them (a symlink by its target's stat), or a function that reads them (None:
+    they cannot be read, a difference), called
     only when git's stat cache does not vouch for them (`gitstat.Witness`: else only the
     files ``stamp.git.own`` names are stat'ed here). Costs a ``git ls-files`` per listed
     repository, run beside one ``stat`` per file (or a ``git diff-files``); no file is read
@@ -782,7 +783,8 @@ def unchanged_since(root: str | os.PathLike, stamp: WalkStamp,
             if witness is not None and not _same_stats(fd, ((p, *st) for p, st in witness.vouch.own.items())):
                 return False
             if witness is None or not witness.holds():
-                if not _same_stats(fd, kept() if callable(kept) else kept):
+                files = kept() if callable(kept) else kept
+                if files is None or not _same_stats(fd, files):
                     return False
         finally:
             os.close(fd)

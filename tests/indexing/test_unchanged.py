@@ -158,12 +158,14 @@ def _index(root: Path):
 
 
 def _settle() -> None:
-    """Wait into the next second: files written before are ones git's stat cache vouches
-    for at the end of a run that walks after (`gitstat`: only a file last written in a
-    second before the walk)."""
+    """Wait two seconds into the future: files written before are ones git's stat cache
+    vouches for at the end of a run that walks after (`gitstat`: only a file last written
+    in a second before the walk's, less `gitstat.VOUCH_MARGIN_S`)."""
     import time
 
-    time.sleep(1.02 - time.time() % 1)
+    from codesearch.indexing import gitstat
+
+    time.sleep(1.02 + gitstat.VOUCH_MARGIN_S - time.time() % 1)
 
 
 @pytest.fixture(params=["fresh", "settled"])
