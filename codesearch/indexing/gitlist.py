@@ -56,7 +56,6 @@ class Listing:
 
     def __init__(self, folder: str | os.PathLike[str], args: tuple[str, ...] = GIT_LS) -> None:
         self.started = time.monotonic()
-        self.args = args
         self.git_index = index_stat(folder)
         self._out: bytes | None = None
         self._proc: subprocess.Popen | None = None

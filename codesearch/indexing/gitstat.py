@@ -60,7 +60,7 @@ _REGULAR = (b"100644", b"100755")
 
 @dataclass(frozen=True)
 class GitVouch:
-    """What `holds` compares, recorded with a walk stamp.
+    """What a `Witness` compares, recorded with a walk stamp.
 
     Attributes
     ----------
@@ -112,7 +112,7 @@ def _entries(raw: bytes) -> dict[str, tuple[int, int, int]] | None:
         tag, mode, stage, path, ctime, mtime, mtime_ns, size = m.groups()
         name = path.decode("utf-8", "surrogateescape")
         if tag != b"H" or mode not in _REGULAR or stage != b"0" or name in out:
-            out[name] = (-1, -1, -1)  # (an entry at several stages: a merge conflict)
+            out[name] = (-1, -1, -1)  # (none git vouches for; a path at several stages: a merge conflict)
             continue
         out[name] = (int(size), int(mtime) * 1_000_000_000 + int(mtime_ns), max(int(ctime), int(mtime)))
     return out if pos == len(raw) else None

@@ -399,3 +399,17 @@ def test_a_stamp_with_a_damaged_vouch_is_checked_file_by_file(settled_repo):
     assert unchanged_run(settled_repo, model=None, multi_model=None, max_file_bytes=_LIMIT) is not None
     write(settled_repo, "src/app.py", "def app():\n    return 12\n")
     assert unchanged_run(settled_repo, model=None, multi_model=None, max_file_bytes=_LIMIT) is None
+
+
+def test_a_store_gone_before_the_stats_are_read_is_a_difference(settled_repo, tmp_path):
+    """The check reads the store's file stats only where git does not vouch for them; a
+    store that cannot be read by then says "changed" (a run, which says what is wrong), not
+    a traceback."""
+    from codesearch.indexing import walk
+    from codesearch.indexing.unchanged import file_stats_of
+
+    gone = file_stats_of(tmp_path / "nowhere" / "store.sqlite")
+    assert gone() is None
+    stamp = walk.WalkStamp.from_json(_stamp(settled_repo))
+    write(settled_repo, "src/util.py", "def util():\n    return 13\n")  # (git no longer vouches)
+    assert walk.unchanged_since(settled_repo, stamp, gone) is False
