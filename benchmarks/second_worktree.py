@@ -96,7 +96,7 @@ class RandomVectors:
         return [self._unit(min(int(c), int(self.inner.max_length)) + 2) for c in counts]
 
 
-def random_first(repo: Path, model: str, multi: str, cache: Path) -> dict:
+def random_first(repo: Path, model: str, multi: str, cache: Path, index_dir: Path | None = None) -> dict:
     from codesearch.encoder import load
     from codesearch.encoder.base import Encoders
     from codesearch.indexing.run import build_index
@@ -112,7 +112,8 @@ def random_first(repo: Path, model: str, multi: str, cache: Path) -> dict:
     colbert = RandomVectors(load(multi, device="cpu")) if multi != "none" else None
     peaks = StagePeaks()
     t0 = time.perf_counter()
-    summary = build_index(repo, encoders=Encoders(dense=dense, multi=colbert), progress=peaks.event)
+    encoders = Encoders(dense=dense, multi=colbert)
+    summary = build_index(repo, index_dir=index_dir, encoders=encoders, progress=peaks.event)
     return {"wall_s": round(time.perf_counter() - t0, 2), "random vectors": True, "files": summary.files_indexed,
             "chunks": summary.chunks_total, "encoded": summary.chunks_encoded, "tokens": summary.tokens_encoded,
             "peak_rss_mb_by_stage": peaks.stop()}

@@ -34,6 +34,8 @@ Hybrid queries end to end (the searcher's set-up, the model, every index) on a r
 
     python benchmarks/vectors_at_scale.py hybrid PATH --index     # random MiniLM vectors first
     python benchmarks/vectors_at_scale.py hybrid PATH --queries 50 --baseline /tmp/main
+    python benchmarks/vectors_at_scale.py hybrid PATH --index --default-shapes --index-dir DIR
+        # the default CPU set-up: lexical + a random LateOn-Code-edge-shaped ColBERT
 """
 
 from __future__ import annotations
@@ -256,7 +258,8 @@ import codesearch.encoder, codesearch.indexing.run, codesearch.indexing.deferred
 sys.path.insert(0, {bench!r})
 from second_worktree import random_first
 t0, c0 = time.perf_counter(), cpu_s()
-out = random_first(__import__("pathlib").Path({root!r}), {model!r}, "none", __import__("pathlib").Path({cache!r}))
+Path = __import__("pathlib").Path
+out = random_first(Path({root!r}), {model!r}, {multi!r}, Path({cache!r}), {index_dir!r} and Path({index_dir!r}))
 say(**out, process_wall_s=time.perf_counter() - t0, cpu_s=cpu_s() - c0, peak_mb=peak_mb())
 """
 
@@ -270,10 +273,11 @@ main()
 
 
 def hybrid(args: argparse.Namespace) -> None:
-    """Hybrid queries on ``args.root`` (indexed with random MiniLM-shaped vectors first when
-    ``--index``): from a cold process (``--no-daemon``: the process opens the index, loads
-    the model, answers) and through the warm per-user daemon (round trips timed in this
-    process, as an editor's or agent's client makes them), with the RSS of each."""
+    """Hybrid queries on ``args.root`` (indexed with random vectors first when ``--index``:
+    MiniLM's shapes, or with ``--default-shapes`` lexical + LateOn-Code-edge's): from a cold
+    process (``--no-daemon``: the process opens the index, loads the model, answers) and
+    through the warm per-user daemon (round trips timed in this process, as an editor's or
+    agent's client makes them), with the RSS of each."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from quality import _minilm_dir
 
@@ -286,10 +290,20 @@ def hybrid(args: argparse.Namespace) -> None:
         os.environ[key] = env[key]
     src = (args.baseline or ROOT).resolve()
     print(f"hybrid on {root}; code at {src}; CPU: {cpu_name()} x {os.cpu_count()}; load {os.getloadavg()[0]:.1f}")
+    index_dir = str(args.index_dir.resolve()) if args.index_dir else None
+    where = ("--index-dir", index_dir) if index_dir else ()
     if args.index:
-        done = _child(_INDEX.format(bench=str(ROOT / "benchmarks"), root=str(root), model=_minilm_dir(),
-                                    cache=env["CODESEARCH_CACHE_DIR"]), src, env)
-        print(f"index with random MiniLM vectors: {json.dumps(done)}")
+        if args.default_shapes:
+            # (Built in a child: a child's peak RSS starts at its parent's, which torch would raise.)
+            made = _child(f"sys.path.insert(0, {str(ROOT)!r})\n"
+                          "from benchmarks.default_cost import DEFAULT_CACHE, build_models\n"
+                          "say(multi=str(build_models(DEFAULT_CACHE)['multi']))", src, env)
+            model, multi, shapes = "none", made["multi"], "LateOn-Code-edge"
+        else:
+            model, multi, shapes = _minilm_dir(), "none", "MiniLM"
+        done = _child(_INDEX.format(bench=str(ROOT / "benchmarks"), root=str(root), model=model, multi=multi,
+                                    cache=env["CODESEARCH_CACHE_DIR"], index_dir=index_dir), src, env)
+        print(f"index with random {shapes} vectors: {json.dumps(done)}", flush=True)
 
     def cli(*argv: str) -> tuple[float, dict]:
         t0 = time.perf_counter()
@@ -300,14 +314,15 @@ def hybrid(args: argparse.Namespace) -> None:
         subprocess.run([sys.executable, "-m", "codesearch.cli", "daemon", "stop"], env={**env, "PYTHONPATH": str(src)},
                        capture_output=True, cwd=src)
 
-    cold = [cli("query", q, "-p", str(root), "-k", "10", "--json", "--no-daemon") for q in QUERIES[: args.cold]]
+    cold = [cli("query", q, "-p", str(root), *where, "-k", "10", "--json", "--no-daemon") for q in QUERIES[: args.cold]]
     print(f"cold process (--no-daemon), {len(cold)} queries: wall s {[round(w, 2) for w, _ in cold]}, "
           f"peak RSS MB {[round(o['peak_mb']) for _, o in cold]}, CPU-s {[round(o['cpu_s'], 1) for _, o in cold]}")
     stop()
-    first, _ = cli("query", QUERIES[0], "-p", str(root), "-k", "10", "--json")  # starts the daemon
+    first, _ = cli("query", QUERIES[0], "-p", str(root), *where, "-k", "10", "--json")  # starts the daemon
     # The round trips from a child with the code under test: a daemon talks to its own version.
-    warm = _child(_WARM.format(root=str(root), queries=QUERIES, n_q=len(QUERIES), n=args.queries), src, env)
-    walls = [cli("query", q, "-p", str(root), "-k", "10", "--json")[0] for q in QUERIES[:5]]
+    warm = _child(_WARM.format(root=str(root), index_dir=index_dir, queries=QUERIES, n_q=len(QUERIES),
+                               n=args.queries), src, env)
+    walls = [cli("query", q, "-p", str(root), *where, "-k", "10", "--json")[0] for q in QUERIES[:5]]
     rss_warm = _proc_rss(warm["pid"])
     print(f"warm daemon: first query {first:.2f} s (CLI; the daemon's first of this root then "
           f"{warm['first_s']:.2f} s), daemon RSS {warm['rss_open']:.0f} MB; {args.queries} round trips "
@@ -327,7 +342,8 @@ if info is None:
     raise SystemExit("no daemon started")
 
 def ask(q, timeout=60):
-    body = {{"root": {root!r}, "index_dir": None, "refresh": False, "request": lean._search_request(q, {{"k": "10"}})}}
+    body = {{"root": {root!r}, "index_dir": {index_dir!r}, "refresh": False,
+            "request": lean._search_request(q, {{"k": "10"}})}}
     t0 = time.perf_counter()
     assert daemon_client.call(info, "POST", "/daemon/search", body, timeout=timeout)[0] == 200
     return time.perf_counter() - t0
@@ -426,6 +442,9 @@ def main() -> None:
     ap.add_argument("what", choices=["dense", "centroids", "plaid", "hybrid"])
     ap.add_argument("root", type=Path, nargs="?", help="hybrid: the repository")
     ap.add_argument("--index", action="store_true", help="hybrid: index the root with random MiniLM vectors first")
+    ap.add_argument("--default-shapes", action="store_true",
+                    help="hybrid --index: lexical + a random LateOn-Code-edge-shaped ColBERT (the default CPU set-up)")
+    ap.add_argument("--index-dir", type=Path, help="hybrid: the index's folder (default: ROOT/.codesearch)")
     ap.add_argument("--cold", type=int, default=3, help="hybrid: cold-process queries")
     ap.add_argument("--n", type=int, default=600_000, help="vectors (dense) or files (centroids)")
     ap.add_argument("--dim", type=int, default=None, help="384 (dense, centroids) or 48 (plaid)")

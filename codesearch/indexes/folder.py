@@ -34,7 +34,8 @@ from codesearch.errors import IndexCorruptError
 from codesearch.store import atomic_write
 from codesearch.types import JSONDict
 
-__all__ = ["CHECKED_BYTES", "MANIFEST", "Blob", "Folder", "Kept", "Source", "file_crc32", "read_folder", "write_folder"]
+__all__ = ["CHECKED_BYTES", "MANIFEST", "ArrayFile", "Blob", "Folder", "Kept", "Source", "file_crc32", "read_folder",
+           "write_folder"]
 
 MANIFEST = "manifest.json"
 #: Files up to this size are checked against their CRC whenever they are opened (a few ms);
@@ -84,6 +85,71 @@ class Source:
         if got != out.nbytes:
             raise self.fail("the file ends before what was asked for")
         return out
+
+
+class ArrayFile:
+    """An array of a known dtype and shape written into an index folder rows at a time, in
+    any order (``pwrite``), for one too large to hold: `finish` makes it a `Kept` file that
+    a `write_folder` names, as if it had been saved whole. Its name is a fresh one
+    (``codes.5f0c9a1e.npy``), so no manifest names it before then; a file left by a build
+    that stopped is removed by the folder's next save (it names no such file).
+
+    Rows may be read back (`read`) before it is finished: what a later pass of the same
+    build makes from them."""
+
+    def __init__(self, folder: Path, name: str, dtype: np.dtype | type, shape: tuple[int, ...]) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.dtype, self.shape = np.dtype(dtype), tuple(int(n) for n in shape)
+        self.path = folder / f"{name}.{os.urandom(4).hex()}.npy"
+        self._row_bytes = self.dtype.itemsize * int(np.prod(self.shape[1:], dtype=np.int64))
+        self._fh = open(self.path, "w+b", buffering=0)  # (closed by finish or discard)
+        try:
+            np.lib.format.write_array_header_1_0(
+                self._fh, {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
+                           "shape": self.shape})
+            self._data = self._fh.tell()
+            self._fh.truncate(self._data + self._row_bytes * self.shape[0])
+        except BaseException:
+            self.discard()
+            raise
+
+    def write(self, row: int, block: np.ndarray) -> None:
+        """Write ``block`` (rows of this array's dtype and row shape) from row ``row`` on."""
+        block = np.ascontiguousarray(block, dtype=self.dtype)
+        if block.shape[1:] != self.shape[1:] or row < 0 or row + len(block) > self.shape[0]:
+            raise ValueError(f"rows {row}..{row + len(block)} of shape {block.shape} do not fit {self.shape}")
+        view = memoryview(block).cast("B")
+        at = self._data + row * self._row_bytes
+        while len(view):
+            done = os.pwrite(self._fh.fileno(), view, at)
+            view, at = view[done:], at + done
+
+    def read(self, row: int, out: np.ndarray) -> np.ndarray:
+        """Fill the contiguous ``out`` (rows of this array) from row ``row`` on."""
+        got = os.preadv(self._fh.fileno(), [memoryview(out).cast("B")], self._data + row * self._row_bytes)
+        if got != out.nbytes:
+            raise OSError(f"{self.path.name}: {got} of {out.nbytes} bytes read")
+        return out
+
+    def finish(self) -> Kept:
+        """The file, fsynced, with its manifest entry (its data's CRC read back once)."""
+        crc, at, end = 0, self._data, self._data + self._row_bytes * self.shape[0]
+        buf = bytearray(_BLOCK)
+        while at < end:
+            got = os.preadv(self._fh.fileno(), [memoryview(buf)[: min(_BLOCK, end - at)]], at)
+            if not got:
+                raise OSError(f"{self.path.name} ends at byte {at} of {end}")
+            crc = zlib.crc32(memoryview(buf)[:got], crc)
+            at += got
+        os.fsync(self._fh.fileno())
+        self._fh.close()
+        return Kept({"file": self.path.name, "dtype": self.dtype.str, "shape": list(self.shape), "bytes": end,
+                     "crc32": crc})
+
+    def discard(self) -> None:
+        """Close and remove the file (a build that does not finish)."""
+        self._fh.close()
+        self.path.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True, slots=True)

@@ -203,6 +203,8 @@ def _vectors_mark(store: Store) -> str | None:
 
 #: Ids whose vectors a sync reads from the store and adds to an index at a time.
 _ADD_BATCH = 16_384
+#: ... to a PLAID index (ColBERT arrays: ~350 tokens a chunk, 2,048 of them 140 MB as float32).
+_PLAID_ADD_BATCH = 2_048
 
 
 def _add_from_store(
@@ -217,6 +219,14 @@ def _add_from_store(
         _add_chunk_means(index, store, spec.kind, ids)
         return
     assert spec.kind is not None, name  # the lexical index is written by its writer (`_rebuild_index`)
+    if spec.one_add and _fill_from_store(index, store, spec.kind, ids, codes, use_codes=use_codes):
+        return
+    if spec.one_add and ids is not None and len(ids) > _PLAID_ADD_BATCH and getattr(index, "codec", None) is not None:
+        # PLAID already: an add of many documents (a publication's) goes to the tail a batch
+        # at a time, as each batch's arrays are read, and a fold to the index's folder.
+        for start in range(0, len(ids), _PLAID_ADD_BATCH):
+            _add_from_store(name, index, store, ids[start : start + _PLAID_ADD_BATCH], codes, use_codes=use_codes)
+        return
     if spec.one_add and use_codes and codes is not None and codes.codec is not None:
         if _add_coded(index, store, spec.kind, ids, codes):
             return
@@ -291,6 +301,47 @@ def _add_chunk_means(index: Index, store: Store, kind: str, file_ids: Sequence[i
         done_ids.append(carry[0][None])
         done.append(carry[1][None])
     add()
+
+
+def _fill_from_store(
+    index: Index, store: Store, kind: str, ids: Sequence[int] | None, codes: CodeBook | None, *, use_codes: bool,
+) -> bool:
+    """A PLAID index made afresh from the store's vectors into its folder, a block at a time
+    (`PlaidIndex.fill`), where a writer builds it (`_writes_into`): when the sync makes it
+    anew (``ids`` None), or when an add of ``ids`` takes an exact index past its threshold.
+    Either way the index is then every vector of ``kind`` the store holds (a synced index
+    holds them all). The in-memory add took every token as one float32 array: 5.8 GB at
+    60k chunks. False where it does not apply or the store changed between reads (the
+    caller adds as before)."""
+    fill = getattr(index, "fill", None)
+    if fill is None or getattr(index, "lists_dir", None) is None:
+        return False
+    if ids is not None:
+        if index.codec is not None:
+            return False  # PLAID already: the add goes to its tail, and a fold to its folder
+        _, new_lens = store.vector_lengths(kind, ids)
+        if not index.becomes_plaid(index.n_tokens + int(new_lens.sum())):
+            return False
+    found, lens = store.vector_lengths(kind)
+    hashes = store.hashes_of_chunks(found.tolist())
+    keys = [hashes.get(int(i)) for i in found.tolist()]
+    if not len(found) or any(k is None for k in keys):
+        return False
+
+    def fetch(batch: np.ndarray) -> list[np.ndarray]:
+        got, arrays = store.vectors_for(batch.tolist(), kind)
+        return arrays if np.array_equal(got, batch) else []  # (one gone: the fill sees the change)
+
+    codec = given = None
+    if use_codes and codes is not None and codes.codec is not None:
+        codec = (codes.codec, codes.error)
+
+        def given(texts: Sequence[str]) -> Sequence:
+            coded = codes.coded(list(texts))
+            return coded.docs if coded is not None else [None] * len(texts)
+    keep = getattr(codes, "keep", None) if codes is not None else None
+    wants = getattr(keep, "wants", None) or (None if keep is None else (lambda texts: [True] * len(texts)))
+    return bool(fill(found, lens, keys, fetch, codec=codec, given=given, wants=wants, keep=keep))
 
 
 def _add_coded(index: Index, store: Store, kind: str, ids: Sequence[int] | None, codes: CodeBook) -> bool:

@@ -16,6 +16,8 @@ from fixtures.pipeline_helpers import make_repo, module_source
 
 from codesearch.encoder.base import Encoders
 from codesearch.indexes.plaid import PlaidIndex
+from codesearch.indexes.plaid import build as plaid_build
+from codesearch.indexes.plaid.coded import Coded
 from codesearch.indexing import cachedcodes
 from codesearch.indexing import run as pipeline
 from codesearch.indexing.run import build_index
@@ -76,15 +78,22 @@ def _kept() -> int:
 
 @pytest.fixture
 def builds(monkeypatch):
-    """The ``coded`` argument of every PLAID build (None: k-means trained a codec)."""
+    """The codes every PLAID build took (None: k-means trained a codec): the ``coded`` of an
+    in-memory build, or the codec and given codes of each distinct text of a `fill`."""
     calls = []
-    real = PlaidIndex._build
+    real, real_fill = PlaidIndex._build, plaid_build.fill
 
     def build(self, ids, docs, coded=None):
         calls.append(coded)
         return real(self, ids, docs, coded)
 
+    def fill(index, ids, lens, keys, fetch, *, codec=None, given=None, **kw):
+        texts = sorted(set(keys))
+        calls.append(None if codec is None else Coded(*codec, list(given(texts)) if given else [None] * len(texts)))
+        return real_fill(index, ids, lens, keys, fetch, codec=codec, given=given, **kw)
+
     monkeypatch.setattr(PlaidIndex, "_build", build)
+    monkeypatch.setattr(plaid_build, "fill", fill)
     return calls
 
 

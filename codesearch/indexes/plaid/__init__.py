@@ -39,9 +39,17 @@ Codes made elsewhere: an index run's workers may compress the documents they enc
 a codec trained early on a sample (`coded`); ``add(coded=...)`` takes their codes under the
 codec that made them, and a build takes that codec instead of training one.
 
+In bounded memory: an index run's writer builds the index into its folder
+(`PlaidIndex.fill`, `build`): the codec trained on a sample of the distinct texts, each text
+compressed once and a block at a time, its codes written at every chunk of it, the inverted
+lists merged from runs on disk; a fold or compaction of such an index copies its base a
+block at a time the same way. The in-memory build (`add` past the threshold) held every
+token as float32: 5.8 GB at 60k chunks.
+
 Modules: `index` (`PlaidIndex`), `codec` (`ResidualCodec`), `coded` (codes made by the
-workers), `maxsim` (exact MaxSim), `search` (the PLAID path), `files` (save and load),
-`tokens` (a per-token array: mapped base and in-memory tail).
+workers), `build` (a base written into the folder as it is made), `maxsim` (exact MaxSim),
+`search` (the PLAID path), `files` (save and load), `tokens` (a per-token array: mapped base
+and in-memory tail).
 """
 
 from codesearch.indexes.plaid.codec import ResidualCodec

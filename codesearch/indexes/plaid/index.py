@@ -4,11 +4,14 @@ package's notes)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 
-from codesearch.indexes.plaid.codec import ResidualCodec
+from codesearch.indexes.folder import Kept
+from codesearch.indexes.plaid import build
+from codesearch.indexes.plaid.codec import DocCodes, ResidualCodec
 from codesearch.indexes.plaid.coded import Coded
 from codesearch.indexes.plaid.files import PlaidFiles
 from codesearch.indexes.plaid.maxsim import (
@@ -130,6 +133,10 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         #: What the index registry knows the store's vectors by when it saved this index
         #: (kept in the manifest; `codesearch.indexes.registry`).
         self.store_mark: str | None = None
+        #: The folder a writer saves this index to (the index registry's, holding the index
+        #: lock): a `fill` and a fold write their base there as they make it, in bounded
+        #: memory (`codesearch.indexes.plaid.build`). None: in memory.
+        self.lists_dir: Path | None = None
 
     def _reset_docs(self) -> None:
         self._ids = np.empty(0, dtype=np.int64)  # (docs,) one per stored document, dead too
@@ -287,6 +294,35 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         if len(payload.tail) > max(_MIN_TAIL, len(payload.base) // 8):
             self._compact()  # fold the tail into a new base
 
+    def fill(
+        self, ids: np.ndarray, lens: np.ndarray, keys: Sequence[str],
+        fetch: Callable[[np.ndarray], Sequence[np.ndarray]], *, codec: tuple[ResidualCodec, float] | None = None,
+        given: Callable[[Sequence[str]], Sequence[DocCodes | None]] | None = None,
+        wants: Callable[[Sequence[str]], Sequence[bool]] | None = None, keep: Callable | None = None,
+    ) -> bool:
+        """Replace the contents with the documents ``ids`` (``lens`` tokens each, the vectors
+        of their text ``keys``, which ``fetch(ids)`` reads), PLAID, their base written into
+        `lists_dir` as it is made: the codec trained on a sample (or ``codec`` taken, with
+        the codes ``given`` under it), each distinct text read and compressed once, a block
+        at a time (`codesearch.indexes.plaid.build`). ``keep`` is told the codes made (the
+        user's cache keeps them); ``wants``: the texts whose arrays it reads.
+
+        Returns False, and leaves the index as it was, where there is no folder to build in,
+        the documents stay below the exact threshold, or a read did not match ``lens`` (the
+        store changed): the caller then adds them.
+        """
+        lens = np.asarray(lens, dtype=np.int64)
+        folder = self.lists_dir
+        if folder is None or Path(folder).is_file() or self._dim is None or not self._should_be_plaid(int(lens.sum())):
+            return False
+        if codec is not None and (codec[0].nbits != self.nbits or codec[0].dim != self._dim):
+            codec, given = None, None  # (a codec of another shape: trained here instead)
+        try:
+            build.fill(self, ids, lens, keys, fetch, codec=codec, given=given, wants=wants, keep=keep)
+        except build.Changed:
+            return False
+        return True
+
     def coded_only(self, ids: np.ndarray, lens: np.ndarray, coded: Coded | None) -> np.ndarray:
         """Which of the documents an :meth:`add` of ``ids`` (``lens`` tokens each) with
         ``coded`` would take from ``coded`` without reading their vectors (a bool each).
@@ -400,6 +436,10 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         return self._vectors.take(tokens).astype(np.float32)
 
 
+    def becomes_plaid(self, n_tokens: int) -> bool:
+        """Whether an index of ``n_tokens`` tokens is PLAID (trains a codec), not exact."""
+        return self._should_be_plaid(n_tokens)
+
     # -- internals -----------------------------------------------------------------------
 
     def _should_be_plaid(self, n_tokens: int) -> bool:
@@ -500,7 +540,11 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
 
     def _compact(self) -> None:
         """A new base of the live documents, base and tail (the tokens of removed documents
-        dropped, positions renumbered): in memory, written whole by the next save."""
+        dropped, positions renumbered): written into `lists_dir` a block at a time when
+        there is one (PLAID), else in memory, written whole by the next save."""
+        if self._codec is not None and self.lists_dir is not None and not Path(self.lists_dir).is_file():
+            build.compact_to_files(self)
+            return
         live = np.flatnonzero(self._alive)
         tokens = _token_index(self._starts[live], self._doclens[live])
         if self._codec is not None:
@@ -515,6 +559,29 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         self._alive = np.ones(len(live), dtype=bool)
         self._base_docs = len(live)
         self._ivf = self._tail_ivf = None
+
+
+    def _adopt_base(self, folder: Path, ids: np.ndarray, lens: np.ndarray, codec: ResidualCodec, build_error: float,
+                    kept: dict[str, Kept], added: tuple[float, int]) -> None:
+        """Take the base `build.write_base` wrote into ``folder`` (its files ``kept``) as the
+        whole contents: saved with it, then opened mapped, as a load opens it."""
+        self._codec, self._vectors = codec, None
+        self._reset_docs()
+        self._ids, self._doclens = ids.astype(np.int64), lens.astype(np.int64)
+        self._starts = _segment_starts(self._doclens)
+        self._alive = np.ones(len(ids), dtype=bool)
+        self._base_docs = len(ids)
+        self._codes = Tokens(np.empty(0, codec.code_dtype))  # (the save keeps the files; the load maps them)
+        self._residuals = Tokens(np.empty((0, codec.packed_dim), np.uint8))
+        self._ivf = self._tail_ivf = None
+        self._build_error = float(build_error)
+        self._added_error_sum, self._added_tokens = float(added[0]), int(added[1])
+        self._written = (folder.resolve(), {name: k.entry for name, k in kept.items()})
+        self.save(folder)
+        opened = type(self).load(folder)
+        for name, value in vars(opened).items():
+            if name not in ("lists_dir", "store_mark"):
+                setattr(self, name, value)
 
 
 def _taken(codec: ResidualCodec, lens: np.ndarray, coded: Coded | None) -> np.ndarray:
