@@ -308,20 +308,26 @@ def _fill_from_store(
 ) -> bool:
     """A PLAID index made afresh from the store's vectors into its folder, a block at a time
     (`PlaidIndex.fill`), where a writer builds it (`_writes_into`): when the sync makes it
-    anew (``ids`` None), or when an add of ``ids`` takes an exact index past its threshold.
-    Either way the index is then every vector of ``kind`` the store holds (a synced index
-    holds them all). The in-memory add took every token as one float32 array: 5.8 GB at
-    60k chunks. False where it does not apply or the store changed between reads (the
-    caller adds as before)."""
+    anew (``ids`` None), when an add of ``ids`` takes an exact index past its threshold, or
+    when it adds to a PLAID index more than a fold of its tail would take (under its own
+    codec, the codes it holds kept: one rewrite of the base, where the tail would fold again
+    and again). Either way the index is then every vector of ``kind`` the store holds (a
+    synced index holds them all). The in-memory add took every token as one float32 array:
+    5.8 GB at 60k chunks. False where it does not apply or the store changed between reads
+    (the caller adds as before)."""
     fill = getattr(index, "fill", None)
     if fill is None or getattr(index, "lists_dir", None) is None:
         return False
+    held = None
     if ids is not None:
-        if index.codec is not None:
-            return False  # PLAID already: the add goes to its tail, and a fold to its folder
         _, new_lens = store.vector_lengths(kind, ids)
-        if not index.becomes_plaid(index.n_tokens + int(new_lens.sum())):
+        adding = int(new_lens.sum())
+        if index.codec is not None and not index.would_fold(adding):
+            return False  # to the tail
+        if index.codec is None and not index.becomes_plaid(index.n_tokens + adding):
             return False
+        if index.codec is not None:
+            held = _held_codes(index, store)
     found, lens = store.vector_lengths(kind)
     hashes = store.hashes_of_chunks(found.tolist())
     keys = [hashes.get(int(i)) for i in found.tolist()]
@@ -333,7 +339,9 @@ def _fill_from_store(
         return arrays if np.array_equal(got, batch) else []  # (one gone: the fill sees the change)
 
     codec = given = None
-    if use_codes and codes is not None and codes.codec is not None:
+    if held is not None:
+        codec = (index.codec, index.build_error)
+    if held is None and use_codes and codes is not None and codes.codec is not None:
         codec = (codes.codec, codes.error)
 
         def given(texts: Sequence[str]) -> Sequence:
@@ -341,7 +349,28 @@ def _fill_from_store(
             return coded.docs if coded is not None else [None] * len(texts)
     keep = getattr(codes, "keep", None) if codes is not None else None
     wants = getattr(keep, "wants", None) or (None if keep is None else (lambda texts: [True] * len(texts)))
-    return bool(fill(found, lens, keys, fetch, codec=codec, given=given, wants=wants, keep=keep))
+    if held is not None and codes is not None and codes.codec is not None and \
+            codes.codec.fingerprint != index.codec.fingerprint:
+        given = None  # (the workers' codes are of another codec than the index's)
+    return bool(fill(found, lens, keys, fetch, codec=codec, given=given, held=held, keep_drift=held is not None,
+                     wants=wants, keep=keep))
+
+
+def _held_codes(index: Index, store: Store) -> Callable[[Sequence[str]], list]:
+    """Text hash -> the codes a PLAID index holds for a document of that text (its live
+    documents' texts, by the store's hashes of their chunks)."""
+    from codesearch.indexes.plaid.codec import DocCodes
+
+    by_hash: dict[str, int] = {}
+    for doc_id, text_hash in store.hashes_of_chunks(index.ids().tolist()).items():
+        by_hash.setdefault(text_hash, doc_id)
+
+    def held(texts: Sequence[str]) -> list:
+        picked = [by_hash.get(t) for t in texts]
+        got = index.doc_codes([i for i in picked if i is not None])
+        return [None if i is None or i not in got else DocCodes(*got[i], 0.0) for i in picked]
+
+    return held
 
 
 def _add_coded(index: Index, store: Store, kind: str, ids: Sequence[int] | None, codes: CodeBook) -> bool:

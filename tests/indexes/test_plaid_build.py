@@ -148,3 +148,23 @@ def test_a_fill_that_does_not_apply_says_so(tmp_path, collection, why):
     if why != "no folder":
         index.lists_dir = tmp_path / "plaid"
     assert not index.fill(ids, lens, keys, Reads(ids, docs)) and len(index) == 0
+
+
+def test_an_array_file_written_out_of_order_opens_as_the_array_saved_whole(tmp_path):
+    from codesearch.indexes.folder import ArrayFile, read_folder, write_folder
+
+    array = np.random.default_rng(0).integers(0, 255, (1000, 24)).astype(np.uint8)
+    streamed = ArrayFile(tmp_path / "f", "residuals", np.uint8, array.shape)
+    for start in np.random.default_rng(1).permutation(np.arange(0, 1000, 100)).tolist():
+        streamed.write(start, array[start : start + 100])
+    with pytest.raises(ValueError):
+        streamed.write(950, array[:100])  # past the end: refused, not grown
+    np.testing.assert_array_equal(streamed.read(250, np.empty((10, 24), np.uint8)), array[250:260])
+    kept = streamed.finish()
+    whole = write_folder(tmp_path / "g", {}, {"residuals": array})["residuals"]
+    assert {k: v for k, v in kept.entry.items() if k != "file"} == {k: v for k, v in whole.items() if k != "file"}
+    write_folder(tmp_path / "f", {"n": 1}, {"residuals": kept})
+    np.testing.assert_array_equal(read_folder(tmp_path / "f", "test", verify=True).arrays["residuals"], array)
+    left = ArrayFile(tmp_path / "f", "codes", np.uint16, (10,))
+    left.discard()
+    assert not left.path.exists()

@@ -78,8 +78,8 @@ class Made:
 
 def fill(
     index: PlaidIndex, ids: np.ndarray, lens: np.ndarray, keys: Sequence[str], fetch: Fetch, *,
-    codec: tuple[ResidualCodec, float] | None = None, given: Given | None = None,
-    wants: Callable[[Sequence[str]], Sequence[bool]] | None = None,
+    codec: tuple[ResidualCodec, float] | None = None, given: Given | None = None, held: Given | None = None,
+    added: tuple[float, int] | None = None, wants: Callable[[Sequence[str]], Sequence[bool]] | None = None,
     keep: Callable[[Made, np.ndarray, dict[int, str], list[np.ndarray]], None] | None = None,
 ) -> None:
     """Make ``index`` (PLAID) hold the documents ``ids`` of ``lens`` tokens, whose vectors
@@ -87,9 +87,12 @@ def fill(
     folder `PlaidIndex.lists_dir` (see the module's notes); its contents are replaced.
 
     ``codec``: the codec to take and its held-out error (else one is trained on a sample).
-    ``given``: codes made under it, by key; a text without them (or of another length) is
-    compressed here. ``keep`` is told each block's newly compressed texts (the user's cache
-    keeps them), with the arrays of those ``wants`` asks for even where codes were given.
+    ``held``, then ``given``: codes made under it, by key (the index's own, then the
+    workers' or the cache's); a text without them (or of another length) is compressed here.
+    ``added``: the index's drift count so far (summed error, tokens), which the documents not
+    ``held`` add to (a refill of a PLAID index under its codec); else it starts at zero.
+    ``keep`` is told each block's newly compressed texts (the user's cache keeps them), with
+    the arrays of those ``wants`` asks for even where codes were given.
 
     Raises `Changed` when a read does not match ``lens`` (nothing is left behind).
     """
@@ -104,12 +107,17 @@ def fill(
     starts = _segment_starts(lens)
     by_text = np.argsort(inverse, kind="stable")  # documents grouped by text, each group by position
     bounds = np.concatenate([[0], np.cumsum(np.bincount(inverse, minlength=len(uniq)))])
+    drift = [float(added[0]), int(added[1])] if added is not None else None
+
+    def codes_of(source: Given | None, texts: list[str], at: int) -> list[DocCodes | None]:
+        found = list(source(texts)) if source is not None else [None] * len(texts)
+        return [d if d is not None and len(d.codes) == text_lens[at + i] else None for i, d in enumerate(found)]
 
     def write_tokens(codes: ArrayFile, residuals: ArrayFile) -> None:
         for a, b in _blocks(text_lens, BLOCK_TOKENS):
             texts = uniq[a:b].tolist()
-            have = list(given(texts)) if given is not None else [None] * len(texts)
-            have = [d if d is not None and len(d.codes) == text_lens[a + i] else None for i, d in enumerate(have)]
+            own = codes_of(held, texts, a)
+            have = [o or g for o, g in zip(own, codes_of(given, texts, a))]
             asked = list(wants(texts)) if wants is not None and keep is not None else [False] * len(texts)
             need = np.array([h is None or w for h, w in zip(have, asked)], dtype=bool)
             rep = ids[first[a:b]]
@@ -128,11 +136,15 @@ def fill(
                 keep(Made(codec_, error, rep[picked], docs_read), rep[picked],
                      {int(rep[i]): texts[i] for i in picked.tolist()}, arrays)
             for i, doc in enumerate(have):
-                for pos in by_text[bounds[a + i] : bounds[a + i + 1]].tolist():
+                copies = by_text[bounds[a + i] : bounds[a + i + 1]].tolist()
+                if drift is not None and own[i] is None:  # (as an add counts what it compresses)
+                    drift[0] += doc.error * len(copies)
+                    drift[1] += len(doc.codes) * len(copies)
+                for pos in copies:
                     codes.write(int(starts[pos]), doc.codes)
                     residuals.write(int(starts[pos]), doc.packed)
 
-    write_base(index, ids, lens, codec_, error, write_tokens)
+    write_base(index, ids, lens, codec_, error, write_tokens, added=(0.0, 0) if drift is None else drift)
 
 
 def compact_to_files(index: PlaidIndex) -> None:
@@ -155,7 +167,7 @@ def compact_to_files(index: PlaidIndex) -> None:
 
 def write_base(
     index: PlaidIndex, ids: np.ndarray, lens: np.ndarray, codec: ResidualCodec, build_error: float,
-    write_tokens: Callable[[ArrayFile, ArrayFile], None], *, added: tuple[float, int] = (0.0, 0),
+    write_tokens: Callable[[ArrayFile, ArrayFile], None], *, added: Sequence[float] = (0.0, 0),
 ) -> None:
     """Write a base of the documents ``ids`` (``lens`` tokens each) under ``codec`` into the
     index's folder, ``write_tokens(codes, residuals)`` filling every token row of the two
@@ -178,7 +190,7 @@ def write_base(
     finally:
         for f in made:
             f.discard()
-    index._adopt_base(folder, ids, lens, codec, build_error, kept, added)
+    index._adopt_base(folder, ids, lens, codec, build_error, kept, (float(added[0]), int(added[1])))
 
 
 def _train(index: PlaidIndex, text_ids: np.ndarray, text_lens: np.ndarray, fetch: Fetch) -> tuple[ResidualCodec, float]:

@@ -298,14 +298,17 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         self, ids: np.ndarray, lens: np.ndarray, keys: Sequence[str],
         fetch: Callable[[np.ndarray], Sequence[np.ndarray]], *, codec: tuple[ResidualCodec, float] | None = None,
         given: Callable[[Sequence[str]], Sequence[DocCodes | None]] | None = None,
+        held: Callable[[Sequence[str]], Sequence[DocCodes | None]] | None = None, keep_drift: bool = False,
         wants: Callable[[Sequence[str]], Sequence[bool]] | None = None, keep: Callable | None = None,
     ) -> bool:
         """Replace the contents with the documents ``ids`` (``lens`` tokens each, the vectors
         of their text ``keys``, which ``fetch(ids)`` reads), PLAID, their base written into
         `lists_dir` as it is made: the codec trained on a sample (or ``codec`` taken, with
         the codes ``given`` under it), each distinct text read and compressed once, a block
-        at a time (`codesearch.indexes.plaid.build`). ``keep`` is told the codes made (the
-        user's cache keeps them); ``wants``: the texts whose arrays it reads.
+        at a time (`codesearch.indexes.plaid.build`). ``held``: codes this index holds, by
+        text, taken first (a refill under its own codec, with ``keep_drift``: what is coded
+        anew counts on in the drift check). ``keep`` is told the codes made (the user's cache
+        keeps them); ``wants``: the texts whose arrays it reads.
 
         Returns False, and leaves the index as it was, where there is no folder to build in,
         the documents stay below the exact threshold, or a read did not match ``lens`` (the
@@ -316,9 +319,11 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         if folder is None or Path(folder).is_file() or self._dim is None or not self._should_be_plaid(int(lens.sum())):
             return False
         if codec is not None and (codec[0].nbits != self.nbits or codec[0].dim != self._dim):
-            codec, given = None, None  # (a codec of another shape: trained here instead)
+            codec, given, held = None, None, None  # (a codec of another shape: trained here instead)
+        added = (self._added_error_sum, self._added_tokens) if keep_drift and codec is not None else None
         try:
-            build.fill(self, ids, lens, keys, fetch, codec=codec, given=given, wants=wants, keep=keep)
+            build.fill(self, ids, lens, keys, fetch, codec=codec, given=given, held=held, added=added, wants=wants,
+                       keep=keep)
         except build.Changed:
             return False
         return True
@@ -435,6 +440,13 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
     def _exact_vectors(self, tokens: np.ndarray) -> np.ndarray:
         return self._vectors.take(tokens).astype(np.float32)
 
+
+    def would_fold(self, n_tokens: int) -> bool:
+        """Whether an add of ``n_tokens`` tokens would fold the tail into a new base."""
+        payload = self._codes if self._codec is not None else self._vectors
+        if payload is None:
+            return False
+        return len(payload.tail) + int(n_tokens) > max(_MIN_TAIL, len(payload.base) // 8)
 
     def becomes_plaid(self, n_tokens: int) -> bool:
         """Whether an index of ``n_tokens`` tokens is PLAID (trains a codec), not exact."""
