@@ -318,7 +318,6 @@ def _fill_from_store(
     fill = getattr(index, "fill", None)
     if fill is None or getattr(index, "lists_dir", None) is None:
         return False
-    held = None
     if ids is not None:
         _, new_lens = store.vector_lengths(kind, ids)
         adding = int(new_lens.sum())
@@ -326,13 +325,19 @@ def _fill_from_store(
             return False  # to the tail
         if index.codec is None and not index.becomes_plaid(index.n_tokens + adding):
             return False
-        if index.codec is not None:
-            held = _held_codes(index, store)
     found, lens = store.vector_lengths(kind)
-    hashes = store.hashes_of_chunks(found.tolist())
-    keys = [hashes.get(int(i)) for i in found.tolist()]
-    if not len(found) or any(k is None for k in keys):
+    if not len(found):
         return False
+    keys: list[bytes] = []  # (as ASCII bytes, a batch of hashes read at a time: no dict of 600k strings)
+    for start in range(0, len(found), _ADD_BATCH):
+        part = found[start : start + _ADD_BATCH].tolist()
+        hashes = store.hashes_of_chunks(part)
+        if len(hashes) != len(part):
+            return False  # (a chunk gone since its vector's length was read)
+        keys += [hashes[i].encode() for i in part]
+    key_array = np.array(keys)
+    del keys
+    held = _held_codes(index, found, key_array) if ids is not None and index.codec is not None else None
 
     def fetch(batch: np.ndarray) -> list[np.ndarray]:
         got, arrays = store.vectors_for(batch.tolist(), kind)
@@ -352,21 +357,25 @@ def _fill_from_store(
     if held is not None and codes is not None and codes.codec is not None and \
             codes.codec.fingerprint != index.codec.fingerprint:
         given = None  # (the workers' codes are of another codec than the index's)
-    return bool(fill(found, lens, keys, fetch, codec=codec, given=given, held=held, keep_drift=held is not None,
-                     wants=wants, keep=keep))
+    return bool(fill(found, lens, key_array, fetch, codec=codec, given=given, held=held,
+                     keep_drift=held is not None, wants=wants, keep=keep))
 
 
-def _held_codes(index: Index, store: Store) -> Callable[[Sequence[str]], list]:
-    """Text hash -> the codes a PLAID index holds for a document of that text (its live
-    documents' texts, by the store's hashes of their chunks)."""
+def _held_codes(index: Index, found: np.ndarray, keys: np.ndarray) -> Callable[[Sequence[str]], list]:
+    """Text hash -> the codes a PLAID index holds for a document of that text: of the
+    documents ``found`` (their text ``keys``, ASCII bytes) those the index holds."""
     from codesearch.indexes.plaid.codec import DocCodes
 
-    by_hash: dict[str, int] = {}
-    for doc_id, text_hash in store.hashes_of_chunks(index.ids().tolist()).items():
-        by_hash.setdefault(text_hash, doc_id)
+    own = np.isin(found, index.ids())
+    own_keys, at = np.unique(keys[own], return_index=True)
+    own_ids = found[own][at]
 
     def held(texts: Sequence[str]) -> list:
-        picked = [by_hash.get(t) for t in texts]
+        if not len(own_keys):
+            return [None] * len(texts)
+        asked = np.array([t.encode() for t in texts], dtype=own_keys.dtype)
+        pos = np.searchsorted(own_keys, asked).clip(0, len(own_keys) - 1)
+        picked = [int(own_ids[p]) if own_keys[p] == a else None for p, a in zip(pos.tolist(), asked.tolist())]
         got = index.doc_codes([i for i in picked if i is not None])
         return [None if i is None or i not in got else DocCodes(*got[i], 0.0) for i in picked]
 

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from codesearch.indexes.registry import Delta, record_generation, sync_derived
+from codesearch.indexing.cachedcodes import FLUSH_BYTES
 from codesearch.indexing.codes import RunCodes
 from codesearch.indexing.commit import Commits
 from codesearch.indexing.options import Run
@@ -108,7 +109,12 @@ class Publisher:
         self._thread.start()
 
     def poll(self) -> None:
-        """Record a background publication that has ended (raising its error, if it failed)."""
+        """Record a background publication that has ended (raising its error, if it failed);
+        while one runs, write to the cache the codes its index has made so far."""
+        if self._thread is not None and self._thread.is_alive():
+            for keeper in self.keepers:
+                if keeper.pending_bytes > FLUSH_BYTES:
+                    keeper.flush()
         if self._thread is None or self._thread.is_alive():
             return
         self._thread.join()

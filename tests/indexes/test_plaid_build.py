@@ -109,8 +109,8 @@ def test_a_streamed_fold_and_compaction_agree_with_the_same_changes_in_memory(tm
     more = corpus(120, seed=11)
     new_ids = np.arange(10_000, 10_120, dtype=np.int64)
     folds = []
-    monkeypatch.setattr(plaid_build, "compact_to_files", lambda i, real=plaid_build.compact_to_files: (
-        folds.append(len(i)), real(i))[1])
+    monkeypatch.setattr(plaid_build, "compact", lambda *a, real=plaid_build.compact: (
+        folds.append(len(a[1])), real(*a))[1])
     for one in (index, twin):
         one.add(new_ids[:60], more[:60])
         one.remove(ids[:400])  # past a quarter dead: a compaction

@@ -87,10 +87,10 @@ def builds(monkeypatch):
         calls.append(coded)
         return real(self, ids, docs, coded)
 
-    def fill(index, ids, lens, keys, fetch, *, codec=None, given=None, **kw):
-        texts = sorted(set(keys))
+    def fill(folder, ids, lens, keys, fetch, *, codec=None, given=None, **kw):
+        texts = sorted({k.decode() if isinstance(k, bytes) else k for k in np.asarray(keys).tolist()})
         calls.append(None if codec is None else Coded(*codec, list(given(texts)) if given else [None] * len(texts)))
-        return real_fill(index, ids, lens, keys, fetch, codec=codec, given=given, **kw)
+        return real_fill(folder, ids, lens, keys, fetch, codec=codec, given=given, **kw)
 
     monkeypatch.setattr(PlaidIndex, "_build", build)
     monkeypatch.setattr(plaid_build, "fill", fill)

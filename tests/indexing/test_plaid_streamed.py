@@ -40,7 +40,7 @@ def colbert_only(tiny_encoders):
 def spied(monkeypatch):
     """How the run's PLAID index was made: fills, streamed folds, in-memory builds."""
     calls = {"fill": 0, "fold": 0, "memory": 0}
-    real_fill, real_fold, real_build = plaid_build.fill, plaid_build.compact_to_files, PlaidIndex._build
+    real_fill, real_fold, real_build = plaid_build.fill, plaid_build.compact, PlaidIndex._build
 
     def fill(*a, **kw):
         calls["fill"] += 1
@@ -55,7 +55,7 @@ def spied(monkeypatch):
         return real_build(*a, **kw)
 
     monkeypatch.setattr(plaid_build, "fill", fill)
-    monkeypatch.setattr(plaid_build, "compact_to_files", fold)
+    monkeypatch.setattr(plaid_build, "compact", fold)
     monkeypatch.setattr(PlaidIndex, "_build", memory)
     return calls
 

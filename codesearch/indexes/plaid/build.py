@@ -17,8 +17,8 @@ chunks, 210M tokens) did not fit in 24 GB. Here:
   (centroid, document) pairs, sorted, go to a runs file with their count per centroid; then
   the lists are merged from the runs, `MERGE_ENTRIES` entries at a time, centroids in order:
   the same arrays `search.inverted_lists` makes in memory.
-- **Folds.** A fold (`PlaidIndex._compact`) copies the live documents' codes from the old
-  base's files and the tail into a new base the same way, a block at a time.
+- **Folds.** A fold (`PlaidIndex._compact`, `compact`) copies the live documents' codes
+  from the old base's files and the tail into a new base the same way, a block at a time.
 
 The base's files are then named by a manifest (a save) and opened mapped, as a load does:
 the index holds its document tables, the codec and the tail, and what a query reads.
@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -37,11 +37,10 @@ from codesearch.indexes.folder import ArrayFile, Kept
 from codesearch.indexes.plaid.codec import DocCodes, ResidualCodec, compress_documents
 from codesearch.indexes.plaid.coded import train_on_sample
 from codesearch.indexes.plaid.maxsim import _segment_starts, _token_index
+from codesearch.indexes.plaid.tokens import Tokens
 
-if TYPE_CHECKING:  # pragma: no cover
-    from codesearch.indexes.plaid.index import PlaidIndex
-
-__all__ = ["BLOCK_TOKENS", "IVF_BLOCK_TOKENS", "MERGE_ENTRIES", "SAMPLE_TOKENS_PER_CENTROID", "fill", "write_base"]
+__all__ = ["BLOCK_TOKENS", "IVF_BLOCK_TOKENS", "MERGE_ENTRIES", "SAMPLE_TOKENS_PER_CENTROID", "Training", "Written",
+           "compact", "fill", "write_base"]
 
 #: Tokens read, compressed or copied at a time: 2^18 tokens x 48 dims are 50 MB as float32.
 BLOCK_TOKENS = 1 << 18
@@ -64,6 +63,30 @@ class Changed(Exception):
     between its reads (the caller falls back to adding what it reads)."""
 
 
+@dataclass(frozen=True)
+class Training:
+    """How a codec is trained (the index's parameters): its centroid count for a number of
+    distinct tokens, residual bits, k-means iterations and seed."""
+
+    n_centroids: Callable[[int], int]
+    nbits: int
+    niter: int
+    seed: int
+
+
+@dataclass(frozen=True, eq=False)
+class Written:
+    """A base written into an index folder: its documents, codec, files (with the manifest
+    entries a save names them by) and drift count; what `PlaidIndex` then takes as its own."""
+
+    ids: np.ndarray
+    lens: np.ndarray
+    codec: ResidualCodec
+    build_error: float
+    kept: dict[str, Kept]
+    added: tuple[float, int]
+
+
 class Made:
     """What a `CodeKeeper` reads of an index after an add (its codec, build error and the
     codes of the documents added), for the texts one block of a build compressed."""
@@ -77,16 +100,17 @@ class Made:
 
 
 def fill(
-    index: PlaidIndex, ids: np.ndarray, lens: np.ndarray, keys: Sequence[str], fetch: Fetch, *,
+    folder: Path, ids: np.ndarray, lens: np.ndarray, keys: Sequence[str], fetch: Fetch, *, training: Training,
     codec: tuple[ResidualCodec, float] | None = None, given: Given | None = None, held: Given | None = None,
     added: tuple[float, int] | None = None, wants: Callable[[Sequence[str]], Sequence[bool]] | None = None,
     keep: Callable[[Made, np.ndarray, dict[int, str], list[np.ndarray]], None] | None = None,
-) -> None:
-    """Make ``index`` (PLAID) hold the documents ``ids`` of ``lens`` tokens, whose vectors
-    are those of their text ``keys`` (documents of one key have the same vectors), in its
-    folder `PlaidIndex.lists_dir` (see the module's notes); its contents are replaced.
+) -> Written:
+    """A PLAID base in ``folder`` of the documents ``ids`` of ``lens`` tokens, whose vectors
+    are those of their text ``keys`` (str, or ASCII bytes, which take a quarter of the
+    memory; documents of one key have the same vectors); see the module's notes.
 
-    ``codec``: the codec to take and its held-out error (else one is trained on a sample).
+    ``codec``: the codec to take and its held-out error (else one is trained on a sample as
+    ``training`` says).
     ``held``, then ``given``: codes made under it, by key (the index's own, then the
     workers' or the cache's); a text without them (or of another length) is compressed here.
     ``added``: the index's drift count so far (summed error, tokens), which the documents not
@@ -98,11 +122,13 @@ def fill(
     """
     ids = np.asarray(ids, dtype=np.int64)
     lens = np.asarray(lens, dtype=np.int64)
-    key_array = np.asarray(list(keys), dtype=object)
-    uniq, first, inverse = np.unique(key_array.astype(str), return_index=True, return_inverse=True)
+    key_array = np.asarray(keys)  # (bytes keys: 32 a hash at 600k chunks, where str takes 128)
+    uniq, first, inverse = np.unique(key_array if key_array.dtype.kind in "SU" else key_array.astype(str),
+                                     return_index=True, return_inverse=True)
+    decode = uniq.dtype.kind == "S"
     text_lens = lens[first]
     if codec is None:
-        codec = _train(index, ids[first], text_lens, fetch)
+        codec = _train(training, ids[first], text_lens, fetch)
     codec_, error = codec
     starts = _segment_starts(lens)
     by_text = np.argsort(inverse, kind="stable")  # documents grouped by text, each group by position
@@ -115,7 +141,7 @@ def fill(
 
     def write_tokens(codes: ArrayFile, residuals: ArrayFile) -> None:
         for a, b in _blocks(text_lens, BLOCK_TOKENS):
-            texts = uniq[a:b].tolist()
+            texts = [t.decode() for t in uniq[a:b].tolist()] if decode else uniq[a:b].tolist()
             own = codes_of(held, texts, a)
             have = [o or g for o, g in zip(own, codes_of(given, texts, a))]
             asked = list(wants(texts)) if wants is not None and keep is not None else [False] * len(texts)
@@ -144,35 +170,33 @@ def fill(
                     codes.write(int(starts[pos]), doc.codes)
                     residuals.write(int(starts[pos]), doc.packed)
 
-    write_base(index, ids, lens, codec_, error, write_tokens, added=(0.0, 0) if drift is None else drift)
+    return write_base(folder, ids, lens, codec_, error, write_tokens, added=(0.0, 0) if drift is None else drift)
 
 
-def compact_to_files(index: PlaidIndex) -> None:
-    """`PlaidIndex._compact` into the index's folder: a new base of the live documents, base
-    and tail, their codes copied from the old base's files a block at a time."""
-    live = np.flatnonzero(index._alive)
-    ids, lens, old_starts = index._ids[live], index._doclens[live], index._starts[live]
+def compact(folder: Path, ids: np.ndarray, lens: np.ndarray, starts: np.ndarray, codes: Tokens, residuals: Tokens,
+            codec: ResidualCodec, build_error: float, added: tuple[float, int]) -> Written:
+    """A fold or compaction into ``folder``: a base of the documents ``ids`` (``lens``
+    tokens each, at ``starts`` in ``codes`` and ``residuals``, the old base and tail), their
+    codes copied a block at a time."""
 
-    def write_tokens(codes: ArrayFile, residuals: ArrayFile) -> None:
+    def write_tokens(codes_file: ArrayFile, residuals_file: ArrayFile) -> None:
         at = 0
         for a, b in _blocks(lens, BLOCK_TOKENS):
-            tokens = _token_index(old_starts[a:b], lens[a:b])
-            codes.write(at, index._codes.take(tokens))
-            residuals.write(at, index._residuals.take(tokens))
+            tokens = _token_index(starts[a:b], lens[a:b])
+            codes_file.write(at, codes.take(tokens))
+            residuals_file.write(at, residuals.take(tokens))
             at += len(tokens)
 
-    added = (index._added_error_sum, index._added_tokens)
-    write_base(index, ids, lens, index._codec, index._build_error, write_tokens, added=added)
+    return write_base(folder, ids, lens, codec, build_error, write_tokens, added=added)
 
 
 def write_base(
-    index: PlaidIndex, ids: np.ndarray, lens: np.ndarray, codec: ResidualCodec, build_error: float,
+    folder: Path, ids: np.ndarray, lens: np.ndarray, codec: ResidualCodec, build_error: float,
     write_tokens: Callable[[ArrayFile, ArrayFile], None], *, added: Sequence[float] = (0.0, 0),
-) -> None:
-    """Write a base of the documents ``ids`` (``lens`` tokens each) under ``codec`` into the
-    index's folder, ``write_tokens(codes, residuals)`` filling every token row of the two
-    files, then its inverted lists; save the index with it, and open it mapped."""
-    folder = Path(index.lists_dir)
+) -> Written:
+    """Write a base of the documents ``ids`` (``lens`` tokens each) under ``codec`` into
+    ``folder``: ``write_tokens(codes, residuals)`` fills every token row of the two files,
+    then its inverted lists are made from them. The index saves it, then opens it mapped."""
     total = int(lens.sum())
     made: list[ArrayFile] = []
     try:
@@ -190,22 +214,23 @@ def write_base(
     finally:
         for f in made:
             f.discard()
-    index._adopt_base(folder, ids, lens, codec, build_error, kept, (float(added[0]), int(added[1])))
+    return Written(ids, lens, codec, float(build_error), kept, (float(added[0]), int(added[1])))
 
 
-def _train(index: PlaidIndex, text_ids: np.ndarray, text_lens: np.ndarray, fetch: Fetch) -> tuple[ResidualCodec, float]:
+def _train(training: Training, text_ids: np.ndarray, text_lens: np.ndarray,
+           fetch: Fetch) -> tuple[ResidualCodec, float]:
     """A codec trained on a seeded sample of the distinct texts, with as many centroids as
     their tokens call for (copies of a text add no content to fit)."""
-    n_centroids = index._centroid_count(int(text_lens.sum()))
-    order = np.random.default_rng(index.seed).permutation(len(text_ids))
+    n_centroids = training.n_centroids(int(text_lens.sum()))
+    order = np.random.default_rng(training.seed).permutation(len(text_ids))
     want = SAMPLE_TOKENS_PER_CENTROID * n_centroids
     take = int(np.searchsorted(np.cumsum(text_lens[order]), want)) + 1
     picked = np.sort(order[:take])
     docs = [np.asarray(x) for x in fetch(text_ids[picked])]
     if len(docs) != len(picked) or any(len(d) != n for d, n in zip(docs, text_lens[picked].tolist())):
         raise Changed
-    return train_on_sample(docs, nbits=index.nbits, n_centroids=min(n_centroids, max(1, sum(map(len, docs)))),
-                           niter=index.kmeans_niter, seed=index.seed)
+    return train_on_sample(docs, nbits=training.nbits, n_centroids=min(n_centroids, max(1, sum(map(len, docs)))),
+                           niter=training.niter, seed=training.seed)
 
 
 def _inverted_lists(folder: Path, codes: ArrayFile, lens: np.ndarray, n_centroids: int) -> tuple[np.ndarray, Kept]:

@@ -21,6 +21,14 @@ def _normalise(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(norms, 1e-12)
 
 
+def _normalise_in_place(x: np.ndarray) -> np.ndarray:
+    """`_normalise` of a float32 array it may overwrite: no temporaries of its size (a
+    query's re-ranking decompresses ~70k tokens: 2.5 ms against 6.3)."""
+    norms = np.sqrt(np.einsum("ij,ij->i", x, x))
+    x /= np.maximum(norms, 1e-12)[:, None]
+    return x
+
+
 # -- residual codec ------------------------------------------------------------------------
 
 
@@ -200,8 +208,12 @@ class ResidualCodec:
         """Unit-norm float32 reconstruction ``normalise(centroid + decoded residual)``."""
         if not len(packed):
             return np.empty((0, self.dim), np.float32)
-        residuals = self._lut[packed].reshape(len(packed), -1)[:, : self.dim]
-        return _normalise(self.centroids[codes] + residuals)
+        # np.take, not fancy indexing: 5.9 ms against 18 ms for 70k tokens' bytes (a
+        # query's re-ranking), and the whole decompression 12 ms against 38.
+        residuals = np.take(self._lut, packed, axis=0).reshape(len(packed), -1)[:, : self.dim]
+        out = np.take(self.centroids, codes, axis=0)
+        out += residuals
+        return _normalise_in_place(out)
 
     @property
     def _lut(self) -> np.ndarray:

@@ -169,6 +169,8 @@ class PlaidFiles:
             if offsets[0] != 0 or offsets[-1] != len(docs) or (np.diff(offsets) < 0).any():
                 raise corrupt(folder, _WHAT, "inverted list offsets out of order")
             self._ivf = (np.asarray(offsets), docs)
+            if "ivf_docs" in sources:  # (read with pread: see PlaidSearch._list_entries)
+                self._ivf_source = (docs, sources["ivf_docs"])
         elif h["kind"] == "exact":
             if "vectors" in a or base_tokens or tail_tokens:
                 self._vectors = Tokens(_tokens(a, "vectors", base_tokens, (dim,), folder, np.float16),

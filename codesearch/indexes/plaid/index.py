@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from codesearch.indexes.folder import Kept
+from codesearch.indexes.folder import Source
 from codesearch.indexes.plaid import build
 from codesearch.indexes.plaid.codec import DocCodes, ResidualCodec
 from codesearch.indexes.plaid.coded import Coded
@@ -130,6 +130,7 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         # of the tail's (made on first use); see PlaidSearch._inverted_lists.
         self._ivf: tuple[np.ndarray, np.ndarray] | None = None
         self._tail_ivf: tuple[np.ndarray, np.ndarray] | None = None
+        self._ivf_source: tuple[np.ndarray, Source] | None = None  # the mapped lists and their file
         #: What the index registry knows the store's vectors by when it saved this index
         #: (kept in the manifest; `codesearch.indexes.registry`).
         self.store_mark: str | None = None
@@ -321,11 +322,13 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         if codec is not None and (codec[0].nbits != self.nbits or codec[0].dim != self._dim):
             codec, given, held = None, None, None  # (a codec of another shape: trained here instead)
         added = (self._added_error_sum, self._added_tokens) if keep_drift and codec is not None else None
+        training = build.Training(self._centroid_count, self.nbits, self.kmeans_niter, self.seed)
         try:
-            build.fill(self, ids, lens, keys, fetch, codec=codec, given=given, held=held, added=added, wants=wants,
-                       keep=keep)
+            written = build.fill(Path(folder), ids, lens, keys, fetch, training=training, codec=codec, given=given,
+                                 held=held, added=added, wants=wants, keep=keep)
         except build.Changed:
             return False
+        self._adopt_base(Path(folder), written)
         return True
 
     def coded_only(self, ids: np.ndarray, lens: np.ndarray, coded: Coded | None) -> np.ndarray:
@@ -555,7 +558,11 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         dropped, positions renumbered): written into `lists_dir` a block at a time when
         there is one (PLAID), else in memory, written whole by the next save."""
         if self._codec is not None and self.lists_dir is not None and not Path(self.lists_dir).is_file():
-            build.compact_to_files(self)
+            live = np.flatnonzero(self._alive)
+            written = build.compact(Path(self.lists_dir), self._ids[live], self._doclens[live], self._starts[live],
+                                    self._codes, self._residuals, self._codec, self._build_error,
+                                    (self._added_error_sum, self._added_tokens))
+            self._adopt_base(Path(self.lists_dir), written)
             return
         live = np.flatnonzero(self._alive)
         tokens = _token_index(self._starts[live], self._doclens[live])
@@ -573,22 +580,22 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         self._ivf = self._tail_ivf = None
 
 
-    def _adopt_base(self, folder: Path, ids: np.ndarray, lens: np.ndarray, codec: ResidualCodec, build_error: float,
-                    kept: dict[str, Kept], added: tuple[float, int]) -> None:
-        """Take the base `build.write_base` wrote into ``folder`` (its files ``kept``) as the
-        whole contents: saved with it, then opened mapped, as a load opens it."""
+    def _adopt_base(self, folder: Path, written: build.Written) -> None:
+        """Take the base `build` wrote into ``folder`` as the whole contents: saved with it,
+        then opened mapped, as a load opens it."""
+        codec, added = written.codec, written.added
         self._codec, self._vectors = codec, None
         self._reset_docs()
-        self._ids, self._doclens = ids.astype(np.int64), lens.astype(np.int64)
+        self._ids, self._doclens = written.ids.astype(np.int64), written.lens.astype(np.int64)
         self._starts = _segment_starts(self._doclens)
-        self._alive = np.ones(len(ids), dtype=bool)
-        self._base_docs = len(ids)
+        self._alive = np.ones(len(self._ids), dtype=bool)
+        self._base_docs = len(self._ids)
         self._codes = Tokens(np.empty(0, codec.code_dtype))  # (the save keeps the files; the load maps them)
         self._residuals = Tokens(np.empty((0, codec.packed_dim), np.uint8))
         self._ivf = self._tail_ivf = None
-        self._build_error = float(build_error)
-        self._added_error_sum, self._added_tokens = float(added[0]), int(added[1])
-        self._written = (folder.resolve(), {name: k.entry for name, k in kept.items()})
+        self._build_error = written.build_error
+        self._added_error_sum, self._added_tokens = added
+        self._written = (folder.resolve(), {name: k.entry for name, k in written.kept.items()})
         self.save(folder)
         opened = type(self).load(folder)
         for name, value in vars(opened).items():
