@@ -34,8 +34,8 @@ from codesearch.errors import IndexCorruptError
 from codesearch.store import atomic_write
 from codesearch.types import JSONDict
 
-__all__ = ["CHECKED_BYTES", "MANIFEST", "ArrayFile", "Blob", "Folder", "Kept", "Source", "file_crc32", "read_folder",
-           "write_folder"]
+__all__ = ["CHECKED_BYTES", "MANIFEST", "ArrayFile", "Blob", "Folder", "Kept", "Source", "file_crc32", "pwrite_all",
+           "read_folder", "write_folder"]
 
 MANIFEST = "manifest.json"
 #: Files up to this size are checked against their CRC whenever they are opened (a few ms);
@@ -118,11 +118,9 @@ class ArrayFile:
         block = np.ascontiguousarray(block, dtype=self.dtype)
         if block.shape[1:] != self.shape[1:] or row < 0 or row + len(block) > self.shape[0]:
             raise ValueError(f"rows {row}..{row + len(block)} of shape {block.shape} do not fit {self.shape}")
-        view = memoryview(block).cast("B")
-        at = self._data + row * self._row_bytes
-        while len(view):
-            done = os.pwrite(self._fh.fileno(), view, at)
-            view, at = view[done:], at + done
+        if not block.size:
+            return  # (a document of no tokens: nothing to write, and no view of it to cast)
+        pwrite_all(self._fh.fileno(), memoryview(block).cast("B"), self._data + row * self._row_bytes)
 
     def read(self, row: int, out: np.ndarray) -> np.ndarray:
         """Fill the contiguous ``out`` (rows of this array) from row ``row`` on."""
@@ -150,6 +148,13 @@ class ArrayFile:
         """Close and remove the file (a build that does not finish)."""
         self._fh.close()
         self.path.unlink(missing_ok=True)
+
+
+def pwrite_all(fd: int, view: memoryview, at: int) -> None:
+    """``pwrite`` all of ``view`` at byte ``at`` (a write may take less than it is given)."""
+    while len(view):
+        done = os.pwrite(fd, view, at)
+        view, at = view[done:], at + done
 
 
 @dataclass(frozen=True, slots=True)

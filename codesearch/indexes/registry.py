@@ -321,8 +321,8 @@ def _fill_from_store(
     if ids is not None:
         _, new_lens = store.vector_lengths(kind, ids)
         adding = int(new_lens.sum())
-        if index.codec is not None and not index.would_fold(adding):
-            return False  # to the tail
+        if index.codec is not None and not index.outgrows_tail(adding):
+            return False  # to the tail (and at most one fold, a copy of the base a block at a time)
         if index.codec is None and not index.becomes_plaid(index.n_tokens + adding):
             return False
     found, lens = store.vector_lengths(kind)
@@ -346,17 +346,15 @@ def _fill_from_store(
     codec = given = None
     if held is not None:
         codec = (index.codec, index.build_error)
-    if held is None and use_codes and codes is not None and codes.codec is not None:
+    elif use_codes and codes is not None and codes.codec is not None:
         codec = (codes.codec, codes.error)
-
-        def given(texts: Sequence[str]) -> Sequence:
+    if use_codes and codes is not None and codes.codec is not None and codec is not None and \
+            codes.codec.fingerprint == codec[0].fingerprint:
+        def given(texts: Sequence[str]) -> Sequence:  # the workers' (or the cache's) codes, under that codec
             coded = codes.coded(list(texts))
             return coded.docs if coded is not None else [None] * len(texts)
     keep = getattr(codes, "keep", None) if codes is not None else None
     wants = getattr(keep, "wants", None) or (None if keep is None else (lambda texts: [True] * len(texts)))
-    if held is not None and codes is not None and codes.codec is not None and \
-            codes.codec.fingerprint != index.codec.fingerprint:
-        given = None  # (the workers' codes are of another codec than the index's)
     return bool(fill(found, lens, key_array, fetch, codec=codec, given=given, held=held,
                      keep_drift=held is not None, wants=wants, keep=keep))
 

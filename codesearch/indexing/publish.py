@@ -112,9 +112,7 @@ class Publisher:
         """Record a background publication that has ended (raising its error, if it failed);
         while one runs, write to the cache the codes its index has made so far."""
         if self._thread is not None and self._thread.is_alive():
-            for keeper in self.keepers:
-                if keeper.pending_bytes > FLUSH_BYTES:
-                    keeper.flush()
+            self._flush_keepers()
         if self._thread is None or self._thread.is_alive():
             return
         self._thread.join()
@@ -131,8 +129,17 @@ class Publisher:
     def finish(self) -> None:
         """Wait for the publication in flight (if any) and record it."""
         if self._thread is not None:
-            self._thread.join()
+            while self._thread.is_alive():  # (writing its codes to the cache as they pile up)
+                self._thread.join(0.5)
+                self._flush_keepers()
             self.poll()
+
+    def _flush_keepers(self) -> None:
+        """Write to the cache what the keepers hold past `FLUSH_BYTES` (on the writer's
+        thread, while a publication runs on its own: it would hold all it codes till its end)."""
+        for keeper in self.keepers:
+            if keeper.pending_bytes > FLUSH_BYTES:
+                keeper.flush()
 
     def _record(self, prev: int, names: list[str], encoded: dict[str, set[str]], started: float) -> None:
         store = self.run.store

@@ -168,3 +168,40 @@ def test_an_array_file_written_out_of_order_opens_as_the_array_saved_whole(tmp_p
     left = ArrayFile(tmp_path / "f", "codes", np.uint16, (10,))
     left.discard()
     assert not left.path.exists()
+
+
+def test_documents_of_no_tokens_and_given_codes_that_do_not_fit_are_built_as_in_memory(tmp_path, collection, texts,
+                                                                                      small_blocks):
+    ids, lens, keys, docs = collection
+    docs = [d[:0] if n % 50 == 0 else d for n, d in enumerate(docs)]  # (a text of no tokens: stored, never found)
+    keys = [f"empty{n}" if n % 50 == 0 else k for n, k in enumerate(keys)]
+    lens = np.array([len(d) for d in docs])
+    codec = train_on_sample(texts[:80], nbits=4, n_centroids=64)
+    real = {k: codec[0].compress_documents([d])[0] for k, d in zip(keys, docs)}
+    short = {k: type(c)(c.codes, c.packed[:-1], c.error) for k, c in real.items() if len(c.codes)}  # a row short
+    index = PlaidIndex(DIM, exact_threshold=1000)
+    index.lists_dir = tmp_path / "plaid"
+    assert index.fill(ids, lens, keys, Reads(ids, docs), codec=codec, given=lambda t: [short.get(k) for k in t])
+    memory = PlaidIndex(DIM, exact_threshold=1000)
+    memory.add(ids, docs, coded=Coded(*codec, [None] * len(docs)))
+    np.testing.assert_array_equal(np.asarray(index._codes.base), np.asarray(memory._codes.base))
+    np.testing.assert_array_equal(np.asarray(index._residuals.base), np.asarray(memory._residuals.base))
+    assert len(index) == len(ids) and index.n_tokens == int(lens.sum())
+
+
+def test_a_refill_reads_only_the_texts_the_index_does_not_hold(tmp_path, collection, texts, small_blocks):
+    ids, lens, keys, docs = collection
+    codec = train_on_sample(texts[:80], nbits=4, n_centroids=64)
+    held_keys = set(keys[:300])
+    own = {k: codec[0].compress_documents([d])[0] for k, d in zip(keys, docs) if k in held_keys}
+    kept = []
+    index = PlaidIndex(DIM, exact_threshold=1000)
+    index.lists_dir = tmp_path / "plaid"
+    reads = Reads(ids, docs)
+    assert index.fill(ids, lens, keys, reads, codec=codec, held=lambda t: [own.get(k) for k in t], keep_drift=True,
+                      wants=lambda t: [True] * len(t),
+                      keep=lambda made, got, hashes, arrays: kept.extend(hashes.values()))
+    read = {keys[reads.pos[i]] for batch in reads.calls for i in batch}
+    assert read == set(keys) - held_keys and set(kept) == read  # the held ones neither read nor kept again
+    fresh = [n for n, k in enumerate(keys) if k not in held_keys]
+    assert index._added_tokens == int(lens[fresh].sum())  # what was coded anew counts in the drift check

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from codesearch.indexes.folder import ArrayFile, Kept
+from codesearch.indexes.folder import ArrayFile, Kept, pwrite_all
 from codesearch.indexes.plaid.codec import DocCodes, ResidualCodec, compress_documents
 from codesearch.indexes.plaid.coded import train_on_sample
 from codesearch.indexes.plaid.maxsim import _segment_starts, _token_index
@@ -137,7 +137,8 @@ def fill(
 
     def codes_of(source: Given | None, texts: list[str], at: int) -> list[DocCodes | None]:
         found = list(source(texts)) if source is not None else [None] * len(texts)
-        return [d if d is not None and len(d.codes) == text_lens[at + i] else None for i, d in enumerate(found)]
+        return [d if d is not None and len(d.codes) == text_lens[at + i] and np.shape(d.packed) == (
+            text_lens[at + i], codec_.packed_dim) else None for i, d in enumerate(found)]
 
     def write_tokens(codes: ArrayFile, residuals: ArrayFile) -> None:
         for a, b in _blocks(text_lens, BLOCK_TOKENS):
@@ -145,7 +146,8 @@ def fill(
             own = codes_of(held, texts, a)
             have = [o or g for o, g in zip(own, codes_of(given, texts, a))]
             asked = list(wants(texts)) if wants is not None and keep is not None else [False] * len(texts)
-            need = np.array([h is None or w for h, w in zip(have, asked)], dtype=bool)
+            # (a text the index holds is not the keeper's: it was kept when it was coded)
+            need = np.array([h is None or (w and o is None) for h, w, o in zip(have, asked, own)], dtype=bool)
             rep = ids[first[a:b]]
             arrays = [np.asarray(x) for x in fetch(rep[need])] if need.any() else []
             if len(arrays) != int(need.sum()) or any(
@@ -253,7 +255,8 @@ def _inverted_lists(folder: Path, codes: ArrayFile, lens: np.ndarray, n_centroid
                 centroid, doc = np.divmod(pairs, n)
                 counts.append(np.bincount(centroid, minlength=n_centroids).astype(np.int64))
                 run_at.append(entries)
-                os.pwrite(runs.fileno(), memoryview((doc + a).astype(np.int32)).cast("B"), entries * 4)
+                if len(doc):
+                    pwrite_all(runs.fileno(), memoryview((doc + a).astype(np.int32)).cast("B"), entries * 4)
                 entries += len(doc)
             offsets = np.concatenate([[0], np.cumsum(np.sum(counts, axis=0) if counts else
                                                      np.zeros(n_centroids, np.int64))]).astype(np.int64)

@@ -444,12 +444,13 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         return self._vectors.take(tokens).astype(np.float32)
 
 
-    def would_fold(self, n_tokens: int) -> bool:
-        """Whether an add of ``n_tokens`` tokens would fold the tail into a new base."""
+    def outgrows_tail(self, n_tokens: int) -> bool:
+        """Whether an add of ``n_tokens`` tokens is alone more than the tail holds before it
+        is folded into a new base (so the add would fold it, and fold it again)."""
         payload = self._codes if self._codec is not None else self._vectors
         if payload is None:
             return False
-        return len(payload.tail) + int(n_tokens) > max(_MIN_TAIL, len(payload.base) // 8)
+        return int(n_tokens) > max(_MIN_TAIL, len(payload.base) // 8)
 
     def becomes_plaid(self, n_tokens: int) -> bool:
         """Whether an index of ``n_tokens`` tokens is PLAID (trains a codec), not exact."""
