@@ -111,9 +111,10 @@ class Publisher:
     def poll(self) -> None:
         """Record a background publication that has ended (raising its error, if it failed);
         while one runs, write to the cache the codes its index has made so far."""
-        if self._thread is not None and self._thread.is_alive():
+        if self._thread is None:
+            return
+        if self._thread.is_alive():
             self._flush_keepers()
-        if self._thread is None or self._thread.is_alive():
             return
         self._thread.join()
         self._thread, done, self._done = None, self._done, None

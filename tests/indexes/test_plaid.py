@@ -543,8 +543,9 @@ def test_big_token_arrays_are_read_from_their_files_with_the_same_answers(docs, 
     monkeypatch.setattr(index_folder, "SOURCE_MIN_BYTES", 0)
     read = PlaidIndex.load(tmp_path / "p")
     assert read._codes._source is not None and read._residuals._source is not None
-    assert read._ivf_source is not None and read._ivf_source[0] is read._ivf[1]  # the lists too
-    assert mapped._codes._source is None and mapped._ivf_source is None
+    assert read._ivf_reader is not None and read._ivf_reader[0] is read._ivf[1]  # the lists too
+    assert read._ivf_reader[1]._source is not None
+    assert mapped._codes._source is None and mapped._ivf_reader is None
     rows = np.r_[5:40, 100:101, 7:9, 300:350, 0:3]  # runs, out of order, one row alone
     for name in ("_codes", "_residuals"):
         np.testing.assert_array_equal(getattr(read, name).take(rows), getattr(mapped, name).take(rows))

@@ -37,6 +37,7 @@ from codesearch.indexes.folder import ArrayFile, Kept, pwrite_all
 from codesearch.indexes.plaid.codec import DocCodes, ResidualCodec, compress_documents
 from codesearch.indexes.plaid.coded import train_on_sample
 from codesearch.indexes.plaid.maxsim import _segment_starts, _token_index
+from codesearch.indexes.plaid.search import inverted_lists
 from codesearch.indexes.plaid.tokens import Tokens
 
 __all__ = ["BLOCK_TOKENS", "IVF_BLOCK_TOKENS", "MERGE_ENTRIES", "SAMPLE_TOKENS_PER_CENTROID", "Training", "Written",
@@ -248,12 +249,8 @@ def _inverted_lists(folder: Path, codes: ArrayFile, lens: np.ndarray, n_centroid
             entries = 0
             for a, b in _blocks(lens, IVF_BLOCK_TOKENS):
                 block = codes.read(int(starts[a]), np.empty(int(lens[a:b].sum()), codes.dtype))
-                n = b - a
-                pairs = np.sort(block.astype(np.int64) * n + np.repeat(np.arange(n, dtype=np.int64), lens[a:b]))
-                if len(pairs):
-                    pairs = pairs[np.concatenate(([True], pairs[1:] != pairs[:-1]))]
-                centroid, doc = np.divmod(pairs, n)
-                counts.append(np.bincount(centroid, minlength=n_centroids).astype(np.int64))
+                block_offsets, doc = inverted_lists(block, lens[a:b], n_centroids)  # (the block's own lists)
+                counts.append(np.diff(block_offsets))
                 run_at.append(entries)
                 if len(doc):
                     pwrite_all(runs.fileno(), memoryview((doc + a).astype(np.int32)).cast("B"), entries * 4)

@@ -170,7 +170,7 @@ class PlaidFiles:
                 raise corrupt(folder, _WHAT, "inverted list offsets out of order")
             self._ivf = (np.asarray(offsets), docs)
             if "ivf_docs" in sources:  # (read with pread: see PlaidSearch._list_entries)
-                self._ivf_source = (docs, sources["ivf_docs"])
+                self._ivf_reader = (docs, Tokens(docs, source=sources["ivf_docs"]))
         elif h["kind"] == "exact":
             if "vectors" in a or base_tokens or tail_tokens:
                 self._vectors = Tokens(_tokens(a, "vectors", base_tokens, (dim,), folder, np.float16),

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 
-from codesearch.indexes.folder import Source
 from codesearch.indexes.plaid import build
 from codesearch.indexes.plaid.codec import DocCodes, ResidualCodec
 from codesearch.indexes.plaid.coded import Coded
@@ -130,7 +129,7 @@ class PlaidIndex(PlaidSearch, PlaidFiles):
         # of the tail's (made on first use); see PlaidSearch._inverted_lists.
         self._ivf: tuple[np.ndarray, np.ndarray] | None = None
         self._tail_ivf: tuple[np.ndarray, np.ndarray] | None = None
-        self._ivf_source: tuple[np.ndarray, Source] | None = None  # the mapped lists and their file
+        self._ivf_reader: tuple[np.ndarray, Tokens] | None = None  # the mapped lists, and a reader of their file
         #: What the index registry knows the store's vectors by when it saved this index
         #: (kept in the manifest; `codesearch.indexes.registry`).
         self.store_mark: str | None = None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from codesearch.indexes.folder import Source
 from codesearch.indexes.plaid.codec import ResidualCodec
 from codesearch.indexes.plaid.maxsim import (
     _EMPTY_IDS,
@@ -45,7 +44,7 @@ class PlaidSearch:
     _base_docs: int
     _ivf: tuple[np.ndarray, np.ndarray] | None
     _tail_ivf: tuple[np.ndarray, np.ndarray] | None
-    _ivf_source: tuple[np.ndarray, Source] | None
+    _ivf_reader: tuple[np.ndarray, Tokens] | None  # the mapped base lists, read with pread (`Tokens`)
 
     def _plaid_search(self, q: np.ndarray, k: int, nprobe: int, ndocs: int | None) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` of one query by PLAID's three stages (candidates from probed centroids,
@@ -115,16 +114,9 @@ class PlaidSearch:
         one ``pread`` a list from a mapped base's file, not through the mapping, where the
         kernel makes whole large folios resident (the daemon of a 600k-chunk index grew by
         530 MB in 50 queries reading its 870 MB of lists so)."""
-        source = self._ivf_source[1] if self._ivf_source is not None and self._ivf_source[0] is ivf_docs else None
-        if source is None:
-            return ivf_docs[_token_index(starts, lens)]
-        out = np.empty(int(lens.sum()), dtype=ivf_docs.dtype)
-        at, item = 0, out.itemsize
-        for start, n in zip(starts.tolist(), lens.tolist()):
-            if n:
-                source.read(out[at : at + n], start * item)
-                at += n
-        return out
+        reader = self._ivf_reader
+        rows = _token_index(starts, lens)
+        return reader[1].take(rows) if reader is not None and reader[0] is ivf_docs else ivf_docs[rows]
 
     def _inverted_lists(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """Centroid -> positions of the documents with a token there, CSR: one for the
